@@ -1,0 +1,1 @@
+"""Getting tensors out of a running program: the recorder and its torch hooks."""

@@ -1,0 +1,94 @@
+"""Moving tensors to host memory as raw bits, without importing torch unless one is passed in.
+
+The caller of ``log`` pays only for starting a copy: a CUDA tensor is copied non-blocking into
+pinned memory and a CUDA event marks when it is done; the writer thread waits on that event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from tracediff.trace.dtypes import storage_dtype, tag_of
+
+_TORCH_TAGS: dict[Any, str] | None = None
+
+
+def is_torch_tensor(x: Any) -> bool:
+    return type(x).__module__.startswith("torch") and hasattr(x, "detach")
+
+
+def _torch_tags() -> dict[Any, str]:
+    global _TORCH_TAGS
+    if _TORCH_TAGS is None:
+        import torch
+
+        _TORCH_TAGS = {
+            torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
+            torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32",
+            torch.int16: "int16", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+        }
+    return _TORCH_TAGS
+
+
+def tag_of_tensor(x: Any) -> str:
+    """The dtype tag of a torch tensor or numpy array."""
+    if is_torch_tensor(x):
+        try:
+            return _torch_tags()[x.dtype]
+        except KeyError:
+            raise ValueError(f"dtype {x.dtype} cannot be recorded") from None
+    return tag_of(np.asarray(x).dtype)
+
+
+class HostCopy:
+    """A copy of a tensor in host memory; ``numpy()`` waits for it (CUDA) and returns raw bits."""
+
+    __slots__ = ("tag", "_buffer", "_event")
+
+    def __init__(self, x: Any) -> None:
+        self.tag = tag_of_tensor(x)
+        self._event = None
+        if not is_torch_tensor(x):
+            self._buffer = np.array(x, copy=True, order="C")
+            return
+        import torch
+
+        x = x.detach()
+        if x.is_cuda:
+            self._buffer = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
+            self._buffer.copy_(x, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._buffer = x.clone(memory_format=torch.contiguous_format)
+
+    def numpy(self) -> np.ndarray:
+        buf = self._buffer
+        if isinstance(buf, np.ndarray):
+            return buf
+        if self._event is not None:
+            self._event.synchronize()
+        if self.tag == "bfloat16":
+            import torch
+
+            return buf.view(torch.int16).numpy().view(np.uint16)
+        return buf.numpy()
+
+
+def raw_to_torch(raw: np.ndarray, tag: str):
+    """The exact torch tensor for raw bits of ``tag`` (a copy; bfloat16 included)."""
+    import torch
+
+    raw = np.array(raw, dtype=storage_dtype(tag), copy=True)
+    if tag == "bfloat16":
+        return torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(raw)
+
+
+def to_int64(x: Any) -> np.ndarray:
+    """Row keys (positions, token ids) as an int64 numpy array."""
+    if is_torch_tensor(x):
+        x = x.detach().cpu().numpy()
+    return np.asarray(x, dtype=np.int64)

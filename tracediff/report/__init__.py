@@ -1,0 +1,1 @@
+"""Rendering results for people (terminal, Markdown) and machines (JSON). Never reads files."""

@@ -1,0 +1,215 @@
+"""Arrow IPC physical format: one Arrow row per record, raw tensor bytes in a binary column.
+
+The file is an Arrow IPC *file* (readable by pyarrow, polars, duckdb). Its body is a plain IPC
+stream after the 8-byte magic, so a writer killed before the footer leaves a readable stream;
+the reader recovers every complete batch from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from tracediff.errors import TraceError
+from tracediff.trace.dtypes import storage_dtype
+from tracediff.trace.schema import (
+    FINAL_RECORD,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    Record,
+    RecordIndex,
+    check_version,
+    dumps_meta,
+)
+
+MAGIC = b"ARROW1"
+
+SCHEMA = pa.schema(
+    [
+        ("name", pa.string()),
+        ("seq_no", pa.int64()),
+        ("step", pa.int64()),
+        ("rank", pa.int32()),
+        ("depth", pa.int32()),
+        ("dtype", pa.string()),
+        ("static", pa.bool_()),
+        ("shape", pa.list_(pa.int64())),
+        ("request", pa.list_(pa.string())),
+        ("position", pa.list_(pa.int64())),
+        ("token_id", pa.list_(pa.int64())),
+        ("data", pa.large_binary()),
+    ]
+)
+KEY_COLUMNS = ("name", "seq_no", "step", "rank", "depth", "dtype", "static", "shape")
+
+
+def _list_array(parts: Sequence[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
+    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    flat = np.concatenate(parts) if parts else np.empty(0)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, type=value_type))
+
+
+def _binary_array(blobs: Sequence[np.ndarray]) -> pa.Array:
+    """One large_binary array over the concatenated raw bytes (a single copy)."""
+    offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
+    np.cumsum([b.nbytes for b in blobs], out=offsets[1:])
+    data = np.empty(int(offsets[-1]), dtype=np.uint8)
+    for start, blob in zip(offsets[:-1], blobs):
+        data[start : start + blob.nbytes] = np.ascontiguousarray(blob).reshape(-1).view(np.uint8)
+    return pa.Array.from_buffers(
+        pa.large_binary(), len(blobs), [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+
+
+def records_to_batch(records: Sequence[Record]) -> pa.RecordBatch:
+    columns = [
+        pa.array([r.name for r in records], pa.string()),
+        pa.array([r.seq_no for r in records], pa.int64()),
+        pa.array([r.step for r in records], pa.int64()),
+        pa.array([r.rank for r in records], pa.int32()),
+        pa.array([r.depth for r in records], pa.int32()),
+        pa.array([r.dtype for r in records], pa.string()),
+        pa.array([r.static for r in records], pa.bool_()),
+        pa.array([list(r.data.shape) for r in records], pa.list_(pa.int64())),
+        _list_array([np.asarray(r.request, dtype=object) for r in records], pa.string()),
+        _list_array([r.position for r in records], pa.int64()),
+        _list_array([r.token_id for r in records], pa.int64()),
+        _binary_array([r.data for r in records]),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
+
+
+class ArrowWriter:
+    """Appends batches of records; each ``write`` reaches the OS before it returns."""
+
+    def __init__(self, path: str | Path, meta: dict) -> None:
+        self.path = Path(path)
+        schema = SCHEMA.with_metadata(
+            {
+                "tracediff.format": FORMAT_NAME,
+                "tracediff.format_version": str(FORMAT_VERSION),
+                "tracediff.meta": dumps_meta(meta),
+            }
+        )
+        self._file = open(self.path, "wb", buffering=0)
+        self._writer = pa.ipc.new_file(self._file, schema)
+
+    def write(self, records: Sequence[Record]) -> None:
+        if records:
+            self._writer.write_batch(records_to_batch(records))
+
+    def sync(self) -> None:
+        os.fsync(self._file.fileno())
+
+    def close(self, final: dict) -> None:
+        blob = np.frombuffer(dumps_meta(final).encode(), dtype=np.uint8)
+        self.write([Record(name=FINAL_RECORD, data=blob, dtype="uint8", static=True)])
+        self._writer.close()
+        self.sync()
+        self._file.close()
+
+
+class ArrowTraceFile:
+    """Reads one Arrow trace file through a memory map: only touched bytes are read from disk."""
+
+    def __init__(self, path: Path, part: int = 0) -> None:
+        self.path = path
+        try:
+            self._source = pa.memory_map(str(path), "r")
+        except OSError as exc:
+            raise TraceError(path, f"cannot open: {exc.strerror or exc}") from None
+        self.complete, self._batches, schema = self._load_batches()
+        self.meta, self.version = _meta_from_schema(path, schema)
+        check_version(path, self.version, close=self._source.close)
+        self.final: dict | None = None
+        self.index = self._build_index(part)
+
+    def _load_batches(self) -> tuple[bool, list[pa.RecordBatch], pa.Schema]:
+        try:
+            reader = pa.ipc.open_file(self._source)
+            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
+            return True, batches, reader.schema
+        except pa.ArrowInvalid:
+            pass
+        # No footer: the writer did not close (killed, disk full). Recover the stream body.
+        self._source.seek(8)
+        try:
+            stream = pa.ipc.open_stream(self._source)
+        except pa.ArrowInvalid as exc:
+            raise TraceError(self.path, f"truncated or corrupt Arrow trace: {exc}") from None
+        batches = []
+        while True:
+            try:
+                batches.append(stream.read_next_batch())
+            except StopIteration:
+                break
+            except (pa.ArrowInvalid, OSError):
+                break  # a torn last batch: everything before it is intact
+        return False, batches, stream.schema
+
+    def _build_index(self, part: int) -> RecordIndex:
+        cols: dict[str, list] = {k: [] for k in KEY_COLUMNS}
+        self._locations: list[tuple[int, int]] = []
+        for b, batch in enumerate(self._batches):
+            if batch.schema.names[: len(KEY_COLUMNS)] != list(KEY_COLUMNS):
+                raise TraceError(self.path, "Arrow columns do not match the tracediff schema")
+            names = batch.column("name").to_pylist()
+            for row, name in enumerate(names):
+                if name == FINAL_RECORD:
+                    raw = batch.column("data")[row].as_buffer()
+                    self.final = json.loads(bytes(raw))
+                    continue
+                self._locations.append((b, row))
+            keep = np.array([n != FINAL_RECORD for n in names], dtype=bool)
+            for key in KEY_COLUMNS:
+                values = batch.column(key).to_pylist()
+                cols[key].extend(v for v, k in zip(values, keep) if k)
+        cols["n_rows"] = [0 if st else (sh[0] if sh else 0) for st, sh in zip(cols["static"], cols["shape"])]
+        cols["nbytes"] = [
+            int(np.prod(sh, dtype=np.int64)) * storage_dtype(dt).itemsize
+            for sh, dt in zip(cols["shape"], cols["dtype"])
+        ]
+        return RecordIndex.from_columns(part, cols)
+
+    def _row(self, slot: int) -> tuple[pa.RecordBatch, int]:
+        b, row = self._locations[slot]
+        return self._batches[b], row
+
+    def read_raw(self, slot: int) -> np.ndarray:
+        """Raw bytes of one record, zero-copy from the memory map."""
+        batch, row = self._row(slot)
+        column = batch.column("data")
+        offsets = np.frombuffer(column.buffers()[1], dtype=np.int64, count=len(column) + 1,
+                                offset=column.offset * 8)
+        data = np.frombuffer(column.buffers()[2], dtype=np.uint8)
+        return data[offsets[row] : offsets[row + 1]]
+
+    def read_into(self, slot: int, out: np.ndarray) -> None:
+        out[:] = self.read_raw(slot)
+
+    def read_keys(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(request, position, token_id) of every row of one record."""
+        batch, row = self._row(slot)
+        return (
+            np.asarray(batch.column("request")[row].values.to_pylist(), dtype=object),
+            batch.column("position")[row].values.to_numpy(zero_copy_only=False),
+            batch.column("token_id")[row].values.to_numpy(zero_copy_only=False),
+        )
+
+    def close(self) -> None:
+        self._batches = []
+        self._source.close()
+
+
+def _meta_from_schema(path: Path, schema: pa.Schema) -> tuple[dict, int]:
+    raw = schema.metadata or {}
+    if raw.get(b"tracediff.format") != FORMAT_NAME.encode():
+        raise TraceError(path, "not a tracediff trace (Arrow file without tracediff metadata)")
+    version = int(raw.get(b"tracediff.format_version", b"0"))
+    return json.loads(raw.get(b"tracediff.meta", b"{}")), version

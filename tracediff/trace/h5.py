@@ -1,0 +1,255 @@
+"""HDF5 physical format: columnar record index, per-row key columns and one raw data blob.
+
+Written in SWMR mode (single writer, multiple readers): every dataset exists from the start
+and only grows, and each ``write`` ends with a flush, so a writer killed at any moment leaves
+a file that opens (with ``swmr=True``) up to its last flush. Layout: docs/FORMAT.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Sequence
+
+import h5py
+import numpy as np
+
+from tracediff.errors import TraceError
+from tracediff.trace.schema import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    Record,
+    RecordIndex,
+    check_version,
+    dumps_meta,
+)
+
+MAX_NDIM = 8
+DATA_CHUNK = 4 << 20
+
+# dataset path -> (dtype, chunk length); every one is 1-D and grows along axis 0
+RECORD_COLUMNS: dict[str, np.dtype] = {
+    "name": np.dtype(np.int32),
+    "seq_no": np.dtype(np.int64),
+    "step": np.dtype(np.int64),
+    "rank": np.dtype(np.int32),
+    "depth": np.dtype(np.int32),
+    "dtype": np.dtype(np.int32),
+    "static": np.dtype(np.uint8),
+    "ndim": np.dtype(np.int32),
+    "data_offset": np.dtype(np.int64),
+    "data_nbytes": np.dtype(np.int64),
+    "row_start": np.dtype(np.int64),
+    "n_rows": np.dtype(np.int64),
+}
+ROW_COLUMNS: dict[str, np.dtype] = {
+    "request": np.dtype(np.int32),
+    "position": np.dtype(np.int64),
+    "token_id": np.dtype(np.int64),
+}
+
+
+def _append(dset: h5py.Dataset, values: np.ndarray) -> int:
+    start = dset.shape[0]
+    if len(values):
+        dset.resize((start + len(values),) + dset.shape[1:])
+        dset[start:] = values
+    return start
+
+
+class StringTable:
+    """Interned strings (names, dtype tags, request ids) as one byte blob plus end offsets."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, int] = {}
+        self.pending: list[bytes] = []
+
+    def intern(self, text: str) -> int:
+        sid = self.ids.get(text)
+        if sid is None:
+            sid = self.ids[text] = len(self.ids)
+            self.pending.append(text.encode())
+        return sid
+
+    def flush(self, group: h5py.Group) -> None:
+        if not self.pending:
+            return
+        base = group["bytes"].shape[0]
+        ends = base + np.cumsum([len(b) for b in self.pending], dtype=np.int64)
+        _append(group["bytes"], np.frombuffer(b"".join(self.pending), dtype=np.uint8))
+        _append(group["ends"], ends)
+        self.pending = []
+
+
+class H5Writer:
+    """Appends batches of records; each ``write`` ends with a SWMR flush."""
+
+    def __init__(self, path: str | Path, meta: dict) -> None:
+        self.path = Path(path)
+        f = self._file = h5py.File(self.path, "w", libver="latest")
+        f.attrs["format"] = FORMAT_NAME
+        f.attrs["format_version"] = FORMAT_VERSION
+        f.attrs["meta"] = dumps_meta(meta)
+        grow = dict(maxshape=(None,), chunks=(4096,))
+        for key, dtype in RECORD_COLUMNS.items():
+            f.create_dataset(f"records/{key}", (0,), dtype=dtype, **grow)
+        f.create_dataset("records/shape", (0, MAX_NDIM), dtype=np.int64, maxshape=(None, MAX_NDIM),
+                         chunks=(4096, MAX_NDIM))
+        for key, dtype in ROW_COLUMNS.items():
+            f.create_dataset(f"rows/{key}", (0,), dtype=dtype, maxshape=(None,), chunks=(65536,))
+        f.create_dataset("strings/bytes", (0,), dtype=np.uint8, maxshape=(None,), chunks=(65536,))
+        f.create_dataset("strings/ends", (0,), dtype=np.int64, **grow)
+        f.create_dataset("data", (0,), dtype=np.uint8, maxshape=(None,), chunks=(DATA_CHUNK,))
+        f.create_dataset("final", (0,), dtype=np.uint8, maxshape=(None,), chunks=(4096,))
+        f.swmr_mode = True
+        self._strings = StringTable()
+
+    def write(self, records: Sequence[Record]) -> None:
+        if not records:
+            return
+        f = self._file
+        columns: dict[str, list] = {key: [] for key in RECORD_COLUMNS}
+        shapes = np.full((len(records), MAX_NDIM), -1, dtype=np.int64)
+        raws = [np.ascontiguousarray(r.data).reshape(-1).view(np.uint8) for r in records]
+        data = f["data"]
+        data_end = data.shape[0]
+        data.resize((data_end + sum(raw.nbytes for raw in raws),))
+        row_end = f["rows/position"].shape[0]
+        requests, positions, tokens = [], [], []
+        for i, (r, raw) in enumerate(zip(records, raws)):
+            if r.data.ndim > MAX_NDIM:
+                raise ValueError(f"{r.name}: {r.data.ndim} dims; the HDF5 format holds at most {MAX_NDIM}")
+            if raw.nbytes:
+                data[data_end : data_end + raw.nbytes] = raw
+            shapes[i, : r.data.ndim] = r.data.shape
+            requests.append(np.fromiter((self._strings.intern(q) for q in r.request), np.int32,
+                                        count=len(r.request)))
+            positions.append(r.position)
+            tokens.append(r.token_id)
+            values = dict(name=self._strings.intern(r.name), seq_no=r.seq_no, step=r.step,
+                          rank=r.rank, depth=r.depth, dtype=self._strings.intern(r.dtype),
+                          static=int(r.static), ndim=r.data.ndim, data_offset=data_end,
+                          data_nbytes=raw.nbytes, row_start=row_end, n_rows=len(r.position))
+            for key, value in values.items():
+                columns[key].append(value)
+            data_end += raw.nbytes
+            row_end += len(r.position)
+        # Order matters for readers of a killed file: payloads first, the index that points at them last.
+        for key, parts in (("request", requests), ("position", positions), ("token_id", tokens)):
+            _append(f[f"rows/{key}"], np.concatenate(parts).astype(ROW_COLUMNS[key], copy=False))
+        self._strings.flush(f["strings"])
+        _append(f["records/shape"], shapes)
+        for key, dtype in RECORD_COLUMNS.items():
+            _append(f[f"records/{key}"], np.asarray(columns[key], dtype=dtype))
+        f.flush()
+
+    def sync(self) -> None:
+        self._file.flush()
+        _fsync_path(self.path)
+
+    def close(self, final: dict) -> None:
+        _append(self._file["final"], np.frombuffer(dumps_meta(final).encode(), dtype=np.uint8))
+        self._file.close()
+        _fsync_path(self.path)
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class H5TraceFile:
+    """Reads one HDF5 trace: the whole index up front, tensors on demand."""
+
+    def __init__(self, path: Path, part: int = 0) -> None:
+        self.path = path
+        self._file = _open_h5(path)
+        f = self._file
+        if f.attrs.get("format") != FORMAT_NAME:
+            f.close()
+            raise TraceError(path, "not a tracediff trace (HDF5 file without format='tracediff')")
+        self.version = int(f.attrs.get("format_version", 0))
+        check_version(path, self.version, close=f.close)
+        self.meta = json.loads(f.attrs.get("meta", "{}"))
+        final = f["final"][:] if "final" in f else np.empty(0, np.uint8)
+        self.final = json.loads(final.tobytes()) if len(final) else None
+        self.complete = self.final is not None
+        self.index = self._build_index(part)
+
+    def _build_index(self, part: int) -> RecordIndex:
+        f = self._file
+        try:
+            cols = {key: f[f"records/{key}"][:] for key in RECORD_COLUMNS}
+            shapes = f["records/shape"][:]
+            ends = f["strings/ends"][:]
+            blob = f["strings/bytes"][:].tobytes()
+            n_data, n_rows = f["data"].shape[0], f["rows/position"].shape[0]
+        except KeyError as exc:
+            raise TraceError(self.path, f"HDF5 trace lacks dataset {exc}") from None
+        starts = np.concatenate([[0], ends[:-1]]) if len(ends) else ends
+        strings = [blob[s:e].decode() for s, e in zip(starts, ends)]
+        # A killed writer may have grown some columns further than others: keep what is whole.
+        n = min(len(shapes), *(len(c) for c in cols.values()))
+        whole = ((cols["data_offset"][:n] + cols["data_nbytes"][:n] <= n_data)
+                 & (cols["row_start"][:n] + cols["n_rows"][:n] <= n_rows)
+                 & (cols["name"][:n] < len(strings)) & (cols["dtype"][:n] < len(strings)))
+        n = int(np.argmin(whole)) if not whole.all() else n
+        cols = {k: v[:n] for k, v in cols.items()}
+        self._strings = strings
+        self._cols = cols
+        return RecordIndex.from_columns(part, {
+            **{k: cols[k] for k in ("seq_no", "step", "rank", "depth")},
+            "name": [strings[i] for i in cols["name"]],
+            "dtype": [strings[i] for i in cols["dtype"]],
+            "static": cols["static"].astype(bool),
+            "n_rows": np.where(cols["static"] > 0, 0, cols["n_rows"]),
+            "nbytes": cols["data_nbytes"],
+            "shape": [tuple(s[:d]) for s, d in zip(shapes[:n], cols["ndim"])],
+        })
+
+    def read_into(self, slot: int, out: np.ndarray) -> None:
+        start = int(self._cols["data_offset"][slot])
+        if out.nbytes:
+            self._file["data"].read_direct(out, np.s_[start : start + out.nbytes])
+
+    def read_raw(self, slot: int) -> np.ndarray:
+        out = np.empty(int(self._cols["data_nbytes"][slot]), dtype=np.uint8)
+        self.read_into(slot, out)
+        return out
+
+    def read_keys(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(request, position, token_id) of every row of one record."""
+        start = int(self._cols["row_start"][slot])
+        rows = slice(start, start + int(self._cols["n_rows"][slot]))
+        f = self._file
+        request_ids = f["rows/request"][rows]
+        return (
+            np.array([self._strings[i] for i in request_ids], dtype=object),
+            f["rows/position"][rows],
+            f["rows/token_id"][rows],
+        )
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _open_h5(path: Path) -> h5py.File:
+    """Open read-only; a file whose writer never closed opens only in SWMR read mode."""
+    try:
+        return h5py.File(path, "r")
+    except OSError as first:
+        if "already open for write" not in str(first):
+            raise TraceError(path, f"unreadable HDF5 (truncated or corrupt): {_h5_reason(first)}") from None
+    try:
+        return h5py.File(path, "r", swmr=True)
+    except OSError as second:
+        raise TraceError(path, f"unreadable HDF5 (writer died mid-file): {_h5_reason(second)}") from None
+
+
+def _h5_reason(exc: OSError) -> str:
+    text = str(exc)
+    return text[text.find("(") + 1 : -1] if text.endswith(")") and "(" in text else text

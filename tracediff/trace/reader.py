@@ -1,0 +1,204 @@
+"""open_trace: one entry point for every format and for traces split over rank files."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from tracediff.errors import TraceError
+from tracediff.trace.arrow import ArrowTraceFile
+from tracediff.trace.dtypes import decode, storage_dtype
+from tracediff.trace.h5 import H5TraceFile
+from tracediff.trace.schema import Record, RecordIndex
+
+H5_MAGIC = b"\x89HDF\r\n\x1a\n"
+ARROW_MAGIC = b"ARROW1"
+
+
+@dataclass
+class Rows:
+    """All rows of one tensor name (optionally one step / request / depth), with their keys."""
+
+    name: str
+    dtype: str
+    data: np.ndarray  # raw storage dtype, shape (n_rows, *row_shape)
+    request: np.ndarray
+    position: np.ndarray
+    token_id: np.ndarray
+    step: np.ndarray
+    depth: np.ndarray
+    rank: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.position)
+
+    def numpy(self) -> np.ndarray:
+        return decode(self.data, self.dtype)
+
+
+def detect_format(path: Path) -> str:
+    """'h5' or 'arrow' by the file's magic bytes, whatever its extension."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except FileNotFoundError:
+        raise TraceError(path, "no such file") from None
+    except IsADirectoryError:
+        raise TraceError(path, "is a directory, not a trace file") from None
+    except OSError as exc:
+        raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
+    if head.startswith(H5_MAGIC):
+        return "h5"
+    if head.startswith(ARROW_MAGIC):
+        return "arrow"
+    if not head:
+        raise TraceError(path, "empty file, not a trace")
+    raise TraceError(path, "not a trace file (neither HDF5 nor Arrow IPC)")
+
+
+def rank_files(path: str | Path) -> list[Path]:
+    """The files of one trace: the path itself, or its per-rank siblings ``stem.rankN.ext``."""
+    path = Path(path)
+    if path.exists():
+        return [path]
+    pattern = re.compile(re.escape(path.stem) + r"\.rank(\d+)" + re.escape(path.suffix) + "$")
+    found = sorted(
+        ((int(m.group(1)), p) for p in path.parent.glob(f"{path.stem}.rank*{path.suffix}")
+         if (m := pattern.match(p.name))),
+    )
+    return [p for _, p in found] or [path]
+
+
+def open_file(path: Path, part: int = 0) -> ArrowTraceFile | H5TraceFile:
+    kind = detect_format(path)
+    return H5TraceFile(path, part) if kind == "h5" else ArrowTraceFile(path, part)
+
+
+class Trace:
+    """A trace opened for reading: metadata, the record index, and tensors on demand."""
+
+    def __init__(self, paths: Sequence[str | Path]) -> None:
+        self.files: list[ArrowTraceFile | H5TraceFile] = []
+        try:
+            for part, path in enumerate(paths):
+                self.files.append(open_file(Path(path), part))
+        except BaseException:
+            self.close()
+            raise
+        self.index = RecordIndex.concat([f.index for f in self.files])
+
+    @property
+    def paths(self) -> list[Path]:
+        return [f.path for f in self.files]
+
+    @property
+    def meta(self) -> dict:
+        """Run metadata as the (first, rank-0) writer opened the file."""
+        return self.files[0].meta
+
+    @property
+    def finals(self) -> list[dict | None]:
+        """Per file: what the writer wrote at close (None where it never closed)."""
+        return [f.final for f in self.files]
+
+    @property
+    def complete(self) -> bool:
+        return all(f.complete for f in self.files)
+
+    def names(self) -> list[str]:
+        """Tensor names in execution order (first seq_no of each name)."""
+        idx = self.index
+        order = np.lexsort((idx.seq_no, idx.part))
+        seen: dict[str, None] = {}
+        for i in order:
+            seen.setdefault(idx.name[i], None)
+        return list(seen)
+
+    def select(self, name: str | None = None, step: int | None = None, rank: int | None = None,
+               depth: int | None = None) -> np.ndarray:
+        """Index positions of the records that match, in (rank file, seq_no) order."""
+        idx = self.index
+        mask = np.ones(len(idx), dtype=bool)
+        if name is not None:
+            mask &= idx.name == name
+        for column, value in (("step", step), ("rank", rank), ("depth", depth)):
+            if value is not None:
+                mask &= getattr(idx, column) == value
+        hits = np.flatnonzero(mask)
+        return hits[np.lexsort((idx.seq_no[hits], idx.part[hits]))]
+
+    def read(self, i: int) -> Record:
+        """The whole record at index position ``i``: tensor and row keys."""
+        idx = self.index
+        file, slot = self.files[idx.part[i]], int(idx.slot[i])
+        request, position, token_id = file.read_keys(slot)
+        dtype = idx.dtype[i]
+        return Record(
+            name=idx.name[i], data=file.read_raw(slot).view(storage_dtype(dtype)).reshape(idx.shape[i]),
+            dtype=dtype, seq_no=int(idx.seq_no[i]), step=int(idx.step[i]), rank=int(idx.rank[i]),
+            depth=int(idx.depth[i]), static=bool(idx.static[i]),
+            request=request, position=position, token_id=token_id,
+        )
+
+    def records(self, **where) -> Iterator[Record]:
+        for i in self.select(**where):
+            yield self.read(i)
+
+    def rows(self, name: str, step: int | None = None, request: str | None = None,
+             depth: int | None = None) -> Rows:
+        """Every row of ``name`` (one step / request / depth if given), concatenated in order."""
+        hits = [i for i in self.select(name=name, step=step, depth=depth) if not self.index.static[i]]
+        if not hits:
+            raise KeyError(f"no rows of {name!r} match")
+        idx = self.index
+        dtypes = {idx.dtype[i] for i in hits}
+        row_shapes = {idx.shape[i][1:] for i in hits}
+        if len(dtypes) > 1 or len(row_shapes) > 1:
+            raise ValueError(f"{name}: records differ in dtype or row shape ({dtypes}, {row_shapes})")
+        dtype, row_shape = dtypes.pop(), row_shapes.pop()
+        total = int(idx.n_rows[hits].sum())
+        data = np.empty((total, *row_shape), dtype=storage_dtype(dtype))
+        flat = data.reshape(-1).view(np.uint8)
+        keys: dict[str, list[np.ndarray]] = {k: [] for k in ("request", "position", "token_id")}
+        start = 0
+        for i in hits:
+            file, slot, n = self.files[idx.part[i]], int(idx.slot[i]), int(idx.nbytes[i])
+            file.read_into(slot, flat[start : start + n])
+            start += n
+            for parts, values in zip(keys.values(), file.read_keys(slot)):
+                parts.append(values)
+        per_record = idx.n_rows[hits]
+        rows = Rows(
+            name=name, dtype=dtype, data=data,
+            request=np.concatenate(keys["request"]).astype(object),
+            position=np.concatenate(keys["position"]),
+            token_id=np.concatenate(keys["token_id"]),
+            step=np.repeat(idx.step[hits], per_record),
+            depth=np.repeat(idx.depth[hits], per_record),
+            rank=np.repeat(idx.rank[hits], per_record),
+        )
+        if request is not None:
+            keep = rows.request == request
+            rows = Rows(**{k: (v[keep] if isinstance(v, np.ndarray) else v) for k, v in vars(rows).items()})
+        return rows
+
+    def close(self) -> None:
+        for f in self.files:
+            f.close()
+
+    def __enter__(self) -> Trace:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_trace(path: str | Path | Sequence[str | Path]) -> Trace:
+    """Open a trace file, a trace split over ``stem.rankN.ext`` files, or an explicit list of files."""
+    if isinstance(path, (str, Path)):
+        return Trace(rank_files(path))
+    return Trace(list(path))

@@ -1,0 +1,152 @@
+"""The logical trace model shared by every physical format (see docs/FORMAT.md).
+
+A trace is run metadata plus an ordered stream of records; a record is one logged tensor with
+its place in the run (name, seq_no, step, rank, depth) and, unless it is static, one
+(request, position, token_id) key per row of its first axis.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from tracediff.errors import TraceError
+from tracediff.trace.dtypes import decode, storage_dtype
+
+FORMAT_NAME = "tracediff"
+FORMAT_VERSION = 1
+
+# Names that tracediff's EAGLE-3 tooling understands; any other dotted name may be recorded too.
+CANONICAL_NAMES: dict[str, str] = {
+    "target.embed": "target embedding output (input to decoder layer 0)",
+    "target.layer.{i}": "output of target decoder layer i (0-based, HF convention)",
+    "target.aux": "concatenated aux hidden states handed to the draft [rows, K*H]",
+    "target.logits": "target logits",
+    "target.token": "token the target chose at this row",
+    "draft.input_ids": "token ids fed to the draft",
+    "draft.embed": "draft embedding of draft.input_ids",
+    "draft.fc_in": "input of the draft fc layer [rows, K*H] (depth 0 only)",
+    "draft.fc_out": "output of the draft fc layer [rows, Hd]",
+    "draft.hidden": "pre-norm draft output, fed to the next depth",
+    "draft.logits": "draft logits over the draft vocab",
+    "draft.token": "draft token id (draft vocab)",
+    "draft.token_target": "draft token mapped into the target vocab",
+    "verify.accept_len": "accepted draft tokens per verify step",
+}
+
+# Names starting with this are the format's own bookkeeping, never user data.
+RESERVED_PREFIX = "__"
+FINAL_RECORD = "__final__"
+
+_EMPTY_STR = np.empty(0, dtype=object)
+_EMPTY_INT = np.empty(0, dtype=np.int64)
+
+
+@dataclass
+class Record:
+    """One logged tensor. ``data`` holds raw bits in the storage dtype of ``dtype``."""
+
+    name: str
+    data: np.ndarray
+    dtype: str
+    seq_no: int = 0
+    step: int = 0
+    rank: int = 0
+    depth: int = 0
+    static: bool = False
+    request: np.ndarray = field(default_factory=lambda: _EMPTY_STR)
+    position: np.ndarray = field(default_factory=lambda: _EMPTY_INT)
+    token_id: np.ndarray = field(default_factory=lambda: _EMPTY_INT)
+
+    @property
+    def n_rows(self) -> int:
+        return 0 if self.static else int(self.data.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes)
+
+    def numpy(self) -> np.ndarray:
+        """Values as numpy holds them (bfloat16 upcast exactly to float32)."""
+        return decode(self.data, self.dtype)
+
+    def torch(self):
+        """The exact tensor, bfloat16 included (needs torch)."""
+        from tracediff.record.host import raw_to_torch
+
+        return raw_to_torch(self.data, self.dtype)
+
+
+@dataclass
+class RecordIndex:
+    """Key columns of every record in one trace, one entry per record, in file order.
+
+    ``part`` and ``slot`` say where a reader finds the record (which file, which entry).
+    """
+
+    name: np.ndarray
+    seq_no: np.ndarray
+    step: np.ndarray
+    rank: np.ndarray
+    depth: np.ndarray
+    dtype: np.ndarray
+    static: np.ndarray
+    n_rows: np.ndarray
+    nbytes: np.ndarray
+    shape: list[tuple[int, ...]]
+    part: np.ndarray
+    slot: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.seq_no)
+
+    @classmethod
+    def from_columns(cls, part: int, columns: dict) -> RecordIndex:
+        n = len(columns["seq_no"])
+        return cls(
+            name=np.asarray(columns["name"], dtype=object),
+            seq_no=np.asarray(columns["seq_no"], dtype=np.int64),
+            step=np.asarray(columns["step"], dtype=np.int64),
+            rank=np.asarray(columns["rank"], dtype=np.int64),
+            depth=np.asarray(columns["depth"], dtype=np.int64),
+            dtype=np.asarray(columns["dtype"], dtype=object),
+            static=np.asarray(columns["static"], dtype=bool),
+            n_rows=np.asarray(columns["n_rows"], dtype=np.int64),
+            nbytes=np.asarray(columns["nbytes"], dtype=np.int64),
+            shape=[tuple(int(d) for d in s) for s in columns["shape"]],
+            part=np.full(n, part, dtype=np.int64),
+            slot=np.arange(n, dtype=np.int64),
+        )
+
+    @classmethod
+    def concat(cls, parts: list[RecordIndex]) -> RecordIndex:
+        if len(parts) == 1:
+            return parts[0]
+        arrays = {
+            key: np.concatenate([getattr(p, key) for p in parts])
+            for key in ("name", "seq_no", "step", "rank", "depth", "dtype", "static", "n_rows",
+                        "nbytes", "part", "slot")
+        }
+        return cls(shape=[s for p in parts for s in p.shape], **arrays)
+
+
+def row_nbytes(shape: tuple[int, ...], dtype: str) -> int:
+    """Bytes per row of a tensor of this full shape (rows first)."""
+    return int(np.prod(shape[1:], dtype=np.int64)) * storage_dtype(dtype).itemsize
+
+
+def check_version(path: str | Path, version: int, close: Callable[[], None]) -> None:
+    """Refuse a trace written by a newer format version than this tracediff reads."""
+    if version > FORMAT_VERSION:
+        close()
+        raise TraceError(path, f"written in trace format version {version}; this tracediff reads up to "
+                               f"{FORMAT_VERSION}: upgrade tracediff")
+
+
+def dumps_meta(meta: dict) -> str:
+    """Metadata as JSON; refuses values JSON cannot hold rather than stringify them silently."""
+    return json.dumps(meta, sort_keys=True, allow_nan=False)

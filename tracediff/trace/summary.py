@@ -1,0 +1,93 @@
+"""What ``tracediff show`` says about a trace, as plain data (rendering lives in report/)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from tracediff.trace.reader import Rows, Trace
+
+
+@dataclass
+class NameSummary:
+    name: str
+    dtype: str
+    row_shape: list[int]
+    static: bool
+    rows: int
+    records: int
+    steps: int
+    requests: int
+    bytes: int
+
+
+@dataclass
+class TraceSummary:
+    paths: list[str]
+    complete: bool
+    meta: dict
+    finals: list[dict | None]
+    tensors: list[NameSummary]
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class TensorStats:
+    name: str
+    dtype: str
+    rows: int
+    shape: list[int]
+    min: float
+    max: float
+    mean: float
+    std: float
+    nan: int
+    inf: int
+    head: list  # the first few values of the first row
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(trace: Trace) -> TraceSummary:
+    idx = trace.index
+    tensors = []
+    for name in trace.names():
+        hits = trace.select(name=name)
+        static = bool(idx.static[hits[0]])
+        requests: set[str] = set()
+        if not static:
+            for i in hits:
+                requests.update(trace.files[idx.part[i]].read_keys(int(idx.slot[i]))[0])
+        shape = idx.shape[hits[0]]
+        tensors.append(NameSummary(
+            name=name,
+            dtype=idx.dtype[hits[0]],
+            row_shape=list(shape if static else shape[1:]),
+            static=static,
+            rows=int(idx.n_rows[hits].sum()),
+            records=len(hits),
+            steps=len(np.unique(idx.step[hits])),
+            requests=len(requests),
+            bytes=int(idx.nbytes[hits].sum()),
+        ))
+    return TraceSummary(paths=[str(p) for p in trace.paths], complete=trace.complete, meta=trace.meta,
+                        finals=trace.finals, tensors=tensors)
+
+
+def tensor_stats(rows: Rows, head: int = 8) -> TensorStats:
+    """Stats over every value, in float64; NaN/Inf counted and left out of the moments."""
+    values = rows.numpy()
+    flat = values.reshape(-1).astype(np.float64)
+    finite = flat[np.isfinite(flat)]
+    nan = int(np.isnan(flat).sum())
+    stats = (finite.min(), finite.max(), finite.mean(), finite.std()) if len(finite) else (np.nan,) * 4
+    first = values[0].reshape(-1)[:head] if len(values) else values.reshape(-1)[:0]
+    return TensorStats(
+        name=rows.name, dtype=rows.dtype, rows=len(rows), shape=list(values.shape),
+        min=float(stats[0]), max=float(stats[1]), mean=float(stats[2]), std=float(stats[3]),
+        nan=nan, inf=int(len(flat) - len(finite) - nan), head=first.tolist(),
+    )
