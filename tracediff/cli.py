@@ -6,7 +6,6 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -34,9 +33,9 @@ def guarded(path: str | Path, action: Callable[[], None]) -> None:
 @app.command()
 def show(
     trace: Path = typer.Argument(..., help="trace file (.h5 / .arrow), or the stem of per-rank files"),
-    name: Optional[str] = typer.Option(None, "--name", "-n", help="print stats and values of this tensor"),
-    step: Optional[int] = typer.Option(None, help="with --name: only this step"),
-    request: Optional[str] = typer.Option(None, help="with --name: only this request"),
+    name: str | None = typer.Option(None, "--name", "-n", help="print stats and values of this tensor"),
+    step: int | None = typer.Option(None, help="with --name: only this step"),
+    request: str | None = typer.Option(None, help="with --name: only this request"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Metadata and the tensors of a trace, in execution order; or stats of one tensor."""

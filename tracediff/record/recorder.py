@@ -25,6 +25,11 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
+
 from tracediff.record.filters import RecordFilter
 from tracediff.record.host import HostCopy
 from tracediff.record.rowkeys import RowContext, RowKeys, resolve_rows
@@ -34,6 +39,7 @@ from tracediff.trace.writer import TraceWriter, format_for, open_writer
 logger = logging.getLogger("tracediff")
 
 MiB = 1 << 20
+ROOM_MARGIN = 8 * MiB  # room kept free for the format's own metadata and a clean close
 
 
 @dataclass
@@ -250,11 +256,11 @@ class Recorder:
             self._admitted += nbytes
             return True
 
-    def _stop(self, reason: str) -> None:
+    def _stop(self, reason: str, level: int = logging.INFO) -> None:
         with self._cv:
             if self.stopped is None:
                 self.stopped = reason
-                logger.info("tracediff: recording to %s stopped: %s", self.path, reason)
+                logger.log(level, "tracediff: recording to %s stopped: %s", self.path, reason)
             self._active = False
             self._cv.notify_all()
 
@@ -289,6 +295,12 @@ class Recorder:
                     pending_bytes += item.nbytes
                 now = time.monotonic()
                 if pending and (done or flush_now or now >= deadline or pending_bytes >= self.flush_bytes):
+                    if not self._room_for(pending_bytes):
+                        self._stop(f"disk nearly full: less than {pending_bytes + ROOM_MARGIN} bytes left",
+                                   logging.WARNING)
+                        self._release(pending_bytes + sum(i.nbytes for i in self._drain()))
+                        pending, pending_bytes = [], 0
+                        break
                     self._writer.write(pending)
                     self.records_written += len(pending)
                     self.bytes_written += sum(r.nbytes for r in pending)
@@ -304,6 +316,21 @@ class Recorder:
                 break
         self._finish()
 
+    def _room_for(self, nbytes: int) -> bool:
+        """Whether the disk and the process's file size limit leave room for nbytes and a margin.
+
+        Checked before every write: HDF5 cannot survive a failed write, so we stop cleanly first.
+        """
+        needed = nbytes + ROOM_MARGIN
+        stat = os.statvfs(self.path.parent)
+        if stat.f_bavail * stat.f_frsize < needed:
+            return False
+        if resource is not None:
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+            if limit != resource.RLIM_INFINITY and limit - os.path.getsize(self.path) < needed:
+                return False
+        return True
+
     def _drain(self) -> list[_Pending]:
         with self._cv:
             items = list(self._queue)
@@ -317,7 +344,10 @@ class Recorder:
 
     def _finish(self) -> None:
         """Close the file with the end-of-run metadata; after a write error, leave it as flushed."""
-        if self._writer is None or (self.stopped or "").startswith("error in writer"):
+        if self._writer is None:
+            return
+        if (self.stopped or "").startswith("error in writer"):
+            self._writer.abort()
             return
         final = {
             "closed": True,

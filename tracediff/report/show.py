@@ -57,10 +57,12 @@ def render_summary(console: Console, summary: TraceSummary) -> None:
     if contract:
         console.print("contract:", json.dumps(contract, sort_keys=True), highlight=False, soft_wrap=True)
     table = Table(title=None, header_style="bold", show_edge=False)
-    for column, justify in (("name", "left"), ("dtype", "left"), ("row shape", "left"), ("rows", "right"),
-                            ("records", "right"), ("steps", "right"), ("requests", "right"),
-                            ("bytes", "right")):
-        table.add_column(column, justify=justify)
+    longest = max((len(t.name) for t in summary.tensors), default=4)
+    table.add_column("name", no_wrap=True, min_width=longest)
+    for column in ("dtype", "row shape"):
+        table.add_column(column)
+    for column in ("rows", "records", "steps", "requests", "bytes"):
+        table.add_column(column, justify="right")
     for t in summary.tensors:
         shape = "static " + str(tuple(t.row_shape)) if t.static else str(tuple(t.row_shape))
         table.add_row(t.name, t.dtype, shape, str(t.rows), str(t.records), str(t.steps), str(t.requests),

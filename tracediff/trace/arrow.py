@@ -107,6 +107,10 @@ class ArrowWriter:
     def sync(self) -> None:
         os.fsync(self._file.fileno())
 
+    def abort(self) -> None:
+        """Let go of the file after a failed write; the stream body stays readable."""
+        self._file.close()
+
     def close(self, final: dict) -> None:
         blob = np.frombuffer(dumps_meta(final).encode(), dtype=np.uint8)
         self.write([Record(name=FINAL_RECORD, data=blob, dtype="uint8", static=True)])

@@ -111,6 +111,9 @@ class H5Writer:
         f = self._file
         columns: dict[str, list] = {key: [] for key in RECORD_COLUMNS}
         shapes = np.full((len(records), MAX_NDIM), -1, dtype=np.int64)
+        for r in records:
+            if r.data.ndim > MAX_NDIM:
+                raise ValueError(f"{r.name}: {r.data.ndim} dims; the HDF5 format holds at most {MAX_NDIM}")
         raws = [np.ascontiguousarray(r.data).reshape(-1).view(np.uint8) for r in records]
         data = f["data"]
         data_end = data.shape[0]
@@ -118,8 +121,6 @@ class H5Writer:
         row_end = f["rows/position"].shape[0]
         requests, positions, tokens = [], [], []
         for i, (r, raw) in enumerate(zip(records, raws)):
-            if r.data.ndim > MAX_NDIM:
-                raise ValueError(f"{r.name}: {r.data.ndim} dims; the HDF5 format holds at most {MAX_NDIM}")
             if raw.nbytes:
                 data[data_end : data_end + raw.nbytes] = raw
             shapes[i, : r.data.ndim] = r.data.shape
@@ -147,6 +148,13 @@ class H5Writer:
     def sync(self) -> None:
         self._file.flush()
         _fsync_path(self.path)
+
+    def abort(self) -> None:
+        """Let go of the file after a failed write; what was flushed before stays readable."""
+        try:
+            self._file.close()
+        except Exception:
+            pass
 
     def close(self, final: dict) -> None:
         _append(self._file["final"], np.frombuffer(dumps_meta(final).encode(), dtype=np.uint8))

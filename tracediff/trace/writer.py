@@ -19,6 +19,9 @@ class TraceWriter(Protocol):
     def sync(self) -> None:
         """fsync what was written."""
 
+    def abort(self) -> None:
+        """Release the file after a failed write, leaving it as last flushed."""
+
     def close(self, final: dict) -> None:
         """Write the end-of-run metadata and close; the file is then complete."""
 

@@ -1,0 +1,48 @@
+"""Shared fixtures: small real inputs, real files, a tiny real HF Llama model."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FORMATS = ("h5", "arrow")
+
+
+@pytest.fixture(params=FORMATS)
+def fmt(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def run_python(code: str, *args: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    """Run a snippet in a fresh interpreter (recorders in other processes, crashes, limits)."""
+    full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+    return subprocess.run([sys.executable, "-c", code, *args], env=full_env, capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """The real console entry point, as a user runs it."""
+    return run_python("from tracediff.cli import main; main()", *args)
+
+
+def tiny_llama(seed: int = 0, layers: int = 4):
+    """A tiny HF Llama built from a config with a fixed seed (nothing downloaded)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(seed)
+    config = transformers.LlamaConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def step_tensor(step: int, shape=(16, 32)) -> np.ndarray:
+    """Deterministic per-step values, so a reader can check what a (killed) writer logged."""
+    return np.random.default_rng(step).standard_normal(shape).astype(np.float32)

@@ -1,0 +1,137 @@
+"""The CLI as a user meets it: show, convert, and one clear line for every bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+
+import h5py
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import tracediff as td
+from tests.conftest import run_cli, step_tensor
+
+
+@pytest.fixture
+def small_trace(tmp_path, fmt):
+    path = tmp_path / f"small.{fmt}"
+    with td.record(path, source="serving", meta={"aux_layer_ids": [2, 5]}) as rec:
+        for step in range(3):
+            rec.log("draft.fc_in", step_tensor(step), step=step, token_ids=np.arange(16), request="r7")
+            rec.log("draft.logits", step_tensor(step, (16, 8)) * np.nan, step=step, token_ids=np.arange(16))
+    return path
+
+
+def digest(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_show_table_and_json(small_trace) -> None:
+    out = run_cli("show", str(small_trace))
+    assert out.returncode == 0, out.stderr
+    lines = [line for line in out.stdout.splitlines() if "draft.fc_in" in line]
+    assert len(lines) == 1 and "float32" in lines[0] and "(32,)" in lines[0] and "48" in lines[0]
+    assert '"aux_layer_ids": [2, 5]' in out.stdout and "serving" in out.stdout
+    data = json.loads(run_cli("show", str(small_trace), "--json").stdout)
+    fc = data["tensors"][0]
+    assert (fc["name"], fc["rows"], fc["records"], fc["steps"], fc["requests"], fc["bytes"]) == (
+        "draft.fc_in", 48, 3, 3, 1, 3 * 16 * 32 * 4)
+    assert data["complete"] and data["meta"]["source"] == "serving"
+
+
+def test_show_stats_of_one_tensor(small_trace) -> None:
+    out = run_cli("show", str(small_trace), "--name", "draft.fc_in", "--step", "1", "--json")
+    stats = json.loads(out.stdout)
+    x = step_tensor(1)
+    assert stats["rows"] == 16 and stats["nan"] == 0
+    assert stats["mean"] == pytest.approx(float(x.mean()), rel=1e-6)
+    assert stats["head"] == pytest.approx(x[0, :8].tolist())
+    nan = json.loads(run_cli("show", str(small_trace), "--name", "draft.logits", "--json").stdout)
+    assert nan["nan"] == 3 * 16 * 8
+
+
+def test_convert_cli(small_trace, tmp_path) -> None:
+    other = tmp_path / ("out.arrow" if small_trace.suffix == ".h5" else "out.h5")
+    done = run_cli("convert", str(small_trace), str(other))
+    assert done.returncode == 0, done.stderr
+    with td.open_trace(small_trace) as a, td.open_trace(other) as b:
+        assert a.rows("draft.fc_in").data.tobytes() == b.rows("draft.fc_in").data.tobytes()
+
+
+def foreign_h5(path):
+    with h5py.File(path, "w") as f:
+        f["x"] = np.arange(3)
+    return "not a tracediff trace"
+
+
+def foreign_arrow(path):
+    table = pa.table({"a": [1, 2]})
+    with pa.ipc.new_file(str(path), table.schema) as w:
+        w.write_table(table)
+    return "not a tracediff trace"
+
+
+def text_file(path):
+    path.write_text("hello\n")
+    return "not a trace file"
+
+
+def empty_file(path):
+    path.write_bytes(b"")
+    return "empty file"
+
+
+@pytest.mark.parametrize("make", [foreign_h5, foreign_arrow, text_file, empty_file])
+def test_foreign_files_give_one_line(tmp_path, make) -> None:
+    path = tmp_path / "bad.h5"
+    expected = make(path)
+    before = digest(path)
+    out = run_cli("show", str(path))
+    assert out.returncode == 2
+    assert out.stderr.strip() == out.stderr.strip().splitlines()[0]
+    assert out.stderr.startswith(f"error: {path}: ") and expected in out.stderr
+    assert "Traceback" not in out.stderr and digest(path) == before
+
+
+def test_missing_file(tmp_path) -> None:
+    out = run_cli("show", str(tmp_path / "nope.h5"))
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / 'nope.h5'}: no such file"
+
+
+def test_truncated_files(small_trace, tmp_path) -> None:
+    cut = tmp_path / f"cut{small_trace.suffix}"
+    cut.write_bytes(small_trace.read_bytes()[:200])
+    out = run_cli("show", str(cut))
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
+    assert "truncated or corrupt" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_newer_format_version_is_refused(small_trace, tmp_path) -> None:
+    newer = tmp_path / f"newer{small_trace.suffix}"
+    if small_trace.suffix == ".h5":
+        shutil.copy(small_trace, newer)
+        with h5py.File(newer, "a") as f:
+            f.attrs["format_version"] = 99
+    else:
+        table = pa.ipc.open_file(str(small_trace)).read_all()
+        meta = {**table.schema.metadata, b"tracediff.format_version": b"99"}
+        with pa.ipc.new_file(str(newer), table.schema.with_metadata(meta)) as w:
+            w.write_table(table)
+    out = run_cli("show", str(newer))
+    assert out.returncode == 2 and "format version 99" in out.stderr and "upgrade tracediff" in out.stderr
+
+
+def test_unknown_tensor_name(small_trace) -> None:
+    out = run_cli("show", str(small_trace), "--name", "draft.nope")
+    assert out.returncode == 2 and "no rows of tensor 'draft.nope'" in out.stderr
+
+
+def test_convert_refuses_bad_output(small_trace, tmp_path) -> None:
+    out = run_cli("convert", str(small_trace), str(tmp_path / "x.csv"))
+    assert out.returncode == 2 and "cannot tell the trace format" in out.stderr
+    before = digest(small_trace)
+    out = run_cli("convert", str(small_trace), str(small_trace))
+    assert out.returncode == 2 and "overwrite the input" in out.stderr and digest(small_trace) == before

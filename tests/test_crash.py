@@ -1,0 +1,104 @@
+"""A killed or starved host leaves a readable trace; the host itself keeps running."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+
+import tracediff as td
+from tests.conftest import REPO, run_cli, run_python, step_tensor
+
+KILLED_WRITER = """
+import sys, time
+import numpy as np
+import tracediff as td
+sys.path.insert(0, sys.argv[2])
+from tests.conftest import step_tensor
+rec = td.record(sys.argv[1], source="serving", flush_interval=0.02)
+for step in range(100000):
+    rec.log("h", step_tensor(step), step=step, token_ids=np.arange(16))
+    if step % 10 == 0:
+        assert rec.flush()
+        print(step, flush=True)
+    time.sleep(0.002)
+"""
+
+
+def test_sigkill_mid_run_leaves_a_readable_trace(tmp_path, fmt) -> None:
+    path = tmp_path / f"killed.{fmt}"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    child = subprocess.Popen([sys.executable, "-c", KILLED_WRITER, str(path), str(REPO)], env=env,
+                             stdout=subprocess.PIPE, text=True)
+    flushed = -1
+    for line in child.stdout:
+        flushed = int(line)
+        if flushed >= 50:
+            break
+    child.send_signal(signal.SIGKILL)
+    child.wait(30)
+    assert child.returncode == -signal.SIGKILL
+    with td.open_trace(path) as trace:
+        assert not trace.complete and trace.finals == [None]
+        rows = trace.rows("h")
+        steps = sorted(set(rows.step.tolist()))
+        assert steps == list(range(len(steps))) and len(steps) > flushed
+        for step in steps:
+            assert rows.data[rows.step == step].tobytes() == step_tensor(step).tobytes()
+    shown = run_cli("show", str(path))
+    assert shown.returncode == 0 and "incomplete" in shown.stdout
+
+
+DISK_FULL_HOST = """
+import logging, resource, signal, sys
+import numpy as np
+import tracediff as td
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)          # a write past the limit fails with EFBIG
+LIMIT = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_FSIZE, (LIMIT, LIMIT))
+rec = td.record(sys.argv[1], source="training", flush_interval=0.01)
+total = 0.0
+for step in range(400):                                # the host's own work goes on
+    x = np.full((64, 256), step, np.float32)
+    rec.log("h", x, step=step, token_ids=np.arange(64))
+    if step % 20 == 0:
+        rec.flush()
+    total += float(x.sum())
+rec.close()
+print("host finished", total, rec.active)
+"""
+
+
+LIMIT = 12 << 20  # 64 KiB a step, 400 steps: the limit is reached about half way
+
+
+def test_disk_full_stops_recording_host_keeps_running(tmp_path, fmt) -> None:
+    path = tmp_path / f"full.{fmt}"
+    done = run_python(DISK_FULL_HOST, str(path), str(LIMIT))
+    assert done.returncode == 0, done.stderr
+    assert "host finished" in done.stdout and done.stdout.strip().endswith("False")
+    assert done.stderr.count("tracediff:") == 1 and "disk nearly full" in done.stderr
+    with td.open_trace(path) as trace:
+        rows = trace.rows("h")
+        steps = sorted(set(rows.step.tolist()))
+        assert 0 < len(steps) < 400 and steps == list(range(len(steps)))
+        assert all((rows.data[rows.step == s] == s).all() for s in steps)
+        assert "disk nearly full" in trace.finals[0]["stopped"]
+    assert os.path.getsize(path) <= LIMIT
+
+
+def test_flush_makes_records_visible_to_a_reader_while_writing(tmp_path, fmt) -> None:
+    path = tmp_path / f"live.{fmt}"
+    rec = td.record(path, flush_interval=60)
+    for step in range(3):
+        rec.log("h", step_tensor(step), step=step, token_ids=np.arange(16))
+    assert rec.flush()
+    with td.open_trace(path) as trace:
+        assert not trace.complete and len(trace.index) == 3
+        assert np.array_equal(trace.rows("h", step=2).data, step_tensor(2))
+    rec.close()
+    with td.open_trace(path) as trace:
+        assert trace.complete and trace.finals[0]["records"] == 3

@@ -1,0 +1,180 @@
+"""Recorder behaviour: filters, sampling, bounded queue, failure isolation, ranks, hooks."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+import tracediff as td
+from tests.conftest import run_cli, run_python, step_tensor
+
+
+def names_and_steps(path) -> list[tuple[str, int]]:
+    with td.open_trace(path) as trace:
+        return [(trace.index.name[i], int(trace.index.step[i])) for i in trace.select()]
+
+
+def test_name_globs_exclude_and_every_nth_step(tmp_path, fmt) -> None:
+    path = tmp_path / f"f.{fmt}"
+    with td.record(path, names=["draft.*", "target.layer.*"], exclude="draft.logits", every=2) as rec:
+        for step in range(5):
+            for name in ("draft.fc_in", "draft.logits", "target.layer.3", "target.embed"):
+                rec.log(name, step_tensor(step, (2, 3)), step=step, token_ids=np.arange(2))
+    assert names_and_steps(path) == [(n, s) for s in (0, 2, 4) for n in ("draft.fc_in", "target.layer.3")]
+
+
+def test_request_filter_keeps_only_those_rows(tmp_path, fmt) -> None:
+    path = tmp_path / f"r.{fmt}"
+    x = np.arange(12, dtype=np.float32).reshape(2, 3, 2)
+    with td.record(path, requests={"keep"}) as rec:
+        rec.log("h", x, token_ids=np.ones((2, 3), dtype=np.int64), request=["drop", "keep"])
+        rec.log("h", x, token_ids=np.ones((2, 3), dtype=np.int64), request=["drop", "drop"])
+    with td.open_trace(path) as trace:
+        rows = trace.rows("h")
+        assert rows.request.tolist() == ["keep"] * 3
+        assert rows.data.tolist() == x[1].tolist()
+        assert len(trace.index) == 1
+
+
+def test_byte_budget_stops_recording_and_says_so(tmp_path, fmt) -> None:
+    path = tmp_path / f"b.{fmt}"
+    one = step_tensor(0).nbytes
+    with td.record(path, max_bytes=3 * one) as rec:
+        for step in range(10):
+            rec.log("h", step_tensor(step), step=step, token_ids=np.arange(16))
+    assert not rec.active
+    with td.open_trace(path) as trace:
+        assert len(trace.index) == 3
+        assert "byte budget" in trace.finals[0]["stopped"]
+
+
+def test_full_queue_drops_and_counts(tmp_path, fmt) -> None:
+    path = tmp_path / f"d.{fmt}"
+    big = np.ones((256, 1024), np.float32)  # 1 MiB a record, queue of 2 MiB
+    with td.record(path, queue_bytes=2 << 20, on_full="drop") as rec:
+        for step in range(200):
+            rec.log("h", big, step=step, token_ids=np.arange(256))
+    dropped = rec.dropped["h"]
+    with td.open_trace(path) as trace:
+        assert dropped > 0
+        assert len(trace.index) + dropped == 200
+        assert trace.finals[0]["dropped"] == {"h": dropped}
+    assert rec._queued == 0
+
+
+def test_full_queue_blocks_when_asked(tmp_path, fmt) -> None:
+    path = tmp_path / f"k.{fmt}"
+    big = np.ones((256, 1024), np.float32)
+    with td.record(path, queue_bytes=2 << 20, on_full="block", block_timeout=30) as rec:
+        for step in range(40):
+            rec.log("h", big, step=step, token_ids=np.arange(256))
+    with td.open_trace(path) as trace:
+        assert len(trace.index) == 40 and trace.finals[0]["dropped_records"] == 0
+
+
+def test_disabled_recorder_writes_nothing(tmp_path) -> None:
+    rec = td.record(tmp_path / "off.h5", enabled=False)
+    rec.log("h", step_tensor(0), token_ids=np.arange(16))
+    rec.close()
+    assert rec._thread is None and not (tmp_path / "off.h5").exists()
+
+
+def test_bad_log_call_warns_once_stops_and_never_raises(tmp_path, fmt, caplog) -> None:
+    path = tmp_path / f"bad.{fmt}"
+    with caplog.at_level(logging.WARNING, logger="tracediff"):
+        with td.record(path) as rec:
+            rec.log("good", step_tensor(0), token_ids=np.arange(16))
+            rec.flush()
+            rec.log("bad", step_tensor(1), token_ids=np.arange(5))  # 16 rows, 5 token ids
+            rec.log("bad", step_tensor(2), token_ids=np.arange(5))
+            rec.log("later", step_tensor(3), token_ids=np.arange(16))
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "do not match token_ids" in warnings[0].getMessage()
+    with td.open_trace(path) as trace:
+        assert trace.names() == ["good"]
+        assert "log('bad')" in trace.finals[0]["stopped"]
+
+
+def test_writer_thread_failure_keeps_earlier_records(tmp_path, caplog) -> None:
+    path = tmp_path / "w.h5"
+    with caplog.at_level(logging.WARNING, logger="tracediff"):
+        with td.record(path) as rec:
+            rec.log("ok", step_tensor(0), token_ids=np.arange(16))
+            assert rec.flush()
+            rec.log("nine_dims", np.zeros((2,) + (1,) * 8, np.float32), token_ids=np.arange(2))
+            rec.flush()
+            rec.log("ok", step_tensor(1), step=1, token_ids=np.arange(16))
+    assert not rec.active and "error in writer" in rec.stopped and "at most 8" in rec.stopped
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+    with td.open_trace(path) as trace:
+        assert trace.names() == ["ok"] and np.array_equal(trace.rows("ok").data, step_tensor(0))
+
+
+def test_unwritable_path_never_raises(tmp_path, caplog) -> None:
+    with caplog.at_level(logging.WARNING, logger="tracediff"):
+        rec = td.record(tmp_path / "no" / "such" / "dir" / "t.h5")
+        rec.log("h", step_tensor(0), token_ids=np.arange(16))
+        rec.close()
+    assert not rec.active and "error in open" in rec.stopped
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
+
+
+def test_log_after_close_is_ignored(tmp_path) -> None:
+    rec = td.record(tmp_path / "c.h5")
+    rec.close()
+    rec.log("h", step_tensor(0), token_ids=np.arange(16))
+    assert rec.stopped is None and not rec.active
+
+
+RANK_WRITER = """
+import sys, numpy as np, tracediff as td
+with td.record(sys.argv[1], source="serving") as rec:
+    for step in range(3):
+        rec.log("h", np.full((2, 4), float(rec.rank), np.float32), step=step, token_ids=np.arange(2))
+"""
+
+
+def test_ranks_write_one_file_each_and_open_as_one(tmp_path, fmt) -> None:
+    path = tmp_path / f"t.{fmt}"
+    for rank in (0, 1):
+        done = run_python(RANK_WRITER, str(path), env={"RANK": str(rank), "WORLD_SIZE": "2"})
+        assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"t.rank0.{fmt}", f"t.rank1.{fmt}"]
+    with td.open_trace(path) as trace:
+        rows = trace.rows("h")
+        assert rows.rank.tolist() == [0] * 6 + [1] * 6
+        assert rows.data[:, 0].tolist() == [0.0] * 6 + [1.0] * 6
+        assert trace.meta["world_size"] == 2
+
+
+def test_hooks_on_a_tiny_llama_and_show(tmp_path, fmt) -> None:
+    torch = pytest.importorskip("torch")
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(layers=3)
+    ids = torch.randint(0, 512, (2, 7), generator=torch.Generator().manual_seed(1))
+    path = tmp_path / f"llama.{fmt}"
+    with td.record(path, source="training", meta={"target": "tiny-llama"}) as rec:
+        rec.watch(model.model.embed_tokens, "target.embed")
+        rec.watch_modules(model, "model.layers.*", "target.layer.{*}")
+        rec.watch(model.lm_head, "target.logits")
+        with torch.no_grad():
+            for step in range(2):
+                with rec.context(step=step, token_ids=ids, request=["r0", "r1"]):
+                    out = model(ids, output_hidden_states=True)
+    with td.open_trace(path) as trace:
+        assert trace.names() == ["target.embed", "target.layer.0", "target.layer.1", "target.layer.2",
+                                 "target.logits"]
+        layer1 = trace.rows("target.layer.1", step=1)
+        assert layer1.data.shape == (14, 64)
+        assert np.array_equal(layer1.data, out.hidden_states[2].reshape(14, 64).numpy())
+        assert layer1.token_id.tolist() == ids.reshape(-1).tolist()
+        assert layer1.position.tolist() == list(range(7)) * 2
+    shown = run_cli("show", str(path))
+    assert shown.returncode == 0, shown.stderr
+    for expected in ("target.layer.2", "(64,)", "(512,)", "tiny-llama", "training"):
+        assert expected in shown.stdout
+    stats = run_cli("show", str(path), "--name", "target.logits", "--step", "0", "--request", "r1")
+    assert stats.returncode == 0 and "float32 (7, 512)" in stats.stdout and "NaN 0" in stats.stdout
