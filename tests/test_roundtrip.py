@@ -47,8 +47,9 @@ def raw_bits(x) -> np.ndarray:
     return x
 
 
-def write_all(path, tensors) -> None:
-    with td.record(path, source="training", meta={"aux_layer_ids": [1, 3]}, flush_interval=0.01) as rec:
+def write_all(path, tensors, compression=None) -> None:
+    with td.record(path, source="training", meta={"aux_layer_ids": [1, 3]}, flush_interval=0.01,
+                   compression=compression) as rec:
         for step in range(2):
             for name, x in tensors.items():
                 rec.log(name, x, step=step, token_ids=np.arange(6) + 100, positions=np.arange(6) + 3,
@@ -82,6 +83,15 @@ def test_every_dtype_bit_identical(tmp_path, fmt) -> None:
     path = tmp_path / f"t.{fmt}"
     write_all(path, tensors)
     with td.open_trace(path) as trace:
+        assert_same_trace(trace, tensors)
+
+
+@pytest.mark.parametrize(("name", "compression"), [("c.h5", "gzip"), ("c.h5", "lzf"), ("c.arrow", "zstd"),
+                                                  ("c.arrow", "lz4")])
+def test_compressed_traces_read_back_bit_identical(tmp_path, name, compression) -> None:
+    tensors = all_dtype_tensors()
+    write_all(tmp_path / name, tensors, compression)
+    with td.open_trace(tmp_path / name) as trace:
         assert_same_trace(trace, tensors)
 
 

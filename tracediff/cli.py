@@ -14,7 +14,8 @@ from tracediff.errors import TraceError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Record, replay and diff tensor traces of EAGLE-3 speculative decoding.")
-console = Console()
+# Piped output (files, CI logs, bug reports) gets wide lines instead of rich's 80-column default.
+console = Console(width=None if sys.stdout.isatty() else 200)
 
 
 def fail(path: str | Path, problem: str) -> None:
@@ -52,15 +53,14 @@ def show(
                 else:
                     render_summary(console, summary)
                 return
+            where = " ".join(f"{k}={v}" for k, v in (("step", step), ("request", request)) if v is not None)
             try:
                 stats = tensor_stats(opened.rows(name, step=step, request=request))
             except KeyError:
-                where = "".join(f" {k} {v}" for k, v in (("step", step), ("request", request)) if v is not None)
-                fail(trace, f"no rows of tensor {name!r}{where} (see 'tracediff show {trace}')")
+                fail(trace, f"no rows of tensor {name!r} {where}".rstrip() + " (list: tracediff show)")
             if as_json:
                 print(json.dumps(stats.to_dict(), indent=1))
             else:
-                where = " ".join(f"{k}={v}" for k, v in (("step", step), ("request", request)) if v is not None)
                 render_stats(console, stats, where)
 
     guarded(trace, run)

@@ -66,6 +66,7 @@ class Recorder:
         source: str = "unknown",
         meta: dict | None = None,
         format: str | None = None,
+        compression: str | None = None,
         names: Iterable[str] | str | None = None,
         exclude: Iterable[str] | str | None = None,
         every: int = 1,
@@ -112,7 +113,7 @@ class Recorder:
             format_for(self.path, format)
             run_meta = _run_meta(source, meta or {}, self.rank, self.world_size, self.filter)
             dumps_meta(run_meta)
-            self._writer = open_writer(self.path, run_meta, format)
+            self._writer = open_writer(self.path, run_meta, format, compression)
         except Exception as exc:  # a recorder that cannot start must not stop the host
             self._fail("open", exc)
             return

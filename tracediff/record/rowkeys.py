@@ -54,7 +54,8 @@ def resolve_rows(tensor_shape: Sequence[int], step: int, token_ids: Any, positio
         raise ValueError(f"tensor leading dims {tuple(tensor_shape)} do not match token_ids {lead}")
     n_rows = int(np.prod(lead))
     if positions is None:
-        position: np.ndarray | HostCopy = np.broadcast_to(np.arange(lead[-1], dtype=np.int64), lead).reshape(-1)
+        arange = np.arange(lead[-1], dtype=np.int64)
+        position: np.ndarray | HostCopy = np.broadcast_to(arange, lead).reshape(-1)
     else:
         if _shape(positions) != lead:
             raise ValueError(f"positions shape {_shape(positions)} does not match token_ids {lead}")

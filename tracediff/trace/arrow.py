@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from tracediff.errors import TraceError
 from tracediff.trace.dtypes import storage_dtype
+from tracediff.trace.fileio import pread_into, prefetch
 from tracediff.trace.schema import (
     FINAL_RECORD,
     FORMAT_NAME,
@@ -88,8 +89,10 @@ def records_to_batch(records: Sequence[Record]) -> pa.RecordBatch:
 class ArrowWriter:
     """Appends batches of records; each ``write`` reaches the OS before it returns."""
 
-    def __init__(self, path: str | Path, meta: dict) -> None:
+    def __init__(self, path: str | Path, meta: dict, compression: str | None = None) -> None:
         self.path = Path(path)
+        if compression not in (None, "lz4", "zstd"):
+            raise ValueError(f"Arrow traces compress with 'lz4' or 'zstd', not {compression!r}")
         schema = SCHEMA.with_metadata(
             {
                 "tracediff.format": FORMAT_NAME,
@@ -98,7 +101,8 @@ class ArrowWriter:
             }
         )
         self._file = open(self.path, "wb", buffering=0)
-        self._writer = pa.ipc.new_file(self._file, schema)
+        options = pa.ipc.IpcWriteOptions(compression=compression)
+        self._writer = pa.ipc.new_file(self._file, schema, options=options)
 
     def write(self, records: Sequence[Record]) -> None:
         if records:
@@ -126,8 +130,12 @@ class ArrowTraceFile:
         self.path = path
         try:
             self._source = pa.memory_map(str(path), "r")
+            self._fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise TraceError(path, f"cannot open: {exc.strerror or exc}") from None
+        # Where the map starts: a buffer inside it sits at file offset (address - base).
+        self._base, self._size = self._source.read_buffer(1).address, self._source.size()
+        self._source.seek(0)
         self.complete, self._batches, schema = self._load_batches()
         self.meta, self.version = _meta_from_schema(path, schema)
         check_version(path, self.version, close=self._source.close)
@@ -185,17 +193,37 @@ class ArrowTraceFile:
         b, row = self._locations[slot]
         return self._batches[b], row
 
-    def read_raw(self, slot: int) -> np.ndarray:
-        """Raw bytes of one record, zero-copy from the memory map."""
+    def _data(self, slot: int) -> tuple[pa.Buffer, int, int]:
+        """The buffer holding a record's bytes, and where in it they start and end."""
         batch, row = self._row(slot)
         column = batch.column("data")
         offsets = np.frombuffer(column.buffers()[1], dtype=np.int64, count=len(column) + 1,
                                 offset=column.offset * 8)
-        data = np.frombuffer(column.buffers()[2], dtype=np.uint8)
-        return data[offsets[row] : offsets[row + 1]]
+        return column.buffers()[2], int(offsets[row]), int(offsets[row + 1])
+
+    def read_raw(self, slot: int) -> np.ndarray:
+        """Raw bytes of one record, zero-copy from the memory map."""
+        buffer, start, end = self._data(slot)
+        return np.frombuffer(buffer, dtype=np.uint8)[start:end]
+
+    def _file_range(self, slot: int) -> tuple[int, int] | None:
+        """(file offset, length) of a record's bytes; None where they are compressed in the file."""
+        buffer, start, end = self._data(slot)
+        at = buffer.address - self._base + start
+        return (at, end - start) if 0 <= at and at + (end - start) <= self._size else None
+
+    def prefetch(self, slot: int) -> None:
+        if (where := self._file_range(slot)) is not None:
+            prefetch(self._fd, *where)
 
     def read_into(self, slot: int, out: np.ndarray) -> None:
-        out[:] = self.read_raw(slot)
+        """Copy a record's bytes into ``out``: one pread where the bytes lie uncompressed in the file."""
+        where = self._file_range(slot)
+        if where is not None:
+            pread_into(self._fd, out, where[0])
+        else:  # a compressed file: the buffer was decompressed into memory
+            buffer, start, end = self._data(slot)
+            out[:] = np.frombuffer(buffer, dtype=np.uint8)[start:end]
 
     def read_keys(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, position, token_id) of every row of one record."""
@@ -209,6 +237,7 @@ class ArrowTraceFile:
     def close(self) -> None:
         self._batches = []
         self._source.close()
+        os.close(self._fd)
 
 
 def _meta_from_schema(path: Path, schema: pa.Schema) -> tuple[dict, int]:

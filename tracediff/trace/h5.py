@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 
 from tracediff.errors import TraceError
+from tracediff.trace.fileio import pread_into, prefetch
 from tracediff.trace.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -26,7 +27,7 @@ from tracediff.trace.schema import (
 )
 
 MAX_NDIM = 8
-DATA_CHUNK = 4 << 20
+DATA_CHUNK = 1 << 20  # larger chunks write no faster here and bloat small traces
 
 # dataset path -> (dtype, chunk length); every one is 1-D and grows along axis 0
 RECORD_COLUMNS: dict[str, np.dtype] = {
@@ -85,22 +86,25 @@ class StringTable:
 class H5Writer:
     """Appends batches of records; each ``write`` ends with a SWMR flush."""
 
-    def __init__(self, path: str | Path, meta: dict) -> None:
+    def __init__(self, path: str | Path, meta: dict, compression: str | None = None) -> None:
         self.path = Path(path)
+        if compression not in (None, "gzip", "lzf"):
+            raise ValueError(f"HDF5 traces compress with 'gzip' or 'lzf', not {compression!r}")
         f = self._file = h5py.File(self.path, "w", libver="latest")
         f.attrs["format"] = FORMAT_NAME
         f.attrs["format_version"] = FORMAT_VERSION
         f.attrs["meta"] = dumps_meta(meta)
-        grow = dict(maxshape=(None,), chunks=(4096,))
+        grow = dict(maxshape=(None,), chunks=(1024,))
         for key, dtype in RECORD_COLUMNS.items():
             f.create_dataset(f"records/{key}", (0,), dtype=dtype, **grow)
         f.create_dataset("records/shape", (0, MAX_NDIM), dtype=np.int64, maxshape=(None, MAX_NDIM),
-                         chunks=(4096, MAX_NDIM))
+                         chunks=(1024, MAX_NDIM))
         for key, dtype in ROW_COLUMNS.items():
-            f.create_dataset(f"rows/{key}", (0,), dtype=dtype, maxshape=(None,), chunks=(65536,))
-        f.create_dataset("strings/bytes", (0,), dtype=np.uint8, maxshape=(None,), chunks=(65536,))
+            f.create_dataset(f"rows/{key}", (0,), dtype=dtype, maxshape=(None,), chunks=(8192,))
+        f.create_dataset("strings/bytes", (0,), dtype=np.uint8, maxshape=(None,), chunks=(8192,))
         f.create_dataset("strings/ends", (0,), dtype=np.int64, **grow)
-        f.create_dataset("data", (0,), dtype=np.uint8, maxshape=(None,), chunks=(DATA_CHUNK,))
+        f.create_dataset("data", (0,), dtype=np.uint8, maxshape=(None,), chunks=(DATA_CHUNK,),
+                         compression=compression)
         f.create_dataset("final", (0,), dtype=np.uint8, maxshape=(None,), chunks=(4096,))
         f.swmr_mode = True
         self._strings = StringTable()
@@ -177,6 +181,7 @@ class H5TraceFile:
         self.path = path
         self._file = _open_h5(path)
         f = self._file
+        self._fd = os.open(path, os.O_RDONLY)
         if f.attrs.get("format") != FORMAT_NAME:
             f.close()
             raise TraceError(path, "not a tracediff trace (HDF5 file without format='tracediff')")
@@ -207,8 +212,13 @@ class H5TraceFile:
                  & (cols["name"][:n] < len(strings)) & (cols["dtype"][:n] < len(strings)))
         n = int(np.argmin(whole)) if not whole.all() else n
         cols = {k: v[:n] for k, v in cols.items()}
-        self._strings = strings
+        self._strings = np.array(strings, dtype=object)
         self._cols = cols
+        self._rows = {key: f[f"rows/{key}"] for key in ROW_COLUMNS}
+        self._data = f["data"]
+        self._chunk = self._data.chunks[0]
+        self._raw_chunks = self._data.id.get_create_plist().get_nfilters() == 0
+        self._chunk_at: dict[int, int | None] = {}
         return RecordIndex.from_columns(part, {
             **{k: cols[k] for k in ("seq_no", "step", "rank", "depth")},
             "name": [strings[i] for i in cols["name"]],
@@ -219,10 +229,42 @@ class H5TraceFile:
             "shape": [tuple(s[:d]) for s, d in zip(shapes[:n], cols["ndim"])],
         })
 
+    def _chunk_offset(self, index: int) -> int | None:
+        """File offset of data chunk ``index`` (None if never written), from HDF5's chunk index."""
+        if index not in self._chunk_at:
+            info = self._data.id.get_chunk_info_by_coord((index * self._chunk,))
+            self._chunk_at[index] = info.byte_offset
+        return self._chunk_at[index]
+
+    def _file_ranges(self, slot: int) -> list[tuple[int, int]]:
+        """(file offset, length) pieces of a record's bytes, one per chunk it spans, while the
+        chunks are unfiltered and written; the rest (if any) must go through HDF5."""
+        start, n = int(self._cols["data_offset"][slot]), int(self._cols["data_nbytes"][slot])
+        ranges, done = [], 0
+        while self._raw_chunks and done < n:
+            index, within = divmod(start + done, self._chunk)
+            at = self._chunk_offset(index)
+            if at is None:
+                break
+            take = min(self._chunk - within, n - done)
+            ranges.append((at + within, take))
+            done += take
+        return ranges
+
+    def prefetch(self, slot: int) -> None:
+        for at, length in self._file_ranges(slot):
+            prefetch(self._fd, at, length)
+
     def read_into(self, slot: int, out: np.ndarray) -> None:
-        start = int(self._cols["data_offset"][slot])
-        if out.nbytes:
-            self._file["data"].read_direct(out, np.s_[start : start + out.nbytes])
+        """Copy a record's bytes into ``out``; unfiltered chunks are read with pread, bypassing
+        HDF5's per-call overhead (each chunk's file offset comes from HDF5's own chunk index)."""
+        done = 0
+        for at, length in self._file_ranges(slot):
+            pread_into(self._fd, out[done : done + length], at)
+            done += length
+        if done < out.nbytes:
+            start = int(self._cols["data_offset"][slot])
+            self._data.read_direct(out[done:], np.s_[start + done : start + out.nbytes])
 
     def read_raw(self, slot: int) -> np.ndarray:
         out = np.empty(int(self._cols["data_nbytes"][slot]), dtype=np.uint8)
@@ -233,16 +275,15 @@ class H5TraceFile:
         """(request, position, token_id) of every row of one record."""
         start = int(self._cols["row_start"][slot])
         rows = slice(start, start + int(self._cols["n_rows"][slot]))
-        f = self._file
-        request_ids = f["rows/request"][rows]
         return (
-            np.array([self._strings[i] for i in request_ids], dtype=object),
-            f["rows/position"][rows],
-            f["rows/token_id"][rows],
+            self._strings[self._rows["request"][rows]],
+            self._rows["position"][rows],
+            self._rows["token_id"][rows],
         )
 
     def close(self) -> None:
         self._file.close()
+        os.close(self._fd)
 
 
 def _open_h5(path: Path) -> h5py.File:

@@ -15,6 +15,7 @@ from tracediff.trace.dtypes import decode, storage_dtype
 from tracediff.trace.h5 import H5TraceFile
 from tracediff.trace.schema import Record, RecordIndex
 
+PREFETCH = 16  # records read ahead by rows()
 H5_MAGIC = b"\x89HDF\r\n\x1a\n"
 ARROW_MAGIC = b"ARROW1"
 
@@ -165,7 +166,10 @@ class Trace:
         flat = data.reshape(-1).view(np.uint8)
         keys: dict[str, list[np.ndarray]] = {k: [] for k in ("request", "position", "token_id")}
         start = 0
-        for i in hits:
+        for k, i in enumerate(hits):
+            if k % PREFETCH == 0:  # keep the disk busy with the next window while we copy this one
+                for j in hits[k + (PREFETCH if k else 0) : k + 2 * PREFETCH]:
+                    self.files[idx.part[j]].prefetch(int(idx.slot[j]))
             file, slot, n = self.files[idx.part[i]], int(idx.slot[i]), int(idx.nbytes[i])
             file.read_into(slot, flat[start : start + n])
             start += n

@@ -37,6 +37,10 @@ def format_for(path: str | Path, format: str | None = None) -> str:
     return SUFFIXES[suffix]
 
 
-def open_writer(path: str | Path, meta: dict, format: str | None = None) -> TraceWriter:
+def open_writer(path: str | Path, meta: dict, format: str | None = None,
+                compression: str | None = None) -> TraceWriter:
+    """A writer for ``path``; compression is off by default (hidden states barely compress:
+    ~1.1-1.2x for more write time), 'gzip'/'lzf' for HDF5, 'lz4'/'zstd' for Arrow."""
     kind = format_for(path, format)
-    return H5Writer(path, meta) if kind == "h5" else ArrowWriter(path, meta)
+    writer = H5Writer if kind == "h5" else ArrowWriter
+    return writer(path, meta, compression)

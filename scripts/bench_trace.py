@@ -1,0 +1,206 @@
+"""Benchmark: recorder write throughput, read speed and recording overhead against this disk.
+
+Every figure is measured in the same run as its baseline:
+  disk      sequential write with fsync, cold read (page cache dropped with fadvise), memcpy
+  write     the recorder writing N steps of ~2.5 MB through its queue and thread, to fsync
+  read      all rows of one tensor name (cold), and one step's rows of the whole trace (cold open)
+  overhead  a simulated forward (torch matmul loop, ~5 ms a step, logging ~1 MB a step):
+            no recorder vs recorder on vs a recorder that filters everything out
+
+Usage: python scripts/bench_trace.py [--steps 2000] [--dir /tmp/bench] [--out bench.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import tracediff as td
+
+MB = 1e6
+ROWS = 256
+# name -> row width; bfloat16 rows: 256 * (3072 + 1024 + 768) * 2 B = 2.5 MB a step
+ROW_WIDTHS = {"draft.fc_in": 3 * 1024, "draft.hidden": 1024, "draft.logits": 768}
+
+
+def drop_cache(path: Path) -> None:
+    """Evict a file's pages so the next read comes from disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def disk_write_speed(path: Path, total: int) -> float:
+    block = np.random.default_rng(0).integers(0, 255, 8 << 20, dtype=np.uint8)
+    start = time.perf_counter()
+    with open(path, "wb", buffering=0) as fh:
+        for _ in range(total // block.nbytes):
+            fh.write(block)
+        os.fsync(fh.fileno())
+    return (total // block.nbytes) * block.nbytes / (time.perf_counter() - start)
+
+
+def disk_read_speed(path: Path) -> float:
+    drop_cache(path)
+    start = time.perf_counter()
+    size = 0
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(8 << 20)
+        while n := fh.readinto(buf):
+            size += n
+    return size / (time.perf_counter() - start)
+
+
+def memcpy_speed() -> float:
+    src = np.ones(256 << 20, np.uint8)
+    dst = np.empty_like(src)
+    start = time.perf_counter()
+    for _ in range(4):
+        dst[:] = src
+    return 4 * src.nbytes / (time.perf_counter() - start)
+
+
+def step_tensors(torch, step: int) -> dict:
+    gen = torch.Generator().manual_seed(step)
+    return {name: torch.randn(ROWS, width, generator=gen).to(torch.bfloat16)
+            for name, width in ROW_WIDTHS.items()}
+
+
+def record_steps(path: Path, steps: int, torch) -> tuple[float, int, int]:
+    """Seconds from the first log to a closed, fsync'd file; bytes logged; records dropped."""
+    pool = [step_tensors(torch, s) for s in range(8)]  # tensor creation is not what we time
+    token_ids = np.arange(ROWS)
+    start = time.perf_counter()
+    rec = td.record(path, source="bench", on_full="block", block_timeout=60)
+    logged = 0
+    for step in range(steps):
+        for name, x in pool[step % len(pool)].items():
+            rec.log(name, x, step=step, token_ids=token_ids, request="bench")
+            logged += x.nelement() * 2
+    rec.close()
+    return time.perf_counter() - start, logged, sum(rec.dropped.values())
+
+
+def read_one_name(path: Path, name: str) -> tuple[float, int]:
+    drop_cache(path)
+    start = time.perf_counter()
+    with td.open_trace(path) as trace:
+        rows = trace.rows(name)
+    return time.perf_counter() - start, rows.data.nbytes
+
+
+def read_one_step(path: Path, step: int) -> tuple[float, float]:
+    """(seconds to open cold, seconds to read every record of one step)."""
+    drop_cache(path)
+    start = time.perf_counter()
+    with td.open_trace(path) as trace:
+        opened = time.perf_counter()
+        for name in ROW_WIDTHS:
+            trace.rows(name, step=step)
+        return opened - start, time.perf_counter() - opened
+
+
+def overhead(torch, steps: int, reps: int, tmp: Path) -> dict[str, float]:
+    """Slowdown of a step, recording ~1 MB a step or keeping nothing, against no recorder: wall time
+    (what the host sees, writer thread included) and the host thread's own CPU time."""
+    torch.set_num_threads(1)
+    a = torch.randn(256, 256)
+    w = torch.randn(256, 256)
+    hidden = torch.randn(512, 1024).to(torch.bfloat16)  # 1 MB a step
+    token_ids = np.arange(512)
+
+    def forward(rec) -> tuple[float, float]:
+        start, cpu = time.perf_counter(), time.thread_time()
+        for step in range(steps):
+            x = a
+            for _ in range(18):
+                x = torch.tanh(x @ w)
+            if rec is not None:
+                rec.log("target.aux", hidden, step=step, token_ids=token_ids)
+        return (time.perf_counter() - start) / steps, (time.thread_time() - cpu) / steps
+
+    def run(kind: str, rep: int) -> tuple[float, float]:
+        if kind == "baseline":
+            return forward(None)
+        names = ["nothing.*"] if kind == "filtered" else None
+        with td.record(tmp / f"{kind}{rep}.arrow", names=names) as rec:
+            seconds = forward(rec)
+        (tmp / f"{kind}{rep}.arrow").unlink()
+        return seconds
+
+    def compare(kind: str) -> dict[str, float]:
+        """Alternate baseline and ``kind`` runs (each pair's order flipped every rep)."""
+        runs: dict[str, list[tuple[float, float]]] = {"baseline": [], kind: []}
+        for rep in range(reps):
+            for k in (("baseline", kind) if rep % 2 else (kind, "baseline")):
+                runs[k].append(run(k, rep))
+        wall, cpu = ({k: statistics.median(t[i] for t in v) for k, v in runs.items()} for i in (0, 1))
+        return {"baseline_ms": wall["baseline"] * 1e3, "ratio": wall[kind] / wall["baseline"],
+                "host_thread_cpu_ratio": cpu[kind] / cpu["baseline"]}
+
+    return {"filtered": compare("filtered"), "recording": compare("recording")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
+    parser.add_argument("--formats", default="arrow,h5")
+    parser.add_argument("--overhead-steps", type=int, default=200)
+    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
+    args = parser.parse_args()
+    import torch
+
+    work = Path(tempfile.mkdtemp(dir=args.dir))
+    results: dict = {"steps": args.steps, "step_mb": ROWS * sum(ROW_WIDTHS.values()) * 2 / MB}
+    try:
+        probe = work / "disk.bin"
+        total = int(args.steps * results["step_mb"] * MB)
+        results["disk_write_fsync_gbs"] = disk_write_speed(probe, min(total, 4 << 30)) / 1e9
+        results["disk_cold_read_gbs"] = disk_read_speed(probe) / 1e9
+        results["memcpy_gbs"] = memcpy_speed() / 1e9
+        probe.unlink()
+        for fmt in args.formats.split(","):
+            path = work / f"trace.{fmt}"
+            seconds, logged, dropped = record_steps(path, args.steps, torch)
+            write = logged / seconds / 1e9
+            reads = [read_one_name(path, "draft.fc_in") for _ in range(3)]
+            read_s, read_bytes = statistics.median(r[0] for r in reads), reads[0][1]
+            opens = [read_one_step(path, args.steps // 2) for _ in range(3)]
+            open_s, step_s = (statistics.median(o[i] for o in opens) for i in (0, 1))
+            results[fmt] = {
+                "trace_gb": path.stat().st_size / 1e9,
+                "write_gbs": write,
+                "write_vs_disk": write / results["disk_write_fsync_gbs"],
+                "dropped": dropped,
+                "read_name_gbs": read_bytes / read_s / 1e9,
+                "read_name_vs_disk": read_bytes / read_s / 1e9 / results["disk_cold_read_gbs"],
+                "open_cold_ms": open_s * 1e3,
+                "one_step_ms": step_s * 1e3,
+                "open_plus_step_ms": (open_s + step_s) * 1e3,
+            }
+            path.unlink()
+            print(fmt, json.dumps(results[fmt]), flush=True)
+        results["overhead"] = overhead(torch, args.overhead_steps, args.reps, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(results, indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
