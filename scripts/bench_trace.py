@@ -140,14 +140,19 @@ def overhead(torch, steps: int, reps: int, tmp: Path) -> dict[str, float]:
         return seconds
 
     def compare(kind: str) -> dict[str, float]:
-        """Alternate baseline and ``kind`` runs (each pair's order flipped every rep)."""
-        runs: dict[str, list[tuple[float, float]]] = {"baseline": [], kind: []}
+        """Adjacent baseline / ``kind`` runs (order flipped every rep); the ratio of each pair, so
+        that slow drift of this shared VM cancels, then the median and quartiles over pairs."""
+        pairs = []
         for rep in range(reps):
-            for k in (("baseline", kind) if rep % 2 else (kind, "baseline")):
-                runs[k].append(run(k, rep))
-        wall, cpu = ({k: statistics.median(t[i] for t in v) for k, v in runs.items()} for i in (0, 1))
-        return {"baseline_ms": wall["baseline"] * 1e3, "ratio": wall[kind] / wall["baseline"],
-                "host_thread_cpu_ratio": cpu[kind] / cpu["baseline"]}
+            order = ("baseline", kind) if rep % 2 else (kind, "baseline")
+            pair = {k: run(k, rep) for k in order}
+            pairs.append((pair[kind][0] / pair["baseline"][0], pair[kind][1] / pair["baseline"][1],
+                          pair["baseline"][0]))
+        wall = sorted(p[0] for p in pairs)
+        q1, q3 = wall[len(wall) // 4], wall[(3 * len(wall)) // 4]
+        return {"baseline_ms": statistics.median(p[2] for p in pairs) * 1e3,
+                "ratio": statistics.median(wall), "ratio_q1": q1, "ratio_q3": q3,
+                "host_thread_cpu_ratio": statistics.median(p[1] for p in pairs)}
 
     return {"filtered": compare("filtered"), "recording": compare("recording")}
 
@@ -159,7 +164,7 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
     parser.add_argument("--formats", default="arrow,h5")
     parser.add_argument("--overhead-steps", type=int, default=200)
-    parser.add_argument("--reps", type=int, default=9)
+    parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     args = parser.parse_args()
     import torch

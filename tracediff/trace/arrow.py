@@ -22,6 +22,8 @@ from tracediff.trace.schema import (
     FINAL_RECORD,
     FORMAT_NAME,
     FORMAT_VERSION,
+    INDEX_RECORD,
+    RESERVED_PREFIX,
     Record,
     RecordIndex,
     check_version,
@@ -47,6 +49,10 @@ SCHEMA = pa.schema(
     ]
 )
 KEY_COLUMNS = ("name", "seq_no", "step", "rank", "depth", "dtype", "static", "shape")
+# The closing __index__ row: every record's key columns plus the batch and row that hold it.
+INDEX_SCHEMA = pa.schema([SCHEMA.field(k) for k in KEY_COLUMNS]
+                         + [pa.field("batch", pa.int32()), pa.field("row", pa.int32())])
+INDEX_COLUMNS = tuple(INDEX_SCHEMA.names)
 
 
 def _list_array(parts: Sequence[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
@@ -86,8 +92,34 @@ def records_to_batch(records: Sequence[Record]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
 
+def key_columns(batch: pa.RecordBatch, batch_no: int) -> dict[str, list]:
+    """The index entries of one batch (every row but the format's own), with where they live."""
+    if batch.schema.names[: len(KEY_COLUMNS)] != list(KEY_COLUMNS):
+        raise ValueError("Arrow columns do not match the tracediff schema")
+    names = batch.column("name").to_pylist()
+    rows = [i for i, name in enumerate(names) if not name.startswith(RESERVED_PREFIX)]
+    cols = {key: batch.column(key).take(rows).to_pylist() for key in KEY_COLUMNS}
+    cols["batch"] = [batch_no] * len(rows)
+    cols["row"] = rows
+    return cols
+
+
+def _reserved(batch: pa.RecordBatch, name: str) -> bytes | None:
+    """The data of a reserved row (``__final__``, ``__index__``) in this batch, if present."""
+    names = batch.column("name").to_pylist()
+    return batch.column("data")[names.index(name)].as_py() if name in names else None
+
+
+def _blob_record(name: str, blob: bytes) -> Record:
+    return Record(name=name, data=np.frombuffer(blob, dtype=np.uint8), dtype="uint8", static=True)
+
+
 class ArrowWriter:
-    """Appends batches of records; each ``write`` reaches the OS before it returns."""
+    """Appends batches of records; each ``write`` reaches the OS before it returns.
+
+    At close it appends one last batch holding ``__index__`` (every record's key columns and
+    location, so a reader need not visit each batch) and ``__final__`` (end-of-run metadata).
+    """
 
     def __init__(self, path: str | Path, meta: dict, compression: str | None = None) -> None:
         self.path = Path(path)
@@ -103,10 +135,17 @@ class ArrowWriter:
         self._file = open(self.path, "wb", buffering=0)
         options = pa.ipc.IpcWriteOptions(compression=compression)
         self._writer = pa.ipc.new_file(self._file, schema, options=options)
+        self._index: dict[str, list] = {key: [] for key in INDEX_COLUMNS}
+        self._batches = 0
 
     def write(self, records: Sequence[Record]) -> None:
-        if records:
-            self._writer.write_batch(records_to_batch(records))
+        if not records:
+            return
+        batch = records_to_batch(records)
+        self._writer.write_batch(batch)
+        for key, values in key_columns(batch, self._batches).items():
+            self._index[key].extend(values)
+        self._batches += 1
 
     def sync(self) -> None:
         os.fsync(self._file.fileno())
@@ -116,8 +155,14 @@ class ArrowWriter:
         self._file.close()
 
     def close(self, final: dict) -> None:
-        blob = np.frombuffer(dumps_meta(final).encode(), dtype=np.uint8)
-        self.write([Record(name=FINAL_RECORD, data=blob, dtype="uint8", static=True)])
+        sink = pa.BufferOutputStream()
+        table = pa.table({key: pa.array(values, INDEX_SCHEMA.field(key).type)
+                          for key, values in self._index.items()}, schema=INDEX_SCHEMA)
+        with pa.ipc.new_stream(sink, INDEX_SCHEMA) as stream:
+            stream.write_table(table)
+        closing = [_blob_record(INDEX_RECORD, sink.getvalue().to_pybytes()),
+                   _blob_record(FINAL_RECORD, dumps_meta(final).encode())]
+        self._writer.write_batch(records_to_batch(closing))
         self._writer.close()
         self.sync()
         self._file.close()
@@ -136,52 +181,66 @@ class ArrowTraceFile:
         # Where the map starts: a buffer inside it sits at file offset (address - base).
         self._base, self._size = self._source.read_buffer(1).address, self._source.size()
         self._source.seek(0)
-        self.complete, self._batches, schema = self._load_batches()
+        self._batches: dict[int, pa.RecordBatch] = {}
+        self._reader: pa.ipc.RecordBatchFileReader | None = None
+        schema = self._open()
         self.meta, self.version = _meta_from_schema(path, schema)
-        check_version(path, self.version, close=self._source.close)
+        check_version(path, self.version, close=self.close)
         self.final: dict | None = None
-        self.index = self._build_index(part)
-
-    def _load_batches(self) -> tuple[bool, list[pa.RecordBatch], pa.Schema]:
         try:
-            reader = pa.ipc.open_file(self._source)
-            batches = [reader.get_batch(i) for i in range(reader.num_record_batches)]
-            return True, batches, reader.schema
+            self.index = self._load_index(part)
+        except (ValueError, KeyError) as exc:
+            raise TraceError(path, f"Arrow trace with a malformed index: {exc}") from None
+
+    @property
+    def complete(self) -> bool:
+        return self.final is not None
+
+    def _open(self) -> pa.Schema:
+        """Open by the footer; without one (the writer died), recover every whole batch of the stream."""
+        try:
+            self._reader = pa.ipc.open_file(self._source)
+            return self._reader.schema
         except pa.ArrowInvalid:
             pass
-        # No footer: the writer did not close (killed, disk full). Recover the stream body.
         self._source.seek(8)
         try:
             stream = pa.ipc.open_stream(self._source)
         except pa.ArrowInvalid as exc:
             raise TraceError(self.path, f"truncated or corrupt Arrow trace: {exc}") from None
-        batches = []
         while True:
             try:
-                batches.append(stream.read_next_batch())
+                self._batches[len(self._batches)] = stream.read_next_batch()
             except StopIteration:
                 break
             except (pa.ArrowInvalid, OSError):
                 break  # a torn last batch: everything before it is intact
-        return False, batches, stream.schema
+        return stream.schema
 
-    def _build_index(self, part: int) -> RecordIndex:
-        cols: dict[str, list] = {k: [] for k in KEY_COLUMNS}
-        self._locations: list[tuple[int, int]] = []
-        for b, batch in enumerate(self._batches):
-            if batch.schema.names[: len(KEY_COLUMNS)] != list(KEY_COLUMNS):
-                raise TraceError(self.path, "Arrow columns do not match the tracediff schema")
-            names = batch.column("name").to_pylist()
-            for row, name in enumerate(names):
-                if name == FINAL_RECORD:
-                    raw = batch.column("data")[row].as_buffer()
-                    self.final = json.loads(bytes(raw))
-                    continue
-                self._locations.append((b, row))
-            keep = np.array([n != FINAL_RECORD for n in names], dtype=bool)
-            for key in KEY_COLUMNS:
-                values = batch.column(key).to_pylist()
-                cols[key].extend(v for v, k in zip(values, keep) if k)
+    @property
+    def _n_batches(self) -> int:
+        return self._reader.num_record_batches if self._reader is not None else len(self._batches)
+
+    def _batch(self, b: int) -> pa.RecordBatch:
+        if b not in self._batches:
+            self._batches[b] = self._reader.get_batch(b)
+        return self._batches[b]
+
+    def _load_index(self, part: int) -> RecordIndex:
+        """From the closing ``__index__`` row when present (two reads), else by visiting every batch."""
+        n = self._n_batches
+        last = self._batch(n - 1) if n else None
+        blob = _reserved(last, INDEX_RECORD) if last is not None else None
+        if blob is not None:
+            cols = pa.ipc.open_stream(pa.py_buffer(blob)).read_all().to_pydict()
+        else:
+            cols = {key: [] for key in INDEX_COLUMNS}
+            for b in range(n):
+                for key, values in key_columns(self._batch(b), b).items():
+                    cols[key].extend(values)
+        if last is not None and (final := _reserved(last, FINAL_RECORD)) is not None:
+            self.final = json.loads(final)
+        self._locations = list(zip(cols["batch"], cols["row"]))
         cols["n_rows"] = [0 if st else (sh[0] if sh else 0) for st, sh in zip(cols["static"], cols["shape"])]
         cols["nbytes"] = [
             int(np.prod(sh, dtype=np.int64)) * storage_dtype(dt).itemsize
@@ -191,7 +250,7 @@ class ArrowTraceFile:
 
     def _row(self, slot: int) -> tuple[pa.RecordBatch, int]:
         b, row = self._locations[slot]
-        return self._batches[b], row
+        return self._batch(b), row
 
     def _data(self, slot: int) -> tuple[pa.Buffer, int, int]:
         """The buffer holding a record's bytes, and where in it they start and end."""
@@ -235,7 +294,8 @@ class ArrowTraceFile:
         )
 
     def close(self) -> None:
-        self._batches = []
+        self._batches = {}
+        self._reader = None
         self._source.close()
         os.close(self._fd)
 

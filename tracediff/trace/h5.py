@@ -218,7 +218,7 @@ class H5TraceFile:
         self._data = f["data"]
         self._chunk = self._data.chunks[0]
         self._raw_chunks = self._data.id.get_create_plist().get_nfilters() == 0
-        self._chunk_at: dict[int, int | None] = {}
+        self._chunk_at: dict[int, int] | None = None
         return RecordIndex.from_columns(part, {
             **{k: cols[k] for k in ("seq_no", "step", "rank", "depth")},
             "name": [strings[i] for i in cols["name"]],
@@ -230,11 +230,17 @@ class H5TraceFile:
         })
 
     def _chunk_offset(self, index: int) -> int | None:
-        """File offset of data chunk ``index`` (None if never written), from HDF5's chunk index."""
-        if index not in self._chunk_at:
-            info = self._data.id.get_chunk_info_by_coord((index * self._chunk,))
-            self._chunk_at[index] = info.byte_offset
-        return self._chunk_at[index]
+        """File offset of data chunk ``index`` (None if never written), from HDF5's chunk index,
+        read whole on first use (one pass instead of a B-tree lookup per chunk)."""
+        if self._chunk_at is None:
+            found: dict[int, int] = {}
+
+            def note(info) -> None:
+                found[info.chunk_offset[0] // self._chunk] = info.byte_offset
+
+            self._data.id.chunk_iter(note)
+            self._chunk_at = found
+        return self._chunk_at.get(index)
 
     def _file_ranges(self, slot: int) -> list[tuple[int, int]]:
         """(file offset, length) pieces of a record's bytes, one per chunk it spans, while the

@@ -41,6 +41,7 @@ CANONICAL_NAMES: dict[str, str] = {
 # Names starting with this are the format's own bookkeeping, never user data.
 RESERVED_PREFIX = "__"
 FINAL_RECORD = "__final__"
+INDEX_RECORD = "__index__"
 
 _EMPTY_STR = np.empty(0, dtype=object)
 _EMPTY_INT = np.empty(0, dtype=np.int64)
