@@ -129,3 +129,31 @@ def test_rows_of_one_step_and_request(tmp_path, fmt) -> None:
         assert rows.position.tolist() == [1]
         with pytest.raises(KeyError):
             trace.rows("h", step=9)
+
+
+def test_closed_arrow_trace_opens_from_its_index_without_visiting_batches(tmp_path) -> None:
+    import pyarrow as pa
+
+    from tracediff.trace.arrow import INDEX_COLUMNS, key_columns
+
+    path = tmp_path / "many.arrow"
+    with td.record(path) as rec:
+        for step in range(6):
+            rec.log("h", np.full((2, 3), step, np.float32), step=step, token_ids=np.arange(2))
+            rec.log_static("w", np.arange(step + 1), step=step)
+            rec.flush()
+    reader = pa.ipc.open_file(str(path))
+    assert reader.num_record_batches == 7  # six flushes and the closing batch
+    scanned = {key: [] for key in INDEX_COLUMNS}
+    for b in range(reader.num_record_batches):
+        for key, values in key_columns(reader.get_batch(b), b).items():
+            scanned[key].extend(values)
+    with td.open_trace(path) as trace:
+        file = trace.files[0]
+        assert list(file._batches) == [6]  # only the closing batch was read
+        assert trace.index.name.tolist() == scanned["name"]
+        assert trace.index.step.tolist() == scanned["step"]
+        assert [tuple(s) for s in scanned["shape"]] == trace.index.shape
+        assert file._locations == list(zip(scanned["batch"], scanned["row"]))
+        assert trace.rows("h", step=4).data.tolist() == [[4.0] * 3] * 2
+        assert trace.read(trace.select(name="w", step=5)[0]).data.tolist() == list(range(6))

@@ -98,7 +98,8 @@ def key_columns(batch: pa.RecordBatch, batch_no: int) -> dict[str, list]:
         raise ValueError("Arrow columns do not match the tracediff schema")
     names = batch.column("name").to_pylist()
     rows = [i for i, name in enumerate(names) if not name.startswith(RESERVED_PREFIX)]
-    cols = {key: batch.column(key).take(rows).to_pylist() for key in KEY_COLUMNS}
+    taken = pa.array(rows, pa.int64())
+    cols = {key: batch.column(key).take(taken).to_pylist() for key in KEY_COLUMNS}
     cols["batch"] = [batch_no] * len(rows)
     cols["row"] = rows
     return cols
