@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 from rich.console import Console
 
-from tracediff.errors import TraceError
+from tracediff.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Record, replay and diff tensor traces of EAGLE-3 speculative decoding.")
@@ -27,7 +27,7 @@ def fail(path: str | Path, problem: str) -> None:
 def guarded(path: str | Path, action: Callable[[], None]) -> None:
     try:
         action()
-    except TraceError as exc:
+    except InputError as exc:
         fail(exc.path, exc.problem)
 
 

@@ -1,0 +1,90 @@
+"""Draft checkpoints in the SpecForge export format: config.json + model.safetensors.
+
+Read with safetensors only (never pickle). Embeddings are optional in the file: absent, they
+are shared from the target, which the caller passes in.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+
+from tracediff.eagle3.config import DraftConfig
+from tracediff.eagle3.draft import Eagle3Draft
+from tracediff.errors import CheckpointError
+
+CONFIG = "config.json"
+WEIGHTS = "model.safetensors"
+# Older exporters' names for the fc norms -> SpecForge's export keys.
+LEGACY_NAMES = {"aux_norm_low": "fc_norm.0", "aux_norm_mid": "fc_norm.1", "aux_norm_high": "fc_norm.2"}
+
+
+def canonical_key(key: str) -> str:
+    """A weight's SpecForge export name, also for SGLang-style names (``model.layers.0.``)."""
+    key = key.removeprefix("model.")
+    if key.startswith("layers.0."):
+        key = "midlayer." + key.removeprefix("layers.0.")
+    for old, new in LEGACY_NAMES.items():
+        key = key.replace(old, new)
+    return key
+
+
+def read_config(path: str | Path) -> DraftConfig:
+    path = Path(path)
+    try:
+        return DraftConfig.from_dict(json.loads((path / CONFIG).read_text()))
+    except FileNotFoundError:
+        raise CheckpointError(path, f"no {CONFIG}") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise CheckpointError(path / CONFIG, f"not an EAGLE-3 draft config ({type(exc).__name__}: {exc})") \
+            from None
+
+
+def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of model.safetensors, keys normalised to the SpecForge export names."""
+    path = Path(path)
+    try:
+        raw = load_file(path / WEIGHTS)
+    except FileNotFoundError:
+        raise CheckpointError(path, f"no {WEIGHTS}") from None
+    except (SafetensorError, OSError) as exc:
+        raise CheckpointError(path / WEIGHTS, f"unreadable safetensors file: {exc}") from None
+    return {canonical_key(key): value for key, value in raw.items()}
+
+
+def load_draft(path: str | Path, target_embed: torch.Tensor | None = None,
+               dtype: torch.dtype = torch.float32) -> Eagle3Draft:
+    """A draft ready to run; ``target_embed`` stands in for embeddings the checkpoint lacks."""
+    path = Path(path)
+    config = read_config(path)
+    weights = read_weights(path)
+    if "embed_tokens.weight" not in weights:
+        if target_embed is None:
+            raise CheckpointError(path, "no embed_tokens.weight in the checkpoint and no target embedding "
+                                        "given")
+        weights["embed_tokens.weight"] = target_embed
+    model = Eagle3Draft(config)
+    expected = model.state_dict()
+    missing = sorted(set(expected) - set(weights) - {"d2t", "t2d"})
+    if missing:
+        raise CheckpointError(path / WEIGHTS, f"missing weights: {', '.join(missing)}")
+    for key, value in weights.items():
+        if key in expected and tuple(value.shape) != tuple(expected[key].shape):
+            raise CheckpointError(path / WEIGHTS, f"{key} has shape {tuple(value.shape)}, config implies "
+                                                   f"{tuple(expected[key].shape)}")
+    model.load_state_dict({k: v for k, v in weights.items() if k in expected}, strict=False)
+    return model.to(dtype).eval()
+
+
+def save_draft(model: Eagle3Draft, path: str | Path, with_embeddings: bool = True) -> None:
+    """Write config.json + model.safetensors as SpecForge exports them for SGLang."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / CONFIG).write_text(json.dumps(model.config.to_dict(), indent=2, sort_keys=True))
+    state = {k: v.detach().contiguous() for k, v in model.state_dict().items()
+             if with_embeddings or k != "embed_tokens.weight"}
+    save_file(state, path / WEIGHTS)
