@@ -1,0 +1,58 @@
+"""Logging EAGLE-3 tensors under their canonical names, the same way for every producer.
+
+Row keys: a target row and a depth-0 draft row at row t carry (request, t, token x[t]). A draft row
+at depth d > 0 carries the key of the row its chain grew from (the anchor): what was fed at each
+depth is in ``draft.input_ids``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import torch
+
+from tracediff.eagle3.capture import TargetStates
+from tracediff.eagle3.draft import DepthResult
+from tracediff.record.recorder import Recorder
+
+
+class RowLogger:
+    """Logs [rows, ...] tensors of one request with their keys; a no-op without a recorder."""
+
+    def __init__(self, rec: Recorder | None, request: str, tokens: Sequence[int]) -> None:
+        self.rec = rec
+        self.request = request
+        self.tokens = np.asarray(tokens, dtype=np.int64)
+
+    def log(self, name: str, values: torch.Tensor, rows: Sequence[int], step: int, depth: int = 0) -> None:
+        if self.rec is None:
+            return
+        rows = np.asarray(rows, dtype=np.int64)
+        self.rec.log(name, values, step=step, depth=depth, request=self.request, positions=rows,
+                     token_ids=self.tokens[rows])
+
+    def target(self, states: TargetStates, rows: Sequence[int], step: int, aux: torch.Tensor,
+               layers: Sequence[str] | None = None) -> None:
+        """target.embed, target.layer.i, target.aux, target.logits, target.token for ``rows`` of batch 0."""
+        index = torch.as_tensor(list(rows))
+        for name, value in states.states.items():
+            if layers is None or name in layers:
+                self.log(name, value[0, index], rows, step)
+        self.log("target.aux", aux[0, index], rows, step)
+        logits = states.logits[0, index]
+        self.log("target.logits", logits, rows, step)
+        self.log("target.token", logits.argmax(-1), rows, step)
+
+    def draft(self, result: DepthResult, input_ids: torch.Tensor, rows: Sequence[int], step: int, depth: int,
+              to_target: Callable[[torch.Tensor], torch.Tensor], fc_in: torch.Tensor | None = None) -> None:
+        """The draft tensors of one depth; every tensor is [1, R, ...] over ``rows`` (batch of one)."""
+        if fc_in is not None:
+            self.log("draft.fc_in", fc_in[0], rows, step, depth)
+        if result.fc_out is not None:
+            self.log("draft.fc_out", result.fc_out[0], rows, step, depth)
+        token = result.logits[0].argmax(-1)
+        for name, value in (("draft.input_ids", input_ids[0]), ("draft.embed", result.embed[0]),
+                            ("draft.hidden", result.hidden[0]), ("draft.logits", result.logits[0]),
+                            ("draft.token", token), ("draft.token_target", to_target(token))):
+            self.log(name, value, rows, step, depth)
