@@ -33,6 +33,7 @@ class TTTPass:
     """One teacher-forced pass over a batch: what the target said, what the draft said."""
 
     states: TargetStates
+    spec: AuxSpec
     fc_in: torch.Tensor  # [B, L-1, K*H]
     depths: list[DepthResult]  # each [B, L-1, ...]
     target_tokens: torch.Tensor  # [B, L]: the target's prediction for the next position
@@ -51,7 +52,8 @@ def ttt_pass(draft: Eagle3Draft, target: torch.nn.Module, seqs: torch.Tensor, sp
         states = run_target(target, seqs)
     fc_in = states.aux(spec)[:, :-1]
     depths = draft.unroll(fc_in, seqs[:, 1:], length)
-    return TTTPass(states=states, fc_in=fc_in, depths=depths, target_tokens=states.logits.argmax(-1))
+    return TTTPass(states=states, spec=spec, fc_in=fc_in, depths=depths,
+                   target_tokens=states.logits.argmax(-1))
 
 
 def depth_accuracy(draft: Eagle3Draft, ttt: TTTPass) -> list[float]:
@@ -102,12 +104,12 @@ def train_draft(draft: Eagle3Draft, target: torch.nn.Module, batches: Sequence[t
 
 def record_ttt(rec: Recorder, draft: Eagle3Draft, ttt: TTTPass, seqs: torch.Tensor, requests: Sequence[str],
                step: int) -> None:
-    """Log one TTT pass with canonical names, one request per batch row."""
+    """Log one TTT pass with canonical names, one request per batch row (target rows: every position)."""
     for b, request in enumerate(requests):
         logger = RowLogger(rec, request, seqs[b].tolist())
         states = TargetStates(states={k: v[b : b + 1] for k, v in ttt.states.states.items()},
                               logits=ttt.states.logits[b : b + 1])
-        logger.target(states, range(ttt.rows(0)), step, ttt.fc_in[b : b + 1])
+        logger.target(states, range(seqs.shape[1]), step, states.aux(ttt.spec))
         for depth, result in enumerate(ttt.depths):
             n = ttt.rows(depth)
             sliced = DepthResult(embed=result.embed[b : b + 1, :n], hidden=result.hidden[b : b + 1, :n],

@@ -1,0 +1,128 @@
+"""Replay: run a draft checkpoint offline on the target tensors a trace recorded.
+
+The standalone check every engineer writes by hand when acceptance is low: feed the draft what
+the server fed it (recorded ``draft.fc_in``) or what training fed it (aux rebuilt from recorded
+``target.layer.*`` under an ``AuxSpec``), teacher-forced, and score it against the recorded
+target tokens. A fc input built from the wrong layers shows up as an accuracy collapse.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from tracediff.eagle3.canonical import RowLogger
+from tracediff.eagle3.capture import AuxSpec
+from tracediff.eagle3.draft import DepthResult, Eagle3Draft
+from tracediff.eagle3.loop import to_target_fn
+from tracediff.record.recorder import Recorder
+from tracediff.trace.reader import Rows, Trace
+
+RECORDED = "recorded draft.fc_in"
+
+
+@dataclass
+class RequestRows:
+    """One request's depth-0 rows, by position: fc input, fed tokens, and target tokens."""
+
+    request: str
+    positions: np.ndarray
+    tokens: np.ndarray  # x[t] at each position
+    fc_in: np.ndarray  # [R, K*H] float32
+    next_tokens: np.ndarray  # x[t+1]: what row t embeds
+    target_tokens: np.ndarray  # the target's prediction at each position
+
+
+@dataclass
+class ReplayReport:
+    aux: str
+    requests: int
+    depth_accuracy: list[float] = field(default_factory=list)
+    depth_rows: list[int] = field(default_factory=list)
+    expected_accept_len: float = 1.0
+
+    def to_dict(self) -> dict:
+        return vars(self).copy()
+
+
+def _by_position(rows: Rows, request: str) -> dict[int, int]:
+    """Row index of each position of one request (the last occurrence wins, e.g. re-extends)."""
+    picked = np.flatnonzero((rows.request == request) & (rows.depth == 0))
+    return {int(rows.position[i]): int(i) for i in picked}
+
+
+def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
+    """Depth-0 rows per request, in position order, where every input the draft needs was recorded."""
+    targets = trace.rows("target.token")
+    fed = trace.rows("draft.input_ids", depth=0) if "draft.input_ids" in trace.names() else None
+    sources = {name: trace.rows(name) for name in (aux.sources() if aux else ["draft.fc_in"])}
+    for request in dict.fromkeys(targets.request.tolist()):
+        target_at = _by_position(targets, request)
+        source_at = {name: _by_position(rows, request) for name, rows in sources.items()}
+        fed_at = _by_position(fed, request) if fed is not None else {}
+        positions = sorted(set(target_at).intersection(*source_at.values()))
+        tokens_at = {p: int(targets.token_id[target_at[p]]) for p in target_at}
+        usable = [p for p in positions if p in fed_at or p + 1 in tokens_at]
+        if not usable:
+            continue
+        fc_in = np.concatenate([rows.numpy()[[source_at[name][p] for p in usable]].astype(np.float32)
+                                for name, rows in sources.items()], axis=-1)
+        nxt = [int(fed.data[fed_at[p]]) if p in fed_at else tokens_at[p + 1] for p in usable]
+        yield RequestRows(request=request, positions=np.array(usable),
+                          tokens=np.array([tokens_at[p] for p in usable]), fc_in=fc_in,
+                          next_tokens=np.array(nxt),
+                          target_tokens=np.array([int(targets.data[target_at[p]]) for p in usable]))
+
+
+def replay(trace: Trace, draft: Eagle3Draft, depths: int, aux: AuxSpec | None = None,
+           d2t_reading: str = "offset", rec: Recorder | None = None) -> ReplayReport:
+    """Teacher-forced accuracy per depth and expected accept length of a chain of ``depths`` drafts."""
+    to_target = to_target_fn(draft, d2t_reading)
+    correct = [0] * depths
+    total = [0] * depths
+    leading: list[int] = []
+    report = ReplayReport(aux=", ".join(aux.sources()) if aux else RECORDED, requests=0)
+    for req in request_rows(trace, aux):
+        report.requests += 1
+        contiguous = np.concatenate([[True], np.diff(req.positions) == 1])
+        n = int(np.argmin(contiguous)) if not contiguous.all() else len(req.positions)
+        ids = req.next_tokens[:n]  # row t embeds x[t+1]; unroll shifts them left at each depth
+        with torch.no_grad():
+            results = draft.unroll(torch.from_numpy(req.fc_in[None, :n]), torch.from_numpy(ids[None]), depths,
+                                   positions=torch.from_numpy(req.positions[None, :n]))
+        hits = np.zeros((n, depths), dtype=bool)
+        valid = np.zeros((n, depths), dtype=bool)
+        for depth, result in enumerate(results):
+            rows = n - 1 - depth  # row t at depth d predicts the target token at position t + 1 + d
+            if rows <= 0:
+                continue
+            predicted = to_target(result.logits[0, :rows].argmax(-1)).numpy()
+            hits[:rows, depth] = predicted == req.target_tokens[1 + depth : 1 + depth + rows]
+            valid[:rows, depth] = True
+            correct[depth] += int(hits[:rows, depth].sum())
+            total[depth] += rows
+            _log_depth(rec, req, result, ids, rows, depth, to_target)
+        full = valid.all(axis=1)
+        leading += [int(np.argmin(h)) if not h.all() else depths for h in hits[full]]
+    report.depth_accuracy = [c / t if t else float("nan") for c, t in zip(correct, total)]
+    report.depth_rows = total
+    report.expected_accept_len = 1 + (float(np.mean(leading)) if leading else 0.0)
+    return report
+
+
+def _log_depth(rec: Recorder | None, req: RequestRows, result: DepthResult, ids: np.ndarray, rows: int,
+               depth: int, to_target) -> None:
+    if rec is None:
+        return
+    tokens = np.full(int(req.positions.max()) + 1, -1, dtype=np.int64)
+    tokens[req.positions] = req.tokens
+    logger = RowLogger(rec, req.request, tokens)
+    sliced = DepthResult(embed=result.embed[:, :rows], hidden=result.hidden[:, :rows],
+                         logits=result.logits[:, :rows],
+                         fc_out=None if result.fc_out is None else result.fc_out[:, :rows])
+    fed = torch.from_numpy(ids[None, depth : depth + rows])
+    logger.draft(sliced, fed, req.positions[:rows].tolist(), 0, depth, to_target,
+                 fc_in=torch.from_numpy(req.fc_in[None, :rows]) if depth == 0 else None)
