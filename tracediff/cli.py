@@ -84,6 +84,99 @@ def convert(
     guarded(src, lambda: console.print(f"wrote {', '.join(map(str, run_convert(src, dst)))}"))
 
 
+def need_torch() -> None:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("error: this command runs the draft and needs torch: pip install 'tracediff[torch]'",
+              file=sys.stderr)
+        raise typer.Exit(2) from None
+
+
+@app.command()
+def replay(
+    trace: Path = typer.Argument(..., help="trace with target.* tensors (training or serving)"),
+    draft: Path = typer.Option(..., "--draft", help="draft checkpoint dir (config.json + model.safetensors)"),
+    target: Path | None = typer.Option(None, "--target", help="target checkpoint dir, for shared embeddings"),
+    out: Path | None = typer.Option(None, "--out", "-o", help="write the replayed draft tensors as a trace"),
+    aux: str | None = typer.Option(None, "--aux", help="rebuild fc input from these target layers, "
+                                      "e.g. 'embed,3,31' (default: the recorded draft.fc_in)"),
+    aux_convention: str = typer.Option("output_of_layer", help="how --aux numbers read: output_of_layer "
+                                       "(SpecForge/HF) or input_to_layer (SGLang)"),
+    d2t: str = typer.Option("offset", "--d2t", help="read d2t as offsets (right) or as a direct map"),
+    depths: int = typer.Option(4, help="draft depths to unroll"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Run a draft offline on recorded target tensors: accuracy per depth, expected accept length."""
+    need_torch()
+    from tracediff.eagle3.capture import parse_aux
+    from tracediff.eagle3.checkpoint import load_draft, target_embedding
+    from tracediff.eagle3.replay import replay as run_replay
+    from tracediff.record.recorder import record
+    from tracediff.report.replay import render_replay
+    from tracediff.trace.reader import open_trace
+
+    try:
+        spec = parse_aux(aux, aux_convention) if aux else None
+    except ValueError as exc:
+        fail("--aux", str(exc))
+
+    def run() -> None:
+        model = load_draft(draft, target_embed=target_embedding(target) if target else None)
+        with open_trace(trace) as opened:
+            missing = {"target.token"} - set(opened.names())
+            if missing or (spec is None and "draft.fc_in" not in opened.names()):
+                need = "target.token" if missing else "draft.fc_in (or pass --aux)"
+                fail(trace, f"replay needs recorded {need}")
+            contract = {"draft": str(draft), "aux": spec.to_dict() if spec else "recorded draft.fc_in",
+                        "d2t_reading": d2t, "replayed_trace": str(trace)}
+            rec = record(out, source="replay", meta=contract) if out else None
+            try:
+                report = run_replay(opened, model, depths, spec, d2t, rec)
+            finally:
+                if rec is not None:
+                    rec.close()
+            has_verify = "verify.accept_len" in opened.names()
+            served = opened.rows("verify.accept_len").numpy() if has_verify else None
+        if as_json:
+            print(json.dumps(report.to_dict(), indent=1))
+        else:
+            render_replay(console, report, None if served is None else 1 + float(served.mean()))
+
+    guarded(trace, run)
+
+
+@app.command()
+def doctor(
+    draft: Path = typer.Option(..., "--draft", help="draft checkpoint dir (config.json + model.safetensors)"),
+    target: Path | None = typer.Option(None, "--target", help="target checkpoint dir (its config.json)"),
+    server_args: str | None = typer.Option(
+        None, "--server-args",
+        help="the serving command's speculative arguments, e.g. '--speculative-num-steps 3 "
+             "--speculative-eagle-topk 1'"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Static checks of a draft checkpoint against its target and serving arguments.
+
+    Exit 0 when nothing is wrong, 1 when an error is found, 2 when the files cannot be read."""
+    need_torch()
+    from tracediff.eagle3.doctor import doctor as run_doctor
+    from tracediff.report.doctor import render_findings
+
+    findings = []
+
+    def run() -> None:
+        findings.extend(run_doctor(draft, target, server_args))
+
+    guarded(draft, run)
+    if as_json:
+        print(json.dumps([vars(f) for f in findings], indent=1))
+    else:
+        render_findings(console, findings)
+    if any(f.severity == "error" for f in findings):
+        raise typer.Exit(1)
+
+
 def main() -> None:
     app()
 

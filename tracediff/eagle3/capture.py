@@ -41,6 +41,19 @@ class AuxSpec:
                 "aux_sources": self.sources()}
 
 
+def parse_aux(text: str, convention: str = OUTPUT_OF_LAYER) -> AuxSpec:
+    """``"embed,3,31"`` -> an AuxSpec: layer ids read under ``convention``, ``embed`` only first."""
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    embed = bool(items) and items[0] == "embed"
+    try:
+        ids = tuple(int(item) for item in items[1 if embed else 0 :])
+    except ValueError:
+        raise ValueError(f"--aux takes 'embed' (first) and layer numbers, got {text!r}") from None
+    if not ids and not embed:
+        raise ValueError("--aux names no layer")
+    return AuxSpec(ids, convention=convention, embed_slot=embed)
+
+
 def default_aux_ids(num_layers: int) -> tuple[int, ...]:
     """SpecForge's fallback: outputs of layers [1, N//2 - 1, N - 4]."""
     return (1, num_layers // 2 - 1, num_layers - 4)

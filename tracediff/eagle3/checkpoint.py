@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from tracediff.eagle3.config import DraftConfig
@@ -54,6 +54,20 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     except (SafetensorError, OSError) as exc:
         raise CheckpointError(path / WEIGHTS, f"unreadable safetensors file: {exc}") from None
     return {canonical_key(key): value for key, value in raw.items()}
+
+
+def target_embedding(path: str | Path) -> torch.Tensor:
+    """The input embedding of an HF target checkpoint directory (any safetensors shard)."""
+    path = Path(path)
+    shards = sorted(path.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointError(path, "no *.safetensors files in the target directory")
+    for shard in shards:
+        with safe_open(shard, framework="pt") as f:
+            for key in ("model.embed_tokens.weight", "embed_tokens.weight"):
+                if key in f.keys():
+                    return f.get_tensor(key)
+    raise CheckpointError(path, "no model.embed_tokens.weight in the target's safetensors files")
 
 
 def load_draft(path: str | Path, target_embed: torch.Tensor | None = None,

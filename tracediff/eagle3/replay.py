@@ -33,7 +33,13 @@ class RequestRows:
     tokens: np.ndarray  # x[t] at each position
     fc_in: np.ndarray  # [R, K*H] float32
     next_tokens: np.ndarray  # x[t+1]: what row t embeds
-    target_tokens: np.ndarray  # the target's prediction at each position
+    target_at: dict[int, int]  # position -> the target's prediction there, for every recorded row
+
+    def labels(self, depth: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        """(label, has_label) for the first ``rows`` rows at ``depth``: the target token at t + 1 + depth."""
+        wanted = [self.target_at.get(int(p) + 1 + depth, -1) for p in self.positions[:rows]]
+        labels = np.array(wanted, dtype=np.int64)
+        return labels, labels >= 0
 
 
 @dataclass
@@ -74,7 +80,7 @@ def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
         yield RequestRows(request=request, positions=np.array(usable),
                           tokens=np.array([tokens_at[p] for p in usable]), fc_in=fc_in,
                           next_tokens=np.array(nxt),
-                          target_tokens=np.array([int(targets.data[target_at[p]]) for p in usable]))
+                          target_at={p: int(targets.data[i]) for p, i in target_at.items()})
 
 
 def replay(trace: Trace, draft: Eagle3Draft, depths: int, aux: AuxSpec | None = None,
@@ -96,14 +102,15 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int, aux: AuxSpec | None = 
         hits = np.zeros((n, depths), dtype=bool)
         valid = np.zeros((n, depths), dtype=bool)
         for depth, result in enumerate(results):
-            rows = n - 1 - depth  # row t at depth d predicts the target token at position t + 1 + d
+            rows = n - depth  # row t at depth d is fed x[t+1+d]: known for t + d < n
             if rows <= 0:
                 continue
+            labels, known = req.labels(depth, rows)
             predicted = to_target(result.logits[0, :rows].argmax(-1)).numpy()
-            hits[:rows, depth] = predicted == req.target_tokens[1 + depth : 1 + depth + rows]
-            valid[:rows, depth] = True
+            hits[:rows, depth] = (predicted == labels) & known
+            valid[:rows, depth] = known
             correct[depth] += int(hits[:rows, depth].sum())
-            total[depth] += rows
+            total[depth] += int(known.sum())
             _log_depth(rec, req, result, ids, rows, depth, to_target)
         full = valid.all(axis=1)
         leading += [int(np.argmin(h)) if not h.all() else depths for h in hits[full]]

@@ -1,0 +1,78 @@
+"""The committed EAGLE-3 sample: replay tells the aux bug from the healthy wiring, and the
+generator reproduces every file."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tracediff as td
+from tests.conftest import REPO, run_cli
+
+SAMPLES = REPO / "traces" / "eagle3"
+FIGURES = json.loads((SAMPLES / "figures.json").read_text())
+
+pytest.importorskip("torch")
+
+
+def replay(trace: str, *extra: str) -> dict:
+    out = run_cli("replay", str(SAMPLES / trace), "--draft", str(SAMPLES / "draft"), "--target",
+                  str(SAMPLES / "target"), "--json", *extra)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_replaying_the_training_trace_gives_the_training_accuracy() -> None:
+    report = replay("training.h5")
+    assert report["depth_accuracy"] == pytest.approx(FIGURES["training_acc_per_depth"], abs=1e-6)
+
+
+def test_replay_shows_the_aux_bug_and_its_fix() -> None:
+    training = FIGURES["training_acc_per_depth"][0]
+    healthy = replay("serving.h5")
+    broken = replay("serving_aux_bug.h5")
+    fixed = replay("serving_aux_bug.h5", "--aux", "embed,1,3")
+    assert healthy["depth_accuracy"][0] > training - 0.1
+    assert broken["depth_accuracy"][0] < 0.15 and broken["expected_accept_len"] < 1.2
+    assert fixed["depth_accuracy"][0] > training - 0.1 and fixed["aux"].startswith("target.embed")
+    # the same fix under SGLang's numbering: inputs of layers 2 and 4 are outputs of 1 and 3
+    sglang = replay("serving_aux_bug.h5", "--aux", "embed,2,4", "--aux-convention", "input_to_layer")
+    assert sglang["depth_accuracy"] == fixed["depth_accuracy"]
+
+
+def test_replay_bad_inputs(tmp_path) -> None:
+    no_target_tokens = tmp_path / "t.h5"
+    with td.record(no_target_tokens) as rec:
+        rec.log("draft.fc_in", np.zeros((2, 192), np.float32), token_ids=np.arange(2))
+    for args, expected in (
+        ([str(no_target_tokens), "--target", str(SAMPLES / "target")], "replay needs recorded target.token"),
+        ([str(SAMPLES / "serving.h5")], "no embed_tokens.weight in the checkpoint"),
+        ([str(SAMPLES / "serving.h5"), "--aux", "1,embed"], "--aux takes 'embed' (first)"),
+    ):
+        out = run_cli("replay", *args, "--draft", str(SAMPLES / "draft"))
+        assert out.returncode == 2 and expected in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+VOLATILE = {"created": "the time the file was written", "host": "hostname and pid of the writing process"}
+
+
+def test_generator_reproduces_the_samples(tmp_path) -> None:
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "make_eagle3_samples.py"), "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr
+    for path in ("draft/model.safetensors", "draft/config.json", "target/model.safetensors", "figures.json"):
+        assert (tmp_path / path).read_bytes() == (SAMPLES / path).read_bytes(), path
+    for name in ("training.h5", "serving.h5", "serving_aux_bug.h5"):
+        with td.open_trace(SAMPLES / name) as old, td.open_trace(tmp_path / name) as new:
+            differ = {k for k in old.meta.keys() | new.meta.keys() if old.meta.get(k) != new.meta.get(k)}
+            assert differ <= set(VOLATILE), f"{name}: metadata differs in {differ - set(VOLATILE)}"
+            assert old.finals == new.finals and len(old.index) == len(new.index)
+            for i in range(len(old.index)):
+                a, b = old.read(i), new.read(i)
+                assert (a.name, a.step, a.depth, a.seq_no) == (b.name, b.step, b.depth, b.seq_no)
+                assert a.data.tobytes() == b.data.tobytes(), (name, a.name, i)
+                assert a.position.tolist() == b.position.tolist() and a.request.tolist() == b.request.tolist()

@@ -1,0 +1,244 @@
+"""Static checks of a draft checkpoint against its target and the serving arguments.
+
+Each check looks at one convention the two pipelines must share and returns findings with the
+fix; nothing here runs a model. The findings' codes are stable identifiers.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tracediff.eagle3.checkpoint import read_config, read_weights
+from tracediff.eagle3.config import DraftConfig
+from tracediff.eagle3.vocab import Finding, check_vocab_map
+from tracediff.errors import CheckpointError
+
+
+@dataclass
+class Checkpoint:
+    """What doctor reads: the draft's config and raw weights, the target's config if given."""
+
+    path: Path
+    config: DraftConfig
+    weights: dict[str, torch.Tensor]
+    target: dict | None
+
+    @property
+    def target_layers(self) -> int | None:
+        return None if self.target is None else int(self.target["num_hidden_layers"])
+
+
+def read_checkpoint(draft: str | Path, target: str | Path | None = None) -> Checkpoint:
+    target_config = None
+    if target is not None:
+        try:
+            target_config = json.loads((Path(target) / "config.json").read_text())
+        except FileNotFoundError:
+            raise CheckpointError(target, "no config.json in the target directory") from None
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(Path(target) / "config.json", f"not JSON: {exc}") from None
+    return Checkpoint(Path(draft), read_config(draft), read_weights(draft), target_config)
+
+
+def check_vocab(ck: Checkpoint) -> list[Finding]:
+    cfg = ck.config
+    findings = []
+    if cfg.draft_vocab_size is None:
+        findings.append(
+            Finding(
+                "error",
+                "draft_vocab_size_missing",
+                "config.json has no draft_vocab_size: "
+                "SGLang then loads lm_head from the target and drafts over the full vocab",
+                "add draft_vocab_size (the rows of lm_head.weight) to config.json",
+            )
+        )
+    head = ck.weights.get("lm_head.weight")
+    if head is not None and head.shape[0] != cfg.draft_vocab:
+        findings.append(
+            Finding(
+                "error",
+                "lm_head_rows",
+                f"lm_head.weight has {head.shape[0]} rows, the config "
+                f"says a draft vocab of {cfg.draft_vocab}",
+                "set draft_vocab_size to the rows of lm_head.weight",
+            )
+        )
+    if cfg.draft_vocab < cfg.vocab_size or "d2t" in ck.weights:
+        d2t, t2d = ck.weights.get("d2t"), ck.weights.get("t2d")
+        findings += check_vocab_map(
+            None if d2t is None else d2t.numpy(), None if t2d is None else t2d.numpy(), cfg.vocab_size
+        )
+    return findings
+
+
+def check_fc(ck: Checkpoint) -> list[Finding]:
+    cfg = ck.config
+    findings = []
+    fc = ck.weights.get("fc.weight")
+    if fc is not None and fc.shape[1] != cfg.num_aux * cfg.target_hidden:
+        findings.append(
+            Finding(
+                "error",
+                "fc_width",
+                f"fc.weight takes {fc.shape[1]} inputs, but {cfg.num_aux} "
+                f"aux states of width {cfg.target_hidden} make {cfg.num_aux * cfg.target_hidden}",
+                "the aux layer list or target_hidden_size in config.json is wrong",
+            )
+        )
+    if ck.target is not None and int(ck.target["hidden_size"]) != cfg.target_hidden:
+        findings.append(
+            Finding(
+                "error",
+                "target_hidden",
+                f"the target's hidden size is {ck.target['hidden_size']}"
+                f", the draft expects aux states of width {cfg.target_hidden}",
+                "set target_hidden_size in the draft's config.json",
+            )
+        )
+    for flag, key, label in (
+        (cfg.fc_norm, "fc_norm.0.weight", "fc_norm"),
+        (cfg.norm_before_fc, "input_norm.weight", "norm_before_fc"),
+    ):
+        if flag and key not in ck.weights:
+            findings.append(
+                Finding(
+                    "error",
+                    f"{label}_weights_missing",
+                    f"config.json asks for {label} but the "
+                    f"checkpoint has no {key}: the engine normalises with weights of one",
+                    f"export the {label} weights or drop the flag",
+                )
+            )
+        if not flag and key in ck.weights:
+            findings.append(
+                Finding(
+                    "error",
+                    f"{label}_ignored",
+                    f"the checkpoint has {key} but config.json does "
+                    f"not enable {label}: the engine skips that norm, training applied it",
+                    f"set {label}: true in config.json",
+                )
+            )
+    return findings
+
+
+def check_aux(ck: Checkpoint) -> list[Finding]:
+    ids, layers = ck.config.aux_layer_ids, ck.target_layers
+    if not ids:
+        n = layers or "N"
+        return [
+            Finding(
+                "warning",
+                "aux_ids_missing",
+                "config.json has no eagle_aux_hidden_state_layer_ids: "
+                f"SpecForge falls back to outputs of [1, {n}//2-1, {n}-4], SGLang to inputs of "
+                f"[2, {n}//2, {n}-3] (the same states); other engines may differ",
+                "write the layer ids training used into eagle_config",
+            )
+        ]
+    findings = []
+    if list(ids) != sorted(ids):
+        findings.append(
+            Finding(
+                "warning",
+                "aux_order",
+                f"aux ids {list(ids)} are not ascending: SGLang "
+                "concatenates in ascending order, an old SpecForge path in list order",
+                "list the ids in ascending order, as the fc weights were trained",
+            )
+        )
+    if layers is not None:
+        bad = [i for i in ids if not 0 <= i < layers]
+        if bad:
+            findings.append(
+                Finding(
+                    "error",
+                    "aux_out_of_range",
+                    f"aux ids {bad} are outside the target's {layers} layers",
+                    "use ids in [0, num_hidden_layers)",
+                )
+            )
+        sglang = [i + 1 for i in ids]
+        findings.append(
+            Finding(
+                "info",
+                "aux_meaning",
+                f"aux ids {list(ids)} = outputs of layers {list(ids)} "
+                f"(SpecForge/HF); SGLang captures the inputs of layers {sglang} (the same "
+                f"states); vLLM passes ids unchanged (inputs of layers {list(ids)}: one layer "
+                "earlier)",
+                "record both sides and compare if in doubt",
+            )
+        )
+    return findings
+
+
+def check_server_args(ck: Checkpoint, server_args: str | None) -> list[Finding]:
+    if not server_args:
+        return []
+    args = _parse_args(server_args)
+    findings = []
+    steps, topk, tokens = (
+        args.get(k)
+        for k in ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens")
+    )
+    if (
+        topk is not None
+        and int(topk) == 1
+        and steps is not None
+        and tokens is not None
+        and int(tokens) != int(steps) + 1
+    ):
+        findings.append(
+            Finding(
+                "warning",
+                "num_draft_tokens_clamped",
+                f"with topk 1 SGLang forces "
+                f"num_draft_tokens = num_steps + 1 = {int(steps) + 1} (asked {tokens}): it "
+                f"drafts {int(steps) + 1} tokens per verify, not {tokens}",
+                f"raise --speculative-num-steps to {int(tokens) - 1} or set the tokens to {int(steps) + 1}",
+            )
+        )
+    algorithm = args.get("speculative-algorithm")
+    if algorithm is not None and algorithm.upper() != "EAGLE3":
+        findings.append(
+            Finding(
+                "error",
+                "algorithm",
+                f"--speculative-algorithm {algorithm} runs an EAGLE-3 head "
+                "without its fc over the aux states",
+                "use --speculative-algorithm EAGLE3",
+            )
+        )
+    return findings
+
+
+def _parse_args(text: str) -> dict[str, str]:
+    words = shlex.split(text)
+    args = {}
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            key, _, value = word[2:].partition("=")
+            args[key] = value or (
+                words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else "true"
+            )
+    return args
+
+
+CHECKS = (check_vocab, check_fc, check_aux)
+
+
+def doctor(
+    draft: str | Path, target: str | Path | None = None, server_args: str | None = None
+) -> list[Finding]:
+    """Every finding about a draft checkpoint, errors first."""
+    ck = read_checkpoint(draft, target)
+    findings = [f for check in CHECKS for f in check(ck)] + check_server_args(ck, server_args)
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(findings, key=lambda f: order[f.severity])

@@ -1,0 +1,23 @@
+"""Terminal rendering of ``tracediff replay``."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from tracediff.eagle3.replay import ReplayReport
+
+
+def render_replay(console: Console, report: ReplayReport, served_accept_len: float | None) -> None:
+    console.print(f"fc input: [bold]{report.aux}[/bold] · {report.requests} requests", highlight=False)
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("depth", "accuracy", "rows"):
+        table.add_column(column, justify="right")
+    for depth, (acc, rows) in enumerate(zip(report.depth_accuracy, report.depth_rows)):
+        table.add_row(str(depth), f"{acc:.3f}", str(rows))
+    console.print(table)
+    line = f"expected accept length (tokens per verify, chain of {len(report.depth_accuracy)}): " \
+           f"[bold]{report.expected_accept_len:.2f}[/bold]"
+    if served_accept_len is not None:
+        line += f" · the trace's own verify steps: {served_accept_len:.2f}"
+    console.print(line, highlight=False)
