@@ -120,17 +120,20 @@ def overhead(torch, steps: int, reps: int, tmp: Path) -> dict[str, float]:
     hidden = torch.randn(512, 1024).to(torch.bfloat16)  # 1 MB a step
     token_ids = np.arange(512)
 
-    def forward(rec) -> tuple[float, float]:
-        start, cpu = time.perf_counter(), time.thread_time()
+    def forward(rec) -> tuple[float, float, float]:
+        """Seconds a step: wall, host-thread CPU, and wall spent inside ``log`` calls."""
+        start, cpu, in_log = time.perf_counter(), time.thread_time(), 0.0
         for step in range(steps):
             x = a
             for _ in range(18):
                 x = torch.tanh(x @ w)
             if rec is not None:
+                before = time.perf_counter()
                 rec.log("target.aux", hidden, step=step, token_ids=token_ids)
-        return (time.perf_counter() - start) / steps, (time.thread_time() - cpu) / steps
+                in_log += time.perf_counter() - before
+        return (time.perf_counter() - start) / steps, (time.thread_time() - cpu) / steps, in_log / steps
 
-    def run(kind: str, rep: int) -> tuple[float, float]:
+    def run(kind: str, rep: int) -> tuple[float, float, float]:
         if kind == "baseline":
             return forward(None)
         names = ["nothing.*"] if kind == "filtered" else None
@@ -147,14 +150,30 @@ def overhead(torch, steps: int, reps: int, tmp: Path) -> dict[str, float]:
             order = ("baseline", kind) if rep % 2 else (kind, "baseline")
             pair = {k: run(k, rep) for k in order}
             pairs.append((pair[kind][0] / pair["baseline"][0], pair[kind][1] / pair["baseline"][1],
-                          pair["baseline"][0]))
+                          pair["baseline"][0], pair[kind][2]))
         wall = sorted(p[0] for p in pairs)
         q1, q3 = wall[len(wall) // 4], wall[(3 * len(wall)) // 4]
         return {"baseline_ms": statistics.median(p[2] for p in pairs) * 1e3,
                 "ratio": statistics.median(wall), "ratio_q1": q1, "ratio_q3": q3,
-                "host_thread_cpu_ratio": statistics.median(p[1] for p in pairs)}
+                "host_thread_cpu_ratio": statistics.median(p[1] for p in pairs),
+                "log_call_us": statistics.median(p[3] for p in pairs) * 1e6}
 
-    return {"filtered": compare("filtered"), "recording": compare("recording")}
+    def log_call_us(kind: str, calls: int) -> float:
+        """Host cost of one log call that keeps nothing, timed alone (no writer work to contend with)."""
+        options = {"filtered": {"names": ["nothing.*"]}, "disabled": {"enabled": False}}[kind]
+        with td.record(tmp / f"calls-{kind}.arrow", **options) as rec:
+            start = time.perf_counter()
+            for step in range(calls):
+                rec.log("target.aux", hidden, step=step, token_ids=token_ids)
+            seconds = (time.perf_counter() - start) / calls
+        (tmp / f"calls-{kind}.arrow").unlink(missing_ok=True)
+        return seconds * 1e6
+
+    calls = {kind: log_call_us(kind, 100000) for kind in ("disabled", "filtered")}
+    step_us = statistics.median([run("baseline", 0)[0] for _ in range(3)]) * 1e6
+    return {"filtered": compare("filtered"), "recording": compare("recording"),
+            "idle_log_call_us": calls,
+            "idle_log_call_share_of_step": {k: v / step_us for k, v in calls.items()}}
 
 
 def main() -> None:

@@ -106,3 +106,23 @@ def test_wrong_aux_changes_what_the_draft_is_fed(models) -> None:
     assert AuxSpec((2, 3), convention="input_to_layer", embed_slot=True).sources() == [
         "target.embed", "target.layer.1", "target.layer.2"]
     assert AuxSpec((3, 1), ascending=True).sources() == ["target.layer.1", "target.layer.3"]
+
+
+def test_skipping_the_fc_norm_is_a_convention(models) -> None:
+    target, _ = models
+    from tests.test_eagle3_draft import random_draft
+
+    config = DraftConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                         vocab_size=512, draft_vocab_size=256, max_position_embeddings=128,
+                         aux_layer_ids=(1, 2, 3), fc_norm=True)
+    draft = random_draft(config)
+    fc_out = {}
+    for norms in (True, False):
+        decoder = SpeculativeDecoder(target, draft, Conventions(SPEC, fc_norms=norms), num_steps=2)
+        captured: list = []
+        handle = draft.fc.register_forward_hook(lambda m, a, out, seen=captured: seen.append(out))
+        decoder.decode("r", PROMPT, 3)
+        handle.remove()
+        fc_out[norms] = captured[0]
+        assert decoder.contract()["fc_norms_applied"] is norms
+    assert not torch.allclose(fc_out[True], fc_out[False], atol=1e-3)

@@ -162,11 +162,12 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.zeros(config.draft_vocab, dtype=torch.int64))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
 
-    def project(self, fc_in: torch.Tensor) -> torch.Tensor:
-        """fc_in [..., K*H] -> fc_out [..., Hd], with whichever input norm the config asks for."""
-        if self.input_norm is not None:
+    def project(self, fc_in: torch.Tensor, norms: bool = True) -> torch.Tensor:
+        """fc_in [..., K*H] -> fc_out [..., Hd], with whichever input norm the config asks for
+        (``norms=False`` plays an engine that ignores norm_before_fc / fc_norm)."""
+        if self.input_norm is not None and norms:
             fc_in = self.input_norm(fc_in)
-        if self.fc_norm is not None:
+        if self.fc_norm is not None and norms:
             chunks = fc_in.chunk(len(self.fc_norm), dim=-1)
             fc_in = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(fc_in)

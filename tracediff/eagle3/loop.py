@@ -28,10 +28,11 @@ class Conventions:
     aux: AuxSpec
     d2t_reading: str = OFFSET  # "direct" is the classic misreading: target = d2t[draft]
     position_offset: int = 0  # draft RoPE position = row + depth + offset
+    fc_norms: bool = True  # False: the engine skips the checkpoint's norm_before_fc / fc_norm
 
     def to_dict(self) -> dict:
         return {**self.aux.to_dict(), "d2t_reading": self.d2t_reading,
-                "draft_position_offset": self.position_offset}
+                "draft_position_offset": self.position_offset, "fc_norms_applied": self.fc_norms}
 
 
 def to_target_fn(draft: Eagle3Draft, reading: str):
@@ -109,7 +110,7 @@ class SpeculativeDecoder:
         fc_in = aux[:, rows]
         ids = torch.tensor([[x[t + 1] for t in rows]])
         positions = torch.tensor([rows]) + offset
-        fc_out = self.draft.project(fc_in)
+        fc_out = self.draft.project(fc_in, norms=self.conv.fc_norms)
         result = self.draft.step(ids, fc_out, positions, cache, depth=0)
         result.fc_out = fc_out
         logger.draft(result, ids, rows, self.step, 0, self.to_target, fc_in=fc_in)

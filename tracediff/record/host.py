@@ -91,4 +91,4 @@ def to_int64(x: Any) -> np.ndarray:
     """Row keys (positions, token ids) as an int64 numpy array."""
     if is_torch_tensor(x):
         x = x.detach().cpu().numpy()
-    return np.asarray(x, dtype=np.int64)
+    return np.array(x, dtype=np.int64)  # a copy: the caller may reuse its array after log returns

@@ -145,7 +145,7 @@ class Recorder:
                 ctx.positions if positions is None and token_ids is None else positions,
                 ctx.request if request is None else request,
             )
-            mask = self.filter.row_mask(keys.request)
+            mask = None if self.filter.requests is None else self.filter.row_mask(keys.requests())
             if mask is not None and not mask.any():
                 return
             self._submit(name, tensor, step, ctx.depth if depth is None else depth, keys, mask)
@@ -371,9 +371,7 @@ class Recorder:
                           step=item.step, rank=self.rank, depth=item.depth, static=True)
         keys = item.keys
         data = data.reshape((keys.n_rows, *data.shape[keys.lead_ndim:]))
-        position, token_id = (k.numpy().astype(np.int64, copy=False).reshape(-1) if isinstance(k, HostCopy)
-                              else k for k in (keys.position, keys.token_id))
-        request = keys.request
+        position, token_id, request = keys.positions(), keys.token_ids(), keys.requests()
         if item.row_mask is not None:
             data, request = data[item.row_mask], request[item.row_mask]
             position, token_id = position[item.row_mask], token_id[item.row_mask]

@@ -27,11 +27,32 @@ class RowContext:
 
 @dataclass
 class RowKeys:
+    """Row keys as the caller gave them, checked but not yet expanded: expanding one id per row
+    costs the host more than the check, so the writer thread does it."""
+
     n_rows: int
     lead_ndim: int
-    request: np.ndarray
-    position: np.ndarray | HostCopy
+    batch: int
+    request_ids: np.ndarray  # one id, one per batch row, or one per row
+    position: np.ndarray | HostCopy | None  # None: 0..T-1 along the token axis
     token_id: np.ndarray | HostCopy
+
+    def requests(self) -> np.ndarray:
+        """One request id per row."""
+        return np.repeat(self.request_ids, self.n_rows // len(self.request_ids))
+
+    def positions(self) -> np.ndarray:
+        if self.position is None:
+            per_row = self.n_rows // self.batch
+            return np.tile(np.arange(per_row, dtype=np.int64), self.batch)
+        return _host_int64(self.position)
+
+    def token_ids(self) -> np.ndarray:
+        return _host_int64(self.token_id)
+
+
+def _host_int64(x: np.ndarray | HostCopy) -> np.ndarray:
+    return x.numpy().astype(np.int64, copy=False).reshape(-1) if isinstance(x, HostCopy) else x
 
 
 def _shape(x: Any) -> tuple[int, ...]:
@@ -44,7 +65,7 @@ def _keys_copy(x: Any) -> np.ndarray | HostCopy:
 
 def resolve_rows(tensor_shape: Sequence[int], step: int, token_ids: Any, positions: Any = None,
                  request: Any = None) -> RowKeys:
-    """Validate and expand row keys; raises ValueError naming what does not fit."""
+    """Validate row keys against the tensor; raises ValueError naming what does not fit."""
     if token_ids is None:
         raise ValueError("token_ids are required for a per-token tensor (or use log_static)")
     lead = _shape(token_ids)
@@ -52,29 +73,23 @@ def resolve_rows(tensor_shape: Sequence[int], step: int, token_ids: Any, positio
         raise ValueError(f"token_ids must be [T] or [B, T], got shape {lead}")
     if tuple(tensor_shape[: len(lead)]) != lead:
         raise ValueError(f"tensor leading dims {tuple(tensor_shape)} do not match token_ids {lead}")
+    if positions is not None and _shape(positions) != lead:
+        raise ValueError(f"positions shape {_shape(positions)} does not match token_ids {lead}")
     n_rows = int(np.prod(lead))
-    if positions is None:
-        arange = np.arange(lead[-1], dtype=np.int64)
-        position: np.ndarray | HostCopy = np.broadcast_to(arange, lead).reshape(-1)
-    else:
-        if _shape(positions) != lead:
-            raise ValueError(f"positions shape {_shape(positions)} does not match token_ids {lead}")
-        position = _keys_copy(positions)
     batch = lead[0] if len(lead) == 2 else 1
-    return RowKeys(n_rows=n_rows, lead_ndim=len(lead), request=_requests(request, step, batch, n_rows),
-                   position=position, token_id=_keys_copy(token_ids))
+    return RowKeys(n_rows=n_rows, lead_ndim=len(lead), batch=batch,
+                   request_ids=_request_ids(request, step, batch, n_rows),
+                   position=None if positions is None else _keys_copy(positions),
+                   token_id=_keys_copy(token_ids))
 
 
-def _requests(request: Any, step: int, batch: int, n_rows: int) -> np.ndarray:
-    """One id per row: a single id, one per batch row, or one per row; default ``s{step}b{row}``."""
+def _request_ids(request: Any, step: int, batch: int, n_rows: int) -> np.ndarray:
+    """A single id, one per batch row, or one per row; default ``s{step}b{row}``."""
     if request is None:
-        ids = np.array([f"s{step}b{b}" for b in range(batch)], dtype=object)
-    elif isinstance(request, (str, int)):
-        return np.full(n_rows, str(request), dtype=object)
-    else:
-        ids = np.array([str(r) for r in request], dtype=object)
-    if len(ids) == n_rows:
-        return ids
-    if len(ids) == batch:
-        return np.repeat(ids, n_rows // batch)
-    raise ValueError(f"{len(ids)} request ids for {batch} batch rows and {n_rows} rows")
+        return np.array([f"s{step}b{b}" for b in range(batch)], dtype=object)
+    if isinstance(request, (str, int)):
+        return np.array([str(request)], dtype=object)
+    ids = np.array([str(r) for r in request], dtype=object)
+    if len(ids) not in (batch, n_rows):
+        raise ValueError(f"{len(ids)} request ids for {batch} batch rows and {n_rows} rows")
+    return ids

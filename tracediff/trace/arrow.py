@@ -8,6 +8,7 @@ the reader recovers every complete batch from it.
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Sequence
@@ -63,9 +64,13 @@ def _list_array(parts: Sequence[np.ndarray], value_type: pa.DataType) -> pa.List
 
 
 def _binary_array(blobs: Sequence[np.ndarray]) -> pa.Array:
-    """One large_binary array over the concatenated raw bytes (a single copy)."""
+    """One large_binary array over the raw bytes: the blob itself when alone (zero-copy), else one
+    concatenating copy (numpy releases the GIL for it)."""
     offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
     np.cumsum([b.nbytes for b in blobs], out=offsets[1:])
+    if len(blobs) == 1:
+        data = np.ascontiguousarray(blobs[0]).reshape(-1).view(np.uint8)
+        return pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
     data = np.empty(int(offsets[-1]), dtype=np.uint8)
     for start, blob in zip(offsets[:-1], blobs):
         data[start : start + blob.nbytes] = np.ascontiguousarray(blob).reshape(-1).view(np.uint8)
@@ -142,10 +147,13 @@ class ArrowWriter:
     def write(self, records: Sequence[Record]) -> None:
         if not records:
             return
-        batch = records_to_batch(records)
-        self._writer.write_batch(batch)
-        for key, values in key_columns(batch, self._batches).items():
-            self._index[key].extend(values)
+        self._writer.write_batch(records_to_batch(records))
+        index = self._index  # the same entries key_columns() would read back from the batch
+        for row, r in enumerate(records):
+            for key, value in (("name", r.name), ("seq_no", r.seq_no), ("step", r.step), ("rank", r.rank),
+                               ("depth", r.depth), ("dtype", r.dtype), ("static", r.static),
+                               ("shape", list(r.data.shape)), ("batch", self._batches), ("row", row)):
+                index[key].append(value)
         self._batches += 1
 
     def sync(self) -> None:
@@ -243,10 +251,8 @@ class ArrowTraceFile:
             self.final = json.loads(final)
         self._locations = list(zip(cols["batch"], cols["row"]))
         cols["n_rows"] = [0 if st else (sh[0] if sh else 0) for st, sh in zip(cols["static"], cols["shape"])]
-        cols["nbytes"] = [
-            int(np.prod(sh, dtype=np.int64)) * storage_dtype(dt).itemsize
-            for sh, dt in zip(cols["shape"], cols["dtype"])
-        ]
+        cols["nbytes"] = [math.prod(shape) * storage_dtype(dtype).itemsize
+                          for shape, dtype in zip(cols["shape"], cols["dtype"])]
         return RecordIndex.from_columns(part, cols)
 
     def _row(self, slot: int) -> tuple[pa.RecordBatch, int]:

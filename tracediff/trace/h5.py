@@ -27,6 +27,7 @@ from tracediff.trace.schema import (
 )
 
 MAX_NDIM = 8
+CHUNK_LOOKUPS = 64  # single chunk-index lookups before reading the whole index instead
 DATA_CHUNK = 1 << 20  # larger chunks write no faster here and bloat small traces
 
 # dataset path -> (dtype, chunk length); every one is 1-D and grows along axis 0
@@ -218,7 +219,8 @@ class H5TraceFile:
         self._data = f["data"]
         self._chunk = self._data.chunks[0]
         self._raw_chunks = self._data.id.get_create_plist().get_nfilters() == 0
-        self._chunk_at: dict[int, int] | None = None
+        self._chunk_at: dict[int, int | None] = {}
+        self._all_chunks = False
         return RecordIndex.from_columns(part, {
             **{k: cols[k] for k in ("seq_no", "step", "rank", "depth")},
             "name": [strings[i] for i in cols["name"]],
@@ -226,20 +228,25 @@ class H5TraceFile:
             "static": cols["static"].astype(bool),
             "n_rows": np.where(cols["static"] > 0, 0, cols["n_rows"]),
             "nbytes": cols["data_nbytes"],
-            "shape": [tuple(s[:d]) for s, d in zip(shapes[:n], cols["ndim"])],
+            "shape": [s[:d] for s, d in zip(shapes[:n].tolist(), cols["ndim"].tolist())],
         })
 
     def _chunk_offset(self, index: int) -> int | None:
-        """File offset of data chunk ``index`` (None if never written), from HDF5's chunk index,
-        read whole on first use (one pass instead of a B-tree lookup per chunk)."""
-        if self._chunk_at is None:
-            found: dict[int, int] = {}
+        """File offset of data chunk ``index`` (None if never written), from HDF5's own chunk index:
+        looked up one by one for a few reads (one step), read whole in one pass for many (one name)."""
+        if index in self._chunk_at:
+            return self._chunk_at[index]
+        if not self._all_chunks and len(self._chunk_at) < CHUNK_LOOKUPS:
+            self._chunk_at[index] = self._data.id.get_chunk_info_by_coord((index * self._chunk,)).byte_offset
+            return self._chunk_at[index]
+        if not self._all_chunks:
+            found = self._chunk_at
 
             def note(info) -> None:
                 found[info.chunk_offset[0] // self._chunk] = info.byte_offset
 
             self._data.id.chunk_iter(note)
-            self._chunk_at = found
+            self._all_chunks = True
         return self._chunk_at.get(index)
 
     def _file_ranges(self, slot: int) -> list[tuple[int, int]]:

@@ -118,7 +118,7 @@ class RecordIndex:
             static=np.asarray(columns["static"], dtype=bool),
             n_rows=np.asarray(columns["n_rows"], dtype=np.int64),
             nbytes=np.asarray(columns["nbytes"], dtype=np.int64),
-            shape=[tuple(int(d) for d in s) for s in columns["shape"]],
+            shape=[tuple(s) for s in columns["shape"]],  # python ints: callers pass lists of int
             part=np.full(n, part, dtype=np.int64),
             slot=np.arange(n, dtype=np.int64),
         )
