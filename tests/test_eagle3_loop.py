@@ -126,3 +126,19 @@ def test_skipping_the_fc_norm_is_a_convention(models) -> None:
         fc_out[norms] = captured[0]
         assert decoder.contract()["fc_norms_applied"] is norms
     assert not torch.allclose(fc_out[True], fc_out[False], atol=1e-3)
+
+
+def test_draft_position_offset_is_a_convention(models, tmp_path) -> None:
+    """Chain drafts one position late (a serving bug): depth 0 unchanged, deeper logits differ."""
+    target, draft = models
+    logits = {}
+    for offset in (0, 1):
+        decoder = SpeculativeDecoder(target, draft, Conventions(SPEC, position_offset=offset), num_steps=3)
+        with td.record(tmp_path / f"off{offset}.arrow", meta=decoder.contract()) as rec:
+            decoder.rec = rec
+            decoder.decode("r", PROMPT, 3)
+        with td.open_trace(tmp_path / f"off{offset}.arrow") as trace:
+            logits[offset] = [trace.rows("draft.logits", step=0, depth=d).numpy() for d in (0, 1)]
+            assert trace.meta["contract"]["draft_position_offset"] == offset
+    assert np.array_equal(logits[0][0], logits[1][0])
+    assert not np.allclose(logits[0][1], logits[1][1], atol=1e-3)

@@ -27,7 +27,7 @@ class Conventions:
 
     aux: AuxSpec
     d2t_reading: str = OFFSET  # "direct" is the classic misreading: target = d2t[draft]
-    position_offset: int = 0  # draft RoPE position = row + depth + offset
+    position_offset: int = 0  # chain drafts (depth >= 1) at RoPE position row + depth + offset (TTT: +0)
     fc_norms: bool = True  # False: the engine skips the checkpoint's norm_before_fc / fc_norm
 
     def to_dict(self) -> dict:
@@ -106,10 +106,9 @@ class SpeculativeDecoder:
     def _draft(self, logger: RowLogger, aux: torch.Tensor, x: list[int], rows: list[int],
                cache: DraftKV) -> list[int]:
         """Extend depth 0 over ``rows`` (row t: aux(t), embed(x[t+1])), then chain from the last row."""
-        offset = self.conv.position_offset
         fc_in = aux[:, rows]
         ids = torch.tensor([[x[t + 1] for t in rows]])
-        positions = torch.tensor([rows]) + offset
+        positions = torch.tensor([rows])
         fc_out = self.draft.project(fc_in, norms=self.conv.fc_norms)
         result = self.draft.step(ids, fc_out, positions, cache, depth=0)
         result.fc_out = fc_out
@@ -119,7 +118,8 @@ class SpeculativeDecoder:
         drafts, hidden = [token], result.hidden[:, -1:]
         for depth in range(1, self.num_steps):
             ids = torch.tensor([[token]])
-            result = self.draft.step(ids, hidden, torch.tensor([[anchor + offset]]), cache, depth)
+            position = torch.tensor([[anchor + self.conv.position_offset]])
+            result = self.draft.step(ids, hidden, position, cache, depth)
             logger.draft(result, ids, [anchor], self.step, depth, self.to_target)
             token = int(self.to_target(result.logits[0, -1].argmax()))
             drafts.append(token)
