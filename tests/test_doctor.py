@@ -106,6 +106,8 @@ def test_aux_ids_not_ascending(healthy) -> None:
 def test_aux_ids_missing(healthy) -> None:
     edit_config(healthy[0], eagle_config=None)
     assert codes(*healthy) == ["aux_ids_missing"]
+    (finding,) = doctor(*healthy)
+    assert "outputs of layers [1, 1, 0]" in finding.message and "inputs of [2, 2, 1]" in finding.message
 
 
 def test_norm_before_fc_without_weights(healthy) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from tracediff.eagle3.capture import default_aux_ids
 from tracediff.eagle3.checkpoint import read_config, read_weights
 from tracediff.eagle3.config import DraftConfig
 from tracediff.eagle3.vocab import Finding, check_vocab_map
@@ -131,14 +132,15 @@ def check_fc(ck: Checkpoint) -> list[Finding]:
 def check_aux(ck: Checkpoint) -> list[Finding]:
     ids, layers = ck.config.aux_layer_ids, ck.target_layers
     if not ids:
-        n = layers or "N"
+        spec = list(default_aux_ids(layers)) if layers else "[1, N//2-1, N-4]"
+        sglang = [i + 1 for i in default_aux_ids(layers)] if layers else "[2, N//2, N-3]"
         return [
             Finding(
                 "warning",
                 "aux_ids_missing",
                 "config.json has no eagle_aux_hidden_state_layer_ids: "
-                f"SpecForge falls back to outputs of [1, {n}//2-1, {n}-4], SGLang to inputs of "
-                f"[2, {n}//2, {n}-3] (the same states); other engines may differ",
+                f"SpecForge falls back to outputs of layers {spec}, SGLang to inputs of {sglang} "
+                "(the same states); other engines may differ",
                 "write the layer ids training used into eagle_config",
             )
         ]

@@ -31,8 +31,6 @@ from tracediff.trace.schema import (
     dumps_meta,
 )
 
-MAGIC = b"ARROW1"
-
 SCHEMA = pa.schema(
     [
         ("name", pa.string()),

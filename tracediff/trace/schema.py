@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from tracediff.errors import TraceError
-from tracediff.trace.dtypes import decode, storage_dtype
+from tracediff.trace.dtypes import decode
 
 FORMAT_NAME = "tracediff"
 FORMAT_VERSION = 1
@@ -133,11 +133,6 @@ class RecordIndex:
                         "nbytes", "part", "slot")
         }
         return cls(shape=[s for p in parts for s in p.shape], **arrays)
-
-
-def row_nbytes(shape: tuple[int, ...], dtype: str) -> int:
-    """Bytes per row of a tensor of this full shape (rows first)."""
-    return int(np.prod(shape[1:], dtype=np.int64)) * storage_dtype(dtype).itemsize
 
 
 def check_version(path: str | Path, version: int, close: Callable[[], None]) -> None:
