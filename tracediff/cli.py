@@ -147,6 +147,59 @@ def replay(
 
 
 @app.command()
+def compare(
+    a: Path = typer.Argument(..., help="baseline trace (e.g. training)"),
+    b: Path = typer.Argument(..., help="trace to check against it (e.g. serving)"),
+    tol: list[str] = typer.Option([], "--tol",
+                                  help="per-name bounds, e.g. 'draft.*:cos>=0.999,max_abs<=1e-2'"),
+    mapping: list[str] = typer.Option([], "--map", help="NAME_IN_B=NAME_IN_A for other producers' names"),
+    as_json: bool = typer.Option(False, "--json", help="the report as JSON (docs/REPORT.md)"),
+    markdown: bool = typer.Option(False, "--markdown", help="the report as Markdown, for a bug report"),
+) -> None:
+    """Align two traces by token prefix and draft depth; name the first diverging tensor and why.
+
+    Exit 0 when they match, 1 when they diverge, 2 on bad input or nothing comparable."""
+    from tracediff.diff.diagnose import diagnose
+    from tracediff.diff.differ import compare_traces
+    from tracediff.diff.pair import Pair
+    from tracediff.diff.tolerance import Tolerances
+    from tracediff.report.compare import render, to_json, to_markdown
+    from tracediff.trace.reader import open_trace
+
+    try:
+        tolerances = Tolerances.parse(tol)
+    except ValueError as exc:
+        fail("--tol", str(exc))
+    rename = {}
+    for item in mapping:
+        name_b, sep, name_a = item.partition("=")
+        if not sep or not name_b or not name_a:
+            fail("--map", f"expected NAME_IN_B=NAME_IN_A, got {item!r}")
+        rename[name_b] = name_a
+    verdict = []
+
+    def run() -> None:
+        with open_trace(a) as trace_a:
+            with open_trace(b) as trace_b:
+                traces = Pair(trace_a, trace_b)
+                result = compare_traces(traces, tolerances, rename)
+                diagnoses = diagnose(result, traces)
+        verdict.append(result.verdict)
+        if as_json:
+            print(to_json(result, diagnoses))
+        elif markdown:
+            print(to_markdown(result, diagnoses), end="")
+        else:
+            render(console, result, diagnoses)
+
+    guarded(a, run)
+    if verdict == ["incomparable"] and not as_json:
+        print(f"error: {b}: no rows of {a} and {b} correspond (different tokens or tensor names; see --map)",
+              file=sys.stderr)
+    raise typer.Exit({"match": 0, "diverged": 1}.get(verdict[0], 2))
+
+
+@app.command()
 def doctor(
     draft: Path = typer.Option(..., "--draft", help="draft checkpoint dir (config.json + model.safetensors)"),
     target: Path | None = typer.Option(None, "--target", help="target checkpoint dir (its config.json)"),

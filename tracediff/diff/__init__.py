@@ -1,0 +1,1 @@
+"""Comparing two traces: align rows by content, measure, find the first divergence, diagnose."""

@@ -1,0 +1,115 @@
+"""Row alignment by content: two rows correspond when their requests hold the same tokens from
+position 0 up to the row's position, at the same position and draft depth; producer request ids,
+steps and batching do not matter. A draft row at depth d > 0 is comparable only where both sides
+fed the draft the same tokens at depths 1..d.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracediff.diff.pair import Pair
+from tracediff.trace.reader import Rows, Trace
+
+FED = "draft.input_ids"
+
+
+@dataclass
+class Prefixes:
+    """Per (request, position): an id of the token prefix x[0..position], equal across traces."""
+
+    ids: dict[tuple[str, int], int]
+    tokens: dict[str, dict[int, int]]  # request -> position -> token
+
+    @classmethod
+    def of(cls, trace: Trace) -> Prefixes:
+        tokens: dict[str, dict[int, int]] = {}
+        for name in trace.names():
+            for i in trace.select(name=name, depth=0):
+                if trace.index.static[i]:
+                    continue
+                file, slot = trace.files[trace.index.part[i]], int(trace.index.slot[i])
+                request, position, token_id = file.read_keys(slot)
+                for r, p, t in zip(request.tolist(), position.tolist(), token_id.tolist()):
+                    tokens.setdefault(r, {}).setdefault(p, t)
+        ids: dict[tuple[str, int], int] = {}
+        for request, by_position in tokens.items():
+            running = 0
+            for position in range(max(by_position) + 1):
+                if position not in by_position:
+                    break  # a gap: later prefixes are unknown
+                running = hash((running, by_position[position]))
+                ids[(request, position)] = running
+        return cls(ids=ids, tokens=tokens)
+
+
+@dataclass
+class Matched:
+    """Row indices of one tensor name on both sides that correspond, in baseline row order."""
+
+    rows: Pair[np.ndarray]
+    not_comparable: int  # depth > 0 rows whose fed tokens differ between the sides
+
+
+def row_keys(rows: Rows, prefixes: Prefixes) -> list[tuple | None]:
+    return [None if (r, int(p)) not in prefixes.ids else (prefixes.ids[(r, int(p))], int(p), int(d))
+            for r, p, d in zip(rows.request.tolist(), rows.position, rows.depth)]
+
+
+def match(rows: Pair[Rows], prefixes: Pair[Prefixes], fed: Pair[dict] | None = None) -> Matched:
+    """Pair up rows with equal (prefix, position, depth); the first occurrence on each side wins."""
+    keys = Pair(row_keys(rows.a, prefixes.a), row_keys(rows.b, prefixes.b))
+    where_b: dict[tuple, int] = {}
+    for j, key in enumerate(keys.b):
+        if key is not None:
+            where_b.setdefault(key, j)
+    seen: set[tuple] = set()
+    a_idx, b_idx, skipped = [], [], 0
+    for i, key in enumerate(keys.a):
+        if key is None or key in seen or key not in where_b:
+            continue
+        seen.add(key)
+        if key[2] > 0 and fed is not None and not _same_feed(key, fed):
+            skipped += 1
+            continue
+        a_idx.append(i)
+        b_idx.append(where_b[key])
+    return Matched(rows=Pair(np.array(a_idx, dtype=np.int64), np.array(b_idx, dtype=np.int64)),
+                   not_comparable=skipped)
+
+
+def fed_tokens(trace: Trace, prefixes: Prefixes) -> dict[tuple, int]:
+    """(prefix id, position, depth) -> the token fed to the draft there (``draft.input_ids``)."""
+    if FED not in trace.names():
+        return {}
+    rows = trace.rows(FED)
+    return {key: int(v) for key, v in zip(row_keys(rows, prefixes), rows.data.reshape(-1).tolist())
+            if key is not None}
+
+
+def _same_feed(key: tuple, fed: Pair[dict]) -> bool:
+    prefix, position, depth = key
+    for d in range(1, depth + 1):
+        k = (prefix, position, d)
+        if k not in fed.a or k not in fed.b or fed.a[k] != fed.b[k]:
+            return False
+    return True
+
+
+def first_token_difference(prefixes: Pair[Prefixes]) -> dict | None:
+    """Where a target request's tokens first leave every baseline request (a different chat
+    template, say): the request, the position and both tokens there. None when every target
+    request is a prefix of, or extends, some baseline request."""
+    for request, tb in prefixes.b.tokens.items():
+        best_n, best = -1, None
+        for ta in prefixes.a.tokens.values():
+            n = 0
+            while n in ta and n in tb and ta[n] == tb[n]:
+                n += 1
+            if n > best_n:
+                best_n, best = n, ta
+        if best is not None and best_n in best and best_n in tb:
+            return {"request_b": request, "position": best_n, "a": best[best_n], "b": tb[best_n]}
+    return None
