@@ -107,6 +107,20 @@ def test_different_tokens_compare_only_the_shared_prefix(tmp_path, layers) -> No
     assert report["token_mismatch"] == {"request_b": "r", "position": 3, "a": 3, "b": 99}
 
 
+def test_first_nan_is_named(tmp_path, layers) -> None:
+    tokens = np.arange(6)
+    write(tmp_path / "a.h5", layers, (0, 1, 2), tokens)
+    broken = {k: v.copy() for k, v in layers.items()}
+    broken[2][4, 1] = np.nan
+    broken[3][4:, :] = np.inf  # later, and downstream of the NaN
+    write(tmp_path / "b.h5", broken, (0, 1, 2), tokens)
+    out, report = compare(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--json")
+    assert out.returncode == 1 and report["first_divergence"]["name"] == "target.layer.2"
+    (nan,) = [d for d in report["diagnoses"] if d["kind"] == "nan_inf"]
+    assert nan["evidence"]["tensor"] == "target.layer.2" and nan["evidence"]["side"] == "b"
+    assert nan["evidence"]["position"] == 4 and nan["evidence"]["rows_non_finite"] == 1
+
+
 def test_bad_inputs(tmp_path, layers) -> None:
     write(tmp_path / "a.h5", layers, (0, 1, 2), np.arange(6))
     (tmp_path / "x.h5").write_text("not a trace")

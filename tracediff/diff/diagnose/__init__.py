@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 from tracediff.diff.diagnose.aux import aux_slots
+from tracediff.diff.diagnose.nan_inf import nan_inf
 from tracediff.diff.diagnose.types import Diagnosis
 from tracediff.diff.differ import Comparison
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import Trace
 
-DIAGNOSES = (aux_slots,)
+DIAGNOSES = (nan_inf, aux_slots)
 
 
 def diagnose(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
