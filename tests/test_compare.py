@@ -107,6 +107,21 @@ def test_different_tokens_compare_only_the_shared_prefix(tmp_path, layers) -> No
     assert report["token_mismatch"] == {"request_b": "r", "position": 3, "a": 3, "b": 99}
 
 
+def test_align_by_step_for_same_producer_diffs(tmp_path, layers) -> None:
+    write(tmp_path / "a.h5", layers, (0, 1, 2), np.arange(6), request="x")
+    changed = {k: v.copy() for k, v in layers.items()}
+    changed[1][2] *= 1.01
+    write(tmp_path / "b.h5", changed, (0, 1, 2), np.arange(6) + 100, request="y")  # other tokens
+    by_prefix, report = compare(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--json")
+    assert by_prefix.returncode == 2 and report["verdict"] == "incomparable"
+    by_step, report = compare(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--json", "--align", "step")
+    assert by_step.returncode == 1
+    first = report["first_divergence"]
+    assert first["name"] == "target.layer.1" and first["position"] == 2
+    bad, _ = compare(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--align", "tokens")
+    assert bad.returncode == 2 and "--align" in bad.stderr
+
+
 def test_first_nan_is_named(tmp_path, layers) -> None:
     tokens = np.arange(6)
     write(tmp_path / "a.h5", layers, (0, 1, 2), tokens)

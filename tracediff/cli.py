@@ -153,6 +153,8 @@ def compare(
     tol: list[str] = typer.Option([], "--tol",
                                   help="per-name bounds, e.g. 'draft.*:cos>=0.999,max_abs<=1e-2'"),
     mapping: list[str] = typer.Option([], "--map", help="NAME_IN_B=NAME_IN_A for other producers' names"),
+    align: str = typer.Option("prefix", "--align", help="prefix: rows by token content (any producers); "
+                              "step: rows by step and order (same producer, e.g. before vs after a change)"),
     as_json: bool = typer.Option(False, "--json", help="the report as JSON (docs/REPORT.md)"),
     markdown: bool = typer.Option(False, "--markdown", help="the report as Markdown, for a bug report"),
 ) -> None:
@@ -170,6 +172,8 @@ def compare(
         tolerances = Tolerances.parse(tol)
     except ValueError as exc:
         fail("--tol", str(exc))
+    if align not in ("prefix", "step"):
+        fail("--align", f"takes 'prefix' or 'step', not {align!r}")
     rename = {}
     for item in mapping:
         name_b, sep, name_a = item.partition("=")
@@ -182,7 +186,7 @@ def compare(
         with open_trace(a) as trace_a:
             with open_trace(b) as trace_b:
                 traces = Pair(trace_a, trace_b)
-                result = compare_traces(traces, tolerances, rename)
+                result = compare_traces(traces, tolerances, rename, align)
                 diagnoses = diagnose(result, traces)
         verdict.append(result.verdict)
         if as_json:

@@ -80,6 +80,24 @@ def match(rows: Pair[Rows], prefixes: Pair[Prefixes], fed: Pair[dict] | None = N
                    not_comparable=skipped)
 
 
+def match_by_step(rows: Pair[Rows]) -> Matched:
+    """``--align step``: the i-th row of a step and depth on one side pairs with the i-th row of the
+    same step and depth on the other (same producer, same batching: before vs after a change)."""
+    def keyed(r: Rows) -> dict[tuple, int]:
+        seen: dict[tuple, int] = {}
+        out: dict[tuple, int] = {}
+        for i, (step, depth) in enumerate(zip(r.step.tolist(), r.depth.tolist())):
+            n = seen.get((step, depth), 0)
+            seen[(step, depth)] = n + 1
+            out[(step, depth, n)] = i
+        return out
+
+    keys = rows.map(keyed)
+    common = [k for k in keys.a if k in keys.b]
+    return Matched(rows=Pair(np.array([keys.a[k] for k in common], dtype=np.int64),
+                             np.array([keys.b[k] for k in common], dtype=np.int64)), not_comparable=0)
+
+
 def fed_tokens(trace: Trace, prefixes: Prefixes) -> dict[tuple, int]:
     """(prefix id, position, depth) -> the token fed to the draft there (``draft.input_ids``)."""
     if FED not in trace.names():

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tracediff.diff.align import Prefixes, fed_tokens, first_token_difference, match
+from tracediff.diff.align import Prefixes, fed_tokens, first_token_difference, match, match_by_step
 from tracediff.diff.metrics import logit_metrics, token_metrics, value_metrics
 from tracediff.diff.pair import Pair
 from tracediff.diff.tolerance import Tolerances, failing_rows
@@ -73,8 +73,11 @@ def metrics_for(name: str, dtypes: tuple[str, str], a: np.ndarray, b: np.ndarray
 
 
 def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
-                   rename: dict[str, str] | None = None) -> Comparison:
-    """``rename`` maps names in b to names in a (``--map NAME_IN_B=NAME_IN_A``)."""
+                   rename: dict[str, str] | None = None, align: str = "prefix") -> Comparison:
+    """``rename`` maps names in b to names in a (``--map NAME_IN_B=NAME_IN_A``); ``align`` is
+    ``prefix`` (rows by token content) or ``step`` (rows by step and order, same producer)."""
+    if align not in ("prefix", "step"):
+        raise ValueError(f"--align takes 'prefix' or 'step', not {align!r}")
     tolerances = tolerances or Tolerances()
     rename = rename or {}
     prefixes = traces.map(Prefixes.of)
@@ -90,7 +93,7 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
         if traces.a.index.static[traces.a.select(name=name)[0]]:
             continue  # static tensors (weights, d2t) are for the diagnoses, not row comparison
         rows = Pair(traces.a.rows(name), traces.b.rows(b_names[name]))
-        matched = match(rows, prefixes, fed)
+        matched = match(rows, prefixes, fed) if align == "prefix" else match_by_step(rows)
         tensor = _compare_rows(name, rows, matched.rows, tolerances)
         tensor.not_comparable = matched.not_comparable
         if tensor.status == "diverged":
