@@ -133,9 +133,17 @@ def overhead(torch, steps: int, reps: int, tmp: Path) -> dict[str, float]:
                 in_log += time.perf_counter() - before
         return (time.perf_counter() - start) / steps, (time.thread_time() - cpu) / steps, in_log / steps
 
+    class BareCopy:
+        """The floor any recorder pays: one host copy of the tensor, nothing else."""
+
+        def log(self, name, x, **keys) -> None:
+            x.clone()
+
     def run(kind: str, rep: int) -> tuple[float, float, float]:
         if kind == "baseline":
             return forward(None)
+        if kind == "bare_copy":
+            return forward(BareCopy())
         names = ["nothing.*"] if kind == "filtered" else None
         with td.record(tmp / f"{kind}{rep}.arrow", names=names) as rec:
             seconds = forward(rec)
@@ -172,6 +180,7 @@ def overhead(torch, steps: int, reps: int, tmp: Path) -> dict[str, float]:
     calls = {kind: log_call_us(kind, 100000) for kind in ("disabled", "filtered")}
     step_us = statistics.median([run("baseline", 0)[0] for _ in range(3)]) * 1e6
     return {"filtered": compare("filtered"), "recording": compare("recording"),
+            "bare_copy": compare("bare_copy"),
             "idle_log_call_us": calls,
             "idle_log_call_share_of_step": {k: v / step_us for k, v in calls.items()}}
 
@@ -181,7 +190,7 @@ def main() -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
-    parser.add_argument("--formats", default="arrow,h5")
+    parser.add_argument("--formats", default="arrow,h5", help="formats to benchmark; '' for overhead only")
     parser.add_argument("--overhead-steps", type=int, default=200)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
@@ -197,7 +206,7 @@ def main() -> None:
         results["disk_cold_read_gbs"] = disk_read_speed(probe) / 1e9
         results["memcpy_gbs"] = memcpy_speed() / 1e9
         probe.unlink()
-        for fmt in args.formats.split(","):
+        for fmt in filter(None, args.formats.split(",")):
             path = work / f"trace.{fmt}"
             seconds, logged, dropped = record_steps(path, args.steps, torch)
             write = logged / seconds / 1e9

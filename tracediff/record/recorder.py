@@ -104,6 +104,7 @@ class Recorder:
         self._queue: deque[_Pending] = deque()
         self._cv = threading.Condition()
         self._closing = False
+        self._flush_now = False  # set by flush(): write what is pending without waiting for the interval
         self._active = False
         self._thread: threading.Thread | None = None
         self._writer: TraceWriter | None = None
@@ -223,8 +224,6 @@ class Recorder:
         self.close()
 
     # ---- internals ------------------------------------------------------------------------
-
-    _flush_now = False
 
     def _submit(self, name: str, tensor: Any, step: int, depth: int, keys: RowKeys | None,
                 mask: np.ndarray | None) -> None:

@@ -34,29 +34,29 @@ def _candidates(trace: Trace) -> list[str]:
     return [n for n in trace.names() if n == "target.embed" or n.startswith("target.layer.")]
 
 
-def slot_sources(rows: Rows, picked: np.ndarray, trace: Trace) -> list[str | None]:
-    """For each slot of the concatenated rows ``picked``, the candidate state it equals (or None)."""
-    states = {name: trace.rows(name, depth=0) for name in _candidates(trace)}
-    if not states:
+def slot_sources(rows: Rows, picked: np.ndarray, trace: Trace, loaded: dict[str, Rows]) -> list[str | None]:
+    """For each slot of the concatenated rows ``picked``, the candidate state it equals (or None).
+    Candidate rows already read by the comparison (``loaded``) are reused."""
+    keys = list(zip(rows.request[picked].tolist(), rows.position[picked].tolist()))
+    gathered = {}  # candidate -> its values at the same (request, position) rows
+    for name in _candidates(trace):
+        state = loaded.get(name) or trace.rows(name, depth=0)
+        where = {(r, p): i for i, (r, p) in enumerate(zip(state.request.tolist(), state.position.tolist()))}
+        found = [where.get(key) for key in keys]
+        if None not in found:
+            gathered[name] = state.numpy()[found]
+    if not gathered:
         return []
-    width = next(iter(states.values())).data.shape[1]
+    width = next(iter(gathered.values())).shape[1]
     values = rows.numpy()[picked]
     if values.shape[1] % width:
         return []
-    keys = list(zip(rows.request[picked].tolist(), rows.position[picked].tolist()))
     sources: list[str | None] = []
     for k in range(values.shape[1] // width):
         slot = values[:, k * width : (k + 1) * width]
-        sources.append(next((name for name, state in states.items() if _equals(slot, keys, state)), None))
+        sources.append(next((name for name, state in gathered.items()
+                             if (value_metrics(state, slot)["max_rel"] < SAME).all()), None))
     return sources
-
-
-def _equals(slot: np.ndarray, keys: list[tuple], state: Rows) -> bool:
-    where = {(r, p): i for i, (r, p) in enumerate(zip(state.request.tolist(), state.position.tolist()))}
-    found = [where.get(key) for key in keys]
-    if any(i is None for i in found):
-        return False
-    return bool((value_metrics(state.numpy()[found], slot)["max_rel"] < SAME).all())
 
 
 def aux_slots(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
@@ -68,7 +68,9 @@ def aux_slots(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     name = names[0]
     rows, matched = comparison.rows[name], comparison.matched[name]
     picked = matched.map(lambda m: m[:SAMPLE_ROWS])
-    sources = Pair(slot_sources(rows.a, picked.a, traces.a), slot_sources(rows.b, picked.b, traces.b))
+    loaded = Pair({n: r.a for n, r in comparison.rows.items()}, {n: r.b for n, r in comparison.rows.items()})
+    sources = Pair(slot_sources(rows.a, picked.a, traces.a, loaded.a),
+                   slot_sources(rows.b, picked.b, traces.b, loaded.b))
     if not sources.a or not sources.b or sources.a == sources.b:
         return []
     sides = traces.map(lambda t: str(t.meta.get("source") or "?"))
