@@ -102,3 +102,25 @@ def test_flush_makes_records_visible_to_a_reader_while_writing(tmp_path, fmt) ->
     rec.close()
     with td.open_trace(path) as trace:
         assert trace.complete and trace.finals[0]["records"] == 3
+
+
+def test_hdf5_reader_keeps_only_whole_records(tmp_path) -> None:
+    """A writer killed between growing the index and its payload: records whose bytes are not all
+    there are left out, the rest read as written."""
+    import shutil
+
+    import h5py
+
+    path = tmp_path / "torn.h5"
+    with td.record(path) as rec:
+        for step in range(4):
+            rec.log("h", step_tensor(step), step=step, token_ids=np.arange(16))
+            rec.flush()
+    torn = tmp_path / "torn_copy.h5"
+    shutil.copy(path, torn)
+    with h5py.File(torn, "a") as f:
+        end = int(f["records/data_offset"][2])  # the data of records 2 and 3 never made it
+        f["data"].resize((end + 10,))
+    with td.open_trace(torn) as trace:
+        assert len(trace.index) == 2
+        assert trace.rows("h").data.tobytes() == np.concatenate([step_tensor(0), step_tensor(1)]).tobytes()
