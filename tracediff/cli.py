@@ -153,10 +153,14 @@ def compare(
     tol: list[str] = typer.Option([], "--tol",
                                   help="per-name bounds, e.g. 'draft.*:cos>=0.999,max_abs<=1e-2'"),
     mapping: list[str] = typer.Option([], "--map", help="NAME_IN_B=NAME_IN_A for other producers' names"),
+    map_file: Path | None = typer.Option(None, "--map-file", help="a file of NAME_IN_B = NAME_IN_A lines "
+                                         "(or a JSON object); --map entries override it"),
     align: str = typer.Option("prefix", "--align", help="prefix: rows by token content (any producers); "
                               "step: rows by step and order (same producer, e.g. before vs after a change)"),
     as_json: bool = typer.Option(False, "--json", help="the report as JSON (docs/REPORT.md)"),
     markdown: bool = typer.Option(False, "--markdown", help="the report as Markdown, for a bug report"),
+    stop_at_first: bool = typer.Option(False, "--stop-at-first", help="stop reading at the first divergence "
+                                       "(fast on large traces; tensors not fully read show as unchecked)"),
 ) -> None:
     """Align two traces by token prefix and draft depth; name the first diverging tensor and why.
 
@@ -164,6 +168,7 @@ def compare(
     from tracediff.diff.diagnose import diagnose
     from tracediff.diff.differ import compare_traces
     from tracediff.diff.pair import Pair
+    from tracediff.diff.rename import parse_pair, read_mapping_file
     from tracediff.diff.tolerance import Tolerances
     from tracediff.report.compare import render, to_json, to_markdown
     from tracediff.trace.reader import open_trace
@@ -175,10 +180,13 @@ def compare(
     if align not in ("prefix", "step"):
         fail("--align", f"takes 'prefix' or 'step', not {align!r}")
     rename = {}
+    if map_file is not None:
+        guarded(map_file, lambda: rename.update(read_mapping_file(map_file)))
     for item in mapping:
-        name_b, sep, name_a = item.partition("=")
-        if not sep or not name_b or not name_a:
-            fail("--map", f"expected NAME_IN_B=NAME_IN_A, got {item!r}")
+        try:
+            name_b, name_a = parse_pair(item)
+        except ValueError as exc:
+            fail("--map", str(exc))
         rename[name_b] = name_a
     verdict = []
 
@@ -186,7 +194,7 @@ def compare(
         with open_trace(a) as trace_a:
             with open_trace(b) as trace_b:
                 traces = Pair(trace_a, trace_b)
-                result = compare_traces(traces, tolerances, rename, align)
+                result = compare_traces(traces, tolerances, rename, align, stop_at_first)
                 diagnoses = diagnose(result, traces)
         verdict.append(result.verdict)
         if as_json:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracediff.diff.pair import Pair
-from tracediff.trace.reader import Rows, Trace
+from tracediff.trace.reader import RowKeys, Trace
 
 FED = "draft.input_ids"
 
@@ -24,16 +24,14 @@ class Prefixes:
     tokens: dict[str, dict[int, int]]  # request -> position -> token
 
     @classmethod
-    def of(cls, trace: Trace) -> Prefixes:
+    def of(cls, keys: list[RowKeys]) -> Prefixes:
+        """From the depth-0 rows of every tensor of one trace (key columns only)."""
         tokens: dict[str, dict[int, int]] = {}
-        for name in trace.names():
-            for i in trace.select(name=name, depth=0):
-                if trace.index.static[i]:
-                    continue
-                file, slot = trace.files[trace.index.part[i]], int(trace.index.slot[i])
-                request, position, token_id = file.read_keys(slot)
-                for r, p, t in zip(request.tolist(), position.tolist(), token_id.tolist()):
-                    tokens.setdefault(r, {}).setdefault(p, t)
+        for k in keys:
+            shallow = k.depth == 0
+            for r, p, t in zip(k.request[shallow].tolist(), k.position[shallow].tolist(),
+                               k.token_id[shallow].tolist()):
+                tokens.setdefault(r, {}).setdefault(p, t)
         ids: dict[tuple[str, int], int] = {}
         for request, by_position in tokens.items():
             running = 0
@@ -53,12 +51,12 @@ class Matched:
     not_comparable: int  # depth > 0 rows whose fed tokens differ between the sides
 
 
-def row_keys(rows: Rows, prefixes: Prefixes) -> list[tuple | None]:
+def row_keys(rows: RowKeys, prefixes: Prefixes) -> list[tuple | None]:
     return [None if (r, int(p)) not in prefixes.ids else (prefixes.ids[(r, int(p))], int(p), int(d))
             for r, p, d in zip(rows.request.tolist(), rows.position, rows.depth)]
 
 
-def match(rows: Pair[Rows], prefixes: Pair[Prefixes], fed: Pair[dict] | None = None) -> Matched:
+def match(rows: Pair[RowKeys], prefixes: Pair[Prefixes], fed: Pair[dict] | None = None) -> Matched:
     """Pair up rows with equal (prefix, position, depth); the first occurrence on each side wins."""
     keys = Pair(row_keys(rows.a, prefixes.a), row_keys(rows.b, prefixes.b))
     where_b: dict[tuple, int] = {}
@@ -80,10 +78,10 @@ def match(rows: Pair[Rows], prefixes: Pair[Prefixes], fed: Pair[dict] | None = N
                    not_comparable=skipped)
 
 
-def match_by_step(rows: Pair[Rows]) -> Matched:
+def match_by_step(rows: Pair[RowKeys]) -> Matched:
     """``--align step``: the i-th row of a step and depth on one side pairs with the i-th row of the
     same step and depth on the other (same producer, same batching: before vs after a change)."""
-    def keyed(r: Rows) -> dict[tuple, int]:
+    def keyed(r: RowKeys) -> dict[tuple, int]:
         seen: dict[tuple, int] = {}
         out: dict[tuple, int] = {}
         for i, (step, depth) in enumerate(zip(r.step.tolist(), r.depth.tolist())):
@@ -98,13 +96,12 @@ def match_by_step(rows: Pair[Rows]) -> Matched:
                              np.array([keys.b[k] for k in common], dtype=np.int64)), not_comparable=0)
 
 
-def fed_tokens(trace: Trace, prefixes: Prefixes) -> dict[tuple, int]:
+def fed_tokens(trace: Trace, keys: RowKeys | None, prefixes: Prefixes) -> dict[tuple, int]:
     """(prefix id, position, depth) -> the token fed to the draft there (``draft.input_ids``)."""
-    if FED not in trace.names():
+    if keys is None:
         return {}
-    rows = trace.rows(FED)
-    return {key: int(v) for key, v in zip(row_keys(rows, prefixes), rows.data.reshape(-1).tolist())
-            if key is not None}
+    values = trace.gather(keys).reshape(-1).tolist()
+    return {key: int(v) for key, v in zip(row_keys(keys, prefixes), values) if key is not None}
 
 
 def _same_feed(key: tuple, fed: Pair[dict]) -> bool:

@@ -1,30 +1,53 @@
-"""Compare two traces tensor by tensor in the baseline's dataflow order; the first tensor whose
-aligned rows break tolerance is the first divergence, later failing tensors are downstream of it."""
+"""Execute a comparison plan: read corresponding rows chunk by chunk (the next chunk is read while
+this one is measured), check tolerances and keep per-tensor tallies. The first failing chunk in
+the plan's order holds the first divergence; tensors failing later are downstream of it.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from tracediff.diff.align import Prefixes, fed_tokens, first_token_difference, match, match_by_step
+from tracediff.diff.align import first_token_difference
 from tracediff.diff.metrics import logit_metrics, token_metrics, value_metrics
 from tracediff.diff.pair import Pair
+from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, make_plan
 from tracediff.diff.tolerance import Tolerances, failing_rows
-from tracediff.trace.dtypes import FLOAT_TAGS
-from tracediff.trace.reader import Rows, Trace
+from tracediff.trace.dtypes import FLOAT_TAGS, decode
+from tracediff.trace.reader import Trace
+
+SAMPLE = 64  # failing rows kept per tensor for the diagnoses
+LARGER_IS_WORSE = ("max_abs", "mean_abs", "rel_l2", "max_rel", "kl")
 
 
 @dataclass
 class TensorResult:
     name: str
-    status: str  # match | diverged | downstream | not_comparable | missing_in_a | missing_in_b
+    status: str  # match | diverged | downstream | unchecked | not_comparable | missing_in_a | missing_in_b
     dtypes: tuple[str, str] | None = None
     rows: int = 0
     failed: int = 0
     not_comparable: int = 0
     worst: dict[str, float] = field(default_factory=dict)
     first_bad: dict | None = None  # row keys on both sides and the metrics of that row
+
+
+@dataclass
+class NonFinite:
+    rows: int = 0
+    first_row: int = -1  # row number into the plan's keys
+
+
+@dataclass
+class Tally:
+    """What the diagnoses need of one tensor beyond its report line: row numbers (into the plan's
+    keys) of the first failing rows, and per side the first row holding NaN/Inf."""
+
+    bad_rows: Pair[list[int]] = field(default_factory=lambda: Pair([], []))
+    non_finite: Pair[NonFinite] = field(default_factory=lambda: Pair(NonFinite(), NonFinite()))
 
 
 @dataclass
@@ -35,9 +58,10 @@ class Comparison:
     tensors: list[TensorResult]
     contract: list[dict]
     token_mismatch: dict | None
-    rows: dict[str, Pair[Rows]] = field(default_factory=dict, repr=False)
-    matched: dict[str, Pair[np.ndarray]] = field(default_factory=dict, repr=False)
-    prefixes: Pair[Prefixes] | None = field(default=None, repr=False)
+    plan: Plan | None = field(default=None, repr=False)
+    tallies: dict[str, Tally] = field(default_factory=dict, repr=False)
+    first_non_finite: dict[str, str] = field(default_factory=dict)  # side -> tensor met first with NaN/Inf
+    tolerances: Tolerances = field(default_factory=Tolerances, repr=False)
 
     @property
     def first_divergence(self) -> TensorResult | None:
@@ -73,60 +97,123 @@ def metrics_for(name: str, dtypes: tuple[str, str], a: np.ndarray, b: np.ndarray
 
 
 def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
-                   rename: dict[str, str] | None = None, align: str = "prefix") -> Comparison:
-    """``rename`` maps names in b to names in a (``--map NAME_IN_B=NAME_IN_A``); ``align`` is
-    ``prefix`` (rows by token content) or ``step`` (rows by step and order, same producer)."""
-    if align not in ("prefix", "step"):
-        raise ValueError(f"--align takes 'prefix' or 'step', not {align!r}")
+                   rename: dict[str, str] | None = None, align: str = "prefix",
+                   stop_at_first: bool = False, chunk_bytes: int = CHUNK_BYTES) -> Comparison:
+    """Plan from key columns, then measure every chunk (or only up to the first failing one when
+    ``stop_at_first``: tensors not fully read are then reported as ``unchecked``)."""
     tolerances = tolerances or Tolerances()
-    rename = rename or {}
-    prefixes = traces.map(Prefixes.of)
-    fed = Pair(fed_tokens(traces.a, prefixes.a), fed_tokens(traces.b, prefixes.b))
-    b_names = {rename.get(n, n): n for n in traces.b.names()}
-    result = Comparison(paths=traces.map(lambda t: [str(p) for p in t.paths]), tensors=[],
-                        contract=contract_diff(traces), token_mismatch=None, prefixes=prefixes)
-    diverged = False
-    for name in traces.a.names():
-        if name not in b_names:
-            result.tensors.append(TensorResult(name, "missing_in_b"))
+    plan = make_plan(traces, rename, align, chunk_bytes)
+    results = {t.name: TensorResult(t.name, "not_comparable", (t.keys.a.dtype, t.keys.b.dtype),
+                                    not_comparable=t.matched.not_comparable) for t in plan.tensors}
+    comparison = Comparison(paths=traces.map(lambda t: [str(p) for p in t.paths]), tensors=[],
+                            contract=contract_diff(traces),
+                            token_mismatch=first_token_difference(plan.prefixes), plan=plan,
+                            tallies={t.name: Tally() for t in plan.tensors}, tolerances=tolerances)
+    failing: list[str] = []  # tensor names in the order their first failure was met
+    done = 0
+    for chunk, values in read_ahead(traces, plan.chunks):
+        done += 1
+        name = chunk.tensor.name
+        bad = _measure(chunk, values, results[name], comparison, tolerances)
+        if bad and name not in failing:
+            failing.append(name)
+        if failing and stop_at_first:
+            break
+    unread = {c.tensor.name for c in plan.chunks[done:]}
+    for name, result in results.items():
+        if name in failing:
+            result.status = "diverged" if name == failing[0] else "downstream"
+        elif name in unread:
+            result.status = "unchecked"
+        elif result.rows:
+            result.status = "match"
+    comparison.tensors = ([results[t.name] for t in plan.tensors]
+                          + [TensorResult(n, "missing_in_b") for n in plan.missing_in_b]
+                          + [TensorResult(n, "missing_in_a") for n in plan.missing_in_a])
+    return comparison
+
+
+def read_ahead(traces: Pair[Trace], chunks: list[Chunk]) -> Iterator[tuple[Chunk, Pair[np.ndarray]]]:
+    """Each chunk with both sides' raw rows; the next chunk is read on a second thread meanwhile
+    (preads release the GIL), so reading and measuring overlap. At most two chunks are held."""
+    def read(chunk: Chunk) -> Pair[np.ndarray]:
+        return Pair(traces.a.gather(chunk.tensor.keys.a, chunk.rows.a),
+                    traces.b.gather(chunk.tensor.keys.b, chunk.rows.b))
+
+    if not chunks:
+        return
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pending = pool.submit(read, chunks[0])
+        for i, chunk in enumerate(chunks):
+            values = pending.result()
+            if i + 1 < len(chunks):
+                pending = pool.submit(read, chunks[i + 1])
+            yield chunk, values
+
+
+def _measure(chunk: Chunk, raw: Pair[np.ndarray], result: TensorResult, comparison: Comparison,
+             tolerances: Tolerances) -> bool:
+    """Fold one chunk into the tensor's result; True when some row fails tolerance."""
+    keys = chunk.tensor.keys
+    values = Pair(decode(raw.a, keys.a.dtype), decode(raw.b, keys.b.dtype))
+    n = len(chunk.rows.a)
+    result.rows += n
+    tally = comparison.tallies[result.name]
+    if values.a.shape[1:] != values.b.shape[1:]:
+        result.failed += n
+        result.worst = {"shape_a": list(values.a.shape[1:]), "shape_b": list(values.b.shape[1:])}
+        _note_failures(result, tally, chunk, np.ones(n, dtype=bool), {})
+        return True
+    metrics = metrics_for(result.name, result.dtypes, values.a, values.b)
+    if result.dtypes[0] in FLOAT_TAGS and result.dtypes[1] in FLOAT_TAGS:
+        _note_non_finite(values, metrics["max_abs"], chunk, tally, comparison)
+    for k, v in metrics.items():
+        worst = np.nanmax(v) if k in LARGER_IS_WORSE else np.nanmin(v)
+        if np.isnan(worst):
             continue
-        if traces.a.index.static[traces.a.select(name=name)[0]]:
-            continue  # static tensors (weights, d2t) are for the diagnoses, not row comparison
-        rows = Pair(traces.a.rows(name), traces.b.rows(b_names[name]))
-        matched = match(rows, prefixes, fed) if align == "prefix" else match_by_step(rows)
-        tensor = _compare_rows(name, rows, matched.rows, tolerances)
-        tensor.not_comparable = matched.not_comparable
-        if tensor.status == "diverged":
-            tensor.status = "downstream" if diverged else "diverged"
-            diverged = True
-        result.tensors.append(tensor)
-        result.rows[name], result.matched[name] = rows, matched.rows
-    a_names = set(traces.a.names())
-    result.tensors += [TensorResult(name, "missing_in_a") for name in b_names if name not in a_names]
-    result.token_mismatch = first_token_difference(prefixes)
-    return result
+        old = result.worst.get(k)
+        better = old is not None and (old >= worst if k in LARGER_IS_WORSE else old <= worst)
+        result.worst[k] = old if better else float(worst)
+    bad = failing_rows(metrics, tolerances.bounds(result.name, result.dtypes))
+    if not bad.any():
+        return False
+    result.failed += int(bad.sum())
+    _note_failures(result, tally, chunk, bad, metrics)
+    return True
 
 
-def _compare_rows(name: str, rows: Pair[Rows], idx: Pair[np.ndarray], tolerances: Tolerances) -> TensorResult:
-    dtypes = (rows.a.dtype, rows.b.dtype)
-    if len(idx.a) == 0:
-        return TensorResult(name, "not_comparable", dtypes)
-    a, b = rows.a.numpy()[idx.a], rows.b.numpy()[idx.b]
-    if a.shape[1:] != b.shape[1:]:
-        return TensorResult(name, "diverged", dtypes, rows=len(a), failed=len(a),
-                            worst={"shape_a": list(a.shape[1:]), "shape_b": list(b.shape[1:])})
-    metrics = metrics_for(name, dtypes, a, b)
-    bad = failing_rows(metrics, tolerances.bounds(name, dtypes))
-    larger_is_worse = ("max_abs", "mean_abs", "rel_l2", "max_rel", "kl")
-    worst = {k: float(np.nanmax(v) if k in larger_is_worse else np.nanmin(v)) for k, v in metrics.items()}
-    tensor = TensorResult(name, "diverged" if bad.any() else "match", dtypes, rows=len(a),
-                          failed=int(bad.sum()), worst=worst)
-    if bad.any():
-        i = int(np.argmax(bad))
-        tensor.first_bad = {
-            "request": {"a": str(rows.a.request[idx.a[i]]), "b": str(rows.b.request[idx.b[i]])},
-            "position": int(rows.a.position[idx.a[i]]), "depth": int(rows.a.depth[idx.a[i]]),
-            "step": {"a": int(rows.a.step[idx.a[i]]), "b": int(rows.b.step[idx.b[i]])},
-            "metrics": {k: float(v[i]) for k, v in metrics.items()},
-        }
-    return tensor
+def _note_failures(result: TensorResult, tally: Tally, chunk: Chunk, bad: np.ndarray,
+                   metrics: dict[str, np.ndarray]) -> None:
+    where = np.flatnonzero(bad)
+    room = SAMPLE - len(tally.bad_rows.a)
+    tally.bad_rows.a.extend(chunk.rows.a[where[:room]].tolist())
+    tally.bad_rows.b.extend(chunk.rows.b[where[:room]].tolist())
+    if result.first_bad is not None:
+        return
+    i = int(where[0])
+    keys, ra, rb = chunk.tensor.keys, int(chunk.rows.a[i]), int(chunk.rows.b[i])
+    result.first_bad = {
+        "request": {"a": str(keys.a.request[ra]), "b": str(keys.b.request[rb])},
+        "position": int(keys.a.position[ra]), "depth": int(keys.a.depth[ra]),
+        "step": {"a": int(keys.a.step[ra]), "b": int(keys.b.step[rb])},
+        "metrics": {k: float(v[i]) for k, v in metrics.items()},
+    }
+
+
+def _note_non_finite(values: Pair[np.ndarray], max_abs: np.ndarray, chunk: Chunk, tally: Tally,
+                     comparison: Comparison) -> None:
+    """A row holding NaN/Inf on either side makes its max_abs non-finite: only those rows are
+    scanned, so the common all-finite chunk costs one check of a per-row array."""
+    suspects = np.flatnonzero(~np.isfinite(max_abs))
+    if not len(suspects):
+        return
+    for side in ("a", "b"):
+        rows = getattr(values, side)[suspects]
+        hit = suspects[~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)]
+        if not len(hit):
+            continue
+        seen = getattr(tally.non_finite, side)
+        if not seen.rows:
+            seen.first_row = int(getattr(chunk.rows, side)[hit[0]])
+        seen.rows += len(hit)
+        comparison.first_non_finite.setdefault(side, chunk.tensor.name)

@@ -8,32 +8,51 @@ TOP_K = 5
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
-    return x.reshape(len(x), -1).astype(np.float64)
+    """Rows as 2-D float arrays: float32 for 32-bit and narrower data, float64 stays float64."""
+    x = x.reshape(len(x), -1)
+    return x if x.dtype in (np.float32, np.float64) else x.astype(np.float32)
+
+
+def _row_norm(x: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.einsum("ij,ij->i", x, x).astype(np.float64))
 
 
 def value_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
-    """max_abs, mean_abs, rel_l2 (|a-b| / |a|), cosine and max_rel (max|a-b| / max|a|), per row."""
+    """max_abs, mean_abs, rel_l2 (|a-b| / |a|), cosine and max_rel (max|a-b| / max|a|), per row.
+
+    Works in the data's own precision (few passes, no float64 copies); cosine comes from the
+    norms as 1 - (|a-b|^2 - (|a|-|b|)^2) / (2|a||b|), which stays exact near 1, unlike a.b/|a||b|."""
     a, b = _flat(a), _flat(b)
-    diff = np.abs(a - b)
-    norm_a, norm_b = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
+    diff = a - b
+    norm_d, norm_a, norm_b = _row_norm(diff), _row_norm(a), _row_norm(b)
+    np.abs(diff, out=diff)
+    peak_a = np.maximum(a.max(axis=1, initial=-np.inf), -a.min(axis=1, initial=np.inf)) if a.shape[1] \
+        else np.zeros(len(a))
     tiny = np.finfo(np.float64).tiny
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return {
-            "max_abs": diff.max(axis=1, initial=0.0),
-            "mean_abs": diff.mean(axis=1) if a.shape[1] else np.zeros(len(a)),
-            "rel_l2": np.linalg.norm(a - b, axis=1) / np.maximum(norm_a, tiny),
-            "cosine": (a * b).sum(axis=1) / np.maximum(norm_a * norm_b, tiny),
-            "max_rel": diff.max(axis=1, initial=0.0) / np.maximum(np.abs(a).max(axis=1, initial=0.0), tiny),
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        max_abs = diff.max(axis=1, initial=0.0).astype(np.float64)
+        metrics = {
+            "max_abs": max_abs,
+            "mean_abs": diff.mean(axis=1, dtype=np.float64) if a.shape[1] else np.zeros(len(a)),
+            "rel_l2": norm_d / np.maximum(norm_a, tiny),
+            "cosine": 1 - (norm_d**2 - (norm_a - norm_b) ** 2) / np.maximum(2 * norm_a * norm_b, tiny),
+            "max_rel": max_abs / np.maximum(peak_a.astype(np.float64), tiny),
         }
+        overflowed = ~np.isfinite(norm_a * norm_b * norm_d) & np.isfinite(max_abs)
+    if overflowed.any() and a.dtype == np.float32:  # squares past float32's range: redo those rows wide
+        wide = value_metrics(a[overflowed].astype(np.float64), b[overflowed].astype(np.float64))
+        for k, v in wide.items():
+            metrics[k][overflowed] = v
+    return metrics
 
 
 def logit_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
     """argmax agreement, top-k overlap (fraction) and KL(a || b) of softmax, per row."""
-    a, b = _flat(a), _flat(b)
+    a, b = _flat(a).astype(np.float64), _flat(b).astype(np.float64)
     k = min(TOP_K, a.shape[1])
     top_a = np.argpartition(-a, k - 1, axis=1)[:, :k]
     top_b = np.argpartition(-b, k - 1, axis=1)[:, :k]
-    overlap = np.array([len(np.intersect1d(x, y)) / k for x, y in zip(top_a, top_b)])
+    overlap = (top_a[:, :, None] == top_b[:, None, :]).any(axis=2).sum(axis=1) / k
     log_a = a - a.max(axis=1, keepdims=True)
     log_a -= np.log(np.exp(log_a).sum(axis=1, keepdims=True))
     log_b = b - b.max(axis=1, keepdims=True)

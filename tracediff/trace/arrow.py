@@ -276,18 +276,19 @@ class ArrowTraceFile:
         at = buffer.address - self._base + start
         return (at, end - start) if 0 <= at and at + (end - start) <= self._size else None
 
-    def prefetch(self, slot: int) -> None:
+    def prefetch(self, slot: int, offset: int = 0, n: int | None = None) -> None:
         if (where := self._file_range(slot)) is not None:
-            prefetch(self._fd, *where)
+            prefetch(self._fd, where[0] + offset, where[1] - offset if n is None else n)
 
-    def read_into(self, slot: int, out: np.ndarray) -> None:
-        """Copy a record's bytes into ``out``: one pread where the bytes lie uncompressed in the file."""
+    def read_into(self, slot: int, out: np.ndarray, offset: int = 0) -> None:
+        """Copy bytes [offset, offset + out.nbytes) of a record into ``out``: one pread where the
+        bytes lie uncompressed in the file."""
         where = self._file_range(slot)
         if where is not None:
-            pread_into(self._fd, out, where[0])
+            pread_into(self._fd, out, where[0] + offset)
         else:  # a compressed file: the buffer was decompressed into memory
-            buffer, start, end = self._data(slot)
-            out[:] = np.frombuffer(buffer, dtype=np.uint8)[start:end]
+            buffer, start, _ = self._data(slot)
+            out[:] = np.frombuffer(buffer, dtype=np.uint8)[start + offset : start + offset + out.nbytes]
 
     def read_keys(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, position, token_id) of every row of one record."""

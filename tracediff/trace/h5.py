@@ -249,10 +249,10 @@ class H5TraceFile:
             self._all_chunks = True
         return self._chunk_at.get(index)
 
-    def _file_ranges(self, slot: int) -> list[tuple[int, int]]:
-        """(file offset, length) pieces of a record's bytes, one per chunk it spans, while the
-        chunks are unfiltered and written; the rest (if any) must go through HDF5."""
-        start, n = int(self._cols["data_offset"][slot]), int(self._cols["data_nbytes"][slot])
+    def _file_ranges(self, slot: int, offset: int, n: int) -> list[tuple[int, int]]:
+        """(file offset, length) pieces of bytes [offset, offset + n) of a record, one per chunk they
+        span, while the chunks are unfiltered and written; the rest (if any) must go through HDF5."""
+        start = int(self._cols["data_offset"][slot]) + offset
         ranges, done = [], 0
         while self._raw_chunks and done < n:
             index, within = divmod(start + done, self._chunk)
@@ -264,19 +264,21 @@ class H5TraceFile:
             done += take
         return ranges
 
-    def prefetch(self, slot: int) -> None:
-        for at, length in self._file_ranges(slot):
+    def prefetch(self, slot: int, offset: int = 0, n: int | None = None) -> None:
+        n = int(self._cols["data_nbytes"][slot]) - offset if n is None else n
+        for at, length in self._file_ranges(slot, offset, n):
             prefetch(self._fd, at, length)
 
-    def read_into(self, slot: int, out: np.ndarray) -> None:
-        """Copy a record's bytes into ``out``; unfiltered chunks are read with pread, bypassing
-        HDF5's per-call overhead (each chunk's file offset comes from HDF5's own chunk index)."""
+    def read_into(self, slot: int, out: np.ndarray, offset: int = 0) -> None:
+        """Copy bytes [offset, offset + out.nbytes) of a record into ``out``; unfiltered chunks are
+        read with pread, bypassing HDF5's per-call overhead (each chunk's file offset comes from
+        HDF5's own chunk index)."""
         done = 0
-        for at, length in self._file_ranges(slot):
+        for at, length in self._file_ranges(slot, offset, out.nbytes):
             pread_into(self._fd, out[done : done + length], at)
             done += length
         if done < out.nbytes:
-            start = int(self._cols["data_offset"][slot])
+            start = int(self._cols["data_offset"][slot]) + offset
             self._data.read_direct(out[done:], np.s_[start + done : start + out.nbytes])
 
     def read_raw(self, slot: int) -> np.ndarray:

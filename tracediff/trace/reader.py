@@ -41,6 +41,30 @@ class Rows:
         return decode(self.data, self.dtype)
 
 
+@dataclass
+class RowKeys:
+    """Key columns of every row of one tensor name and where each row's bytes lie (record index
+    position and row number inside it); no tensor data."""
+
+    name: str
+    dtype: str
+    row_shape: tuple[int, ...]
+    record: np.ndarray
+    within: np.ndarray
+    request: np.ndarray
+    position: np.ndarray
+    token_id: np.ndarray
+    step: np.ndarray
+    depth: np.ndarray
+    rank: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.position)
+
+    def take(self, rows: np.ndarray) -> RowKeys:
+        return RowKeys(**{k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in vars(self).items()})
+
+
 def detect_format(path: Path) -> str:
     """'h5' or 'arrow' by the file's magic bytes, whatever its extension."""
     try:
@@ -149,9 +173,9 @@ class Trace:
         for i in self.select(**where):
             yield self.read(i)
 
-    def rows(self, name: str, step: int | None = None, request: str | None = None,
-             depth: int | None = None) -> Rows:
-        """Every row of ``name`` (one step / request / depth if given), concatenated in order."""
+    def keys(self, name: str, step: int | None = None, depth: int | None = None) -> RowKeys:
+        """The key columns of every row of ``name`` and where each row lies, without its data:
+        alignment works from these alone, whatever the size of the tensors."""
         hits = [i for i in self.select(name=name, step=step, depth=depth) if not self.index.static[i]]
         if not hits:
             raise KeyError(f"no rows of {name!r} match")
@@ -160,35 +184,58 @@ class Trace:
         row_shapes = {idx.shape[i][1:] for i in hits}
         if len(dtypes) > 1 or len(row_shapes) > 1:
             raise ValueError(f"{name}: records differ in dtype or row shape ({dtypes}, {row_shapes})")
-        dtype, row_shape = dtypes.pop(), row_shapes.pop()
-        total = int(idx.n_rows[hits].sum())
-        data = np.empty((total, *row_shape), dtype=storage_dtype(dtype))
-        flat = data.reshape(-1).view(np.uint8)
-        keys: dict[str, list[np.ndarray]] = {k: [] for k in ("request", "position", "token_id")}
-        start = 0
-        for k, i in enumerate(hits):
-            if k % PREFETCH == 0:  # keep the disk busy with the next window while we copy this one
-                for j in hits[k + (PREFETCH if k else 0) : k + 2 * PREFETCH]:
-                    self.files[idx.part[j]].prefetch(int(idx.slot[j]))
-            file, slot, n = self.files[idx.part[i]], int(idx.slot[i]), int(idx.nbytes[i])
-            file.read_into(slot, flat[start : start + n])
-            start += n
-            for parts, values in zip(keys.values(), file.read_keys(slot)):
+        columns: dict[str, list[np.ndarray]] = {k: [] for k in ("request", "position", "token_id")}
+        for i in hits:
+            keys = self.files[idx.part[i]].read_keys(int(idx.slot[i]))
+            for parts, values in zip(columns.values(), keys):
                 parts.append(values)
+        hits = np.asarray(hits, dtype=np.int64)
         per_record = idx.n_rows[hits]
-        rows = Rows(
-            name=name, dtype=dtype, data=data,
-            request=np.concatenate(keys["request"]).astype(object),
-            position=np.concatenate(keys["position"]),
-            token_id=np.concatenate(keys["token_id"]),
+        record_start = np.repeat(np.cumsum(per_record) - per_record, per_record)
+        return RowKeys(
+            name=name, dtype=dtypes.pop(), row_shape=row_shapes.pop(),
+            record=np.repeat(hits, per_record),
+            within=np.arange(int(per_record.sum())) - record_start,
+            request=np.concatenate(columns["request"]).astype(object),
+            position=np.concatenate(columns["position"]),
+            token_id=np.concatenate(columns["token_id"]),
             step=np.repeat(idx.step[hits], per_record),
             depth=np.repeat(idx.depth[hits], per_record),
             rank=np.repeat(idx.rank[hits], per_record),
         )
+
+    def gather(self, keys: RowKeys, rows: np.ndarray | None = None) -> np.ndarray:
+        """Raw data of the given rows of ``keys`` (all by default), in the order given; each run of
+        neighbouring rows of one record is one read, and the next runs are prefetched meanwhile."""
+        rows = np.arange(len(keys)) if rows is None else np.asarray(rows, dtype=np.int64)
+        out = np.empty((len(rows), *keys.row_shape), dtype=storage_dtype(keys.dtype))
+        row_bytes = out[0].nbytes if len(rows) else 0
+        flat = out.reshape(-1).view(np.uint8)
+        record, within = keys.record[rows], keys.within[rows]
+        breaks = np.flatnonzero((np.diff(record) != 0) | (np.diff(within) != 1)) + 1
+        starts = np.concatenate([[0], breaks]).astype(np.int64) if len(rows) else np.zeros(0, np.int64)
+        stops = np.append(starts[1:], len(rows))
+        idx = self.index
+        for k, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist())):
+            if k % PREFETCH == 0:  # keep the disk busy with the next window while we copy this one
+                for j in range(k + (PREFETCH if k else 0), min(k + 2 * PREFETCH, len(starts))):
+                    i = record[starts[j]]
+                    self.files[idx.part[i]].prefetch(int(idx.slot[i]), int(within[starts[j]]) * row_bytes,
+                                                     int(stops[j] - starts[j]) * row_bytes)
+            i = record[start]
+            self.files[idx.part[i]].read_into(int(idx.slot[i]), flat[start * row_bytes : stop * row_bytes],
+                                              int(within[start]) * row_bytes)
+        return out
+
+    def rows(self, name: str, step: int | None = None, request: str | None = None,
+             depth: int | None = None) -> Rows:
+        """Every row of ``name`` (one step / request / depth if given), concatenated in order."""
+        keys = self.keys(name, step=step, depth=depth)
         if request is not None:
-            keep = rows.request == request
-            rows = Rows(**{k: (v[keep] if isinstance(v, np.ndarray) else v) for k, v in vars(rows).items()})
-        return rows
+            keys = keys.take(np.flatnonzero(keys.request == request))
+        return Rows(name=name, dtype=keys.dtype, data=self.gather(keys), request=keys.request,
+                    position=keys.position, token_id=keys.token_id, step=keys.step, depth=keys.depth,
+                    rank=keys.rank)
 
     def close(self) -> None:
         for f in self.files:

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from tracediff.diff.diagnose.evidence import failing_sample, side_labels
+from tracediff.diff.diagnose.evidence import values as evidence_values
 from tracediff.diff.diagnose.types import Diagnosis
 from tracediff.diff.differ import Comparison
 from tracediff.diff.metrics import value_metrics
 from tracediff.diff.pair import Pair
-from tracediff.trace.reader import Rows, Trace
+from tracediff.trace.reader import RowKeys, Trace
 
 CONCATENATED = ("target.aux", "draft.fc_in")
 SAMPLE_ROWS = 32
@@ -30,31 +32,30 @@ def label(name: str | None) -> str:
     return "embed" if name == "target.embed" else f"layer {layer_number(name)}"
 
 
-def _candidates(trace: Trace) -> list[str]:
-    return [n for n in trace.names() if n == "target.embed" or n.startswith("target.layer.")]
-
-
-def slot_sources(rows: Rows, picked: np.ndarray, trace: Trace, loaded: dict[str, Rows]) -> list[str | None]:
-    """For each slot of the concatenated rows ``picked``, the candidate state it equals (or None).
-    Candidate rows already read by the comparison (``loaded``) are reused."""
-    keys = list(zip(rows.request[picked].tolist(), rows.position[picked].tolist()))
-    gathered = {}  # candidate -> its values at the same (request, position) rows
-    for name in _candidates(trace):
-        state = loaded.get(name) or trace.rows(name, depth=0)
-        where = {(r, p): i for i, (r, p) in enumerate(zip(state.request.tolist(), state.position.tolist()))}
-        found = [where.get(key) for key in keys]
+def slot_sources(trace: Trace, keys: RowKeys, picked: np.ndarray,
+                 known: dict[str, RowKeys]) -> list[str | None]:
+    """For each slot of the concatenated rows ``picked``, the target state (embed or layer output)
+    of the same trace at the same (request, position) that it equals, or None."""
+    at = list(zip(keys.request[picked].tolist(), keys.position[picked].tolist()))
+    values = evidence_values(trace, keys, picked)
+    candidates = {}  # name -> its values at the same rows
+    for name, state in known.items():
+        if name != "target.embed" and not name.startswith("target.layer."):
+            continue
+        where = {}
+        for i, key in enumerate(zip(state.request.tolist(), state.position.tolist())):
+            if state.depth[i] == 0:
+                where.setdefault(key, i)
+        found = [where.get(key) for key in at]
         if None not in found:
-            gathered[name] = state.numpy()[found]
-    if not gathered:
-        return []
-    width = next(iter(gathered.values())).shape[1]
-    values = rows.numpy()[picked]
-    if values.shape[1] % width:
+            candidates[name] = evidence_values(trace, state, np.array(found))
+    widths = {c.shape[1] for c in candidates.values()}
+    if len(widths) != 1 or values.shape[1] % (width := widths.pop()):
         return []
     sources: list[str | None] = []
     for k in range(values.shape[1] // width):
         slot = values[:, k * width : (k + 1) * width]
-        sources.append(next((name for name, state in gathered.items()
+        sources.append(next((name for name, state in candidates.items()
                              if (value_metrics(state, slot)["max_rel"] < SAME).all()), None))
     return sources
 
@@ -63,18 +64,17 @@ def aux_slots(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     first = comparison.first_divergence
     failing = ("diverged", "downstream")
     names = [t.name for t in comparison.tensors if t.name in CONCATENATED and t.status in failing]
-    if first is None or not names:
+    if first is None or not names or comparison.plan is None:
         return []
     name = names[0]
-    rows, matched = comparison.rows[name], comparison.matched[name]
-    picked = matched.map(lambda m: m[:SAMPLE_ROWS])
-    loaded = Pair({n: r.a for n, r in comparison.rows.items()}, {n: r.b for n, r in comparison.rows.items()})
-    sources = Pair(slot_sources(rows.a, picked.a, traces.a, loaded.a),
-                   slot_sources(rows.b, picked.b, traces.b, loaded.b))
+    plan = comparison.plan
+    tensor = next(t for t in plan.tensors if t.name == name)
+    picked = failing_sample(comparison, name).map(lambda rows: rows[:SAMPLE_ROWS])
+    sources = Pair(slot_sources(traces.a, tensor.keys.a, picked.a, plan.keys.a),
+                   slot_sources(traces.b, tensor.keys.b, picked.b, plan.keys.b))
     if not sources.a or not sources.b or sources.a == sources.b:
         return []
-    sides = traces.map(lambda t: str(t.meta.get("source") or "?"))
-    side = Pair(sides.a if sides.a != sides.b else "a", sides.b if sides.a != sides.b else "b")
+    side = side_labels(traces)
     said = sources.map(lambda s: "[" + ", ".join(label(n) for n in s) + "]")
     evidence = {"tensor": name, "slots_a": sources.a, "slots_b": sources.b, "rows_checked": len(picked.a)}
     if None not in sources.a and None not in sources.b:

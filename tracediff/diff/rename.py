@@ -1,0 +1,49 @@
+"""Name mappings for traces from other producers: ``--map NAME_IN_B=NAME_IN_A`` and mapping files.
+
+A mapping file is either a JSON object {"name in b": "name in a"} or lines ``NAME_IN_B = NAME_IN_A``
+with ``#`` comments, so that one file per producer can be kept next to its hooks.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tracediff.errors import InputError
+
+
+def parse_pair(item: str) -> tuple[str, str]:
+    """'NAME_IN_B=NAME_IN_A' -> (name in b, name in a); ValueError when malformed."""
+    name_b, sep, name_a = item.partition("=")
+    name_b, name_a = name_b.strip(), name_a.strip()
+    if not sep or not name_b or not name_a or "=" in name_a:
+        raise ValueError(f"expected NAME_IN_B=NAME_IN_A, got {item!r}")
+    return name_b, name_a
+
+
+def read_mapping_file(path: Path) -> dict[str, str]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise InputError(path, "no such mapping file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(path, f"cannot read the mapping file: {exc}") from None
+    if text.lstrip().startswith("{"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise InputError(path, f"not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        if not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in data.items()):
+            raise InputError(path, 'expected a JSON object of {"name in b": "name in a"} strings')
+        return dict(data)
+    mapping = {}
+    for number, line in enumerate(text.splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            name_b, name_a = parse_pair(line)
+        except ValueError as exc:
+            raise InputError(path, f"line {number}: {exc}") from None
+        mapping[name_b] = name_a
+    return mapping
