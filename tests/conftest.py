@@ -46,6 +46,26 @@ def tiny_llama(seed: int = 0, layers: int = 4):
     return transformers.LlamaForCausalLM(config).eval()
 
 
+def tiny_eagle3():
+    """(target, draft): a tiny Llama target and an EAGLE-3 draft on it with a real d2t/t2d built from
+    fixed token counts; aux ids (1, 2, 3) in the draft config."""
+    torch = pytest.importorskip("torch")
+    from tracediff.eagle3.config import DraftConfig
+    from tracediff.eagle3.draft import Eagle3Draft
+    from tracediff.eagle3.vocab import build_vocab_map
+
+    target = tiny_llama(seed=0, layers=4)
+    torch.manual_seed(3)
+    config = DraftConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                         vocab_size=512, draft_vocab_size=384, max_position_embeddings=128,
+                         aux_layer_ids=(1, 2, 3))
+    draft = Eagle3Draft(config, embed_tokens=target.model.embed_tokens.weight.detach())
+    d2t, t2d = build_vocab_map(np.random.default_rng(0).integers(0, 100, 512), 384)
+    draft.d2t.copy_(torch.from_numpy(d2t))
+    draft.t2d.copy_(torch.from_numpy(t2d))
+    return target, draft.eval()
+
+
 def step_tensor(step: int, shape=(16, 32)) -> np.ndarray:
     """Deterministic per-step values, so a reader can check what a (killed) writer logged."""
     return np.random.default_rng(step).standard_normal(shape).astype(np.float32)

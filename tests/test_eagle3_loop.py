@@ -8,30 +8,18 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
-from tests.conftest import tiny_llama  # noqa: E402
+from tests.conftest import tiny_eagle3  # noqa: E402
 from tracediff.eagle3.capture import AuxSpec, run_target  # noqa: E402
 from tracediff.eagle3.config import DraftConfig  # noqa: E402
-from tracediff.eagle3.draft import Eagle3Draft  # noqa: E402
 from tracediff.eagle3.loop import Conventions, SpeculativeDecoder  # noqa: E402
 from tracediff.eagle3.train import greedy_sequences, record_ttt, ttt_pass  # noqa: E402
-from tracediff.eagle3.vocab import build_vocab_map  # noqa: E402
 
 SPEC = AuxSpec((-1, 1, 2))  # [embed, layer 1, layer 2]
 
 
 @pytest.fixture(scope="module")
 def models():
-    target = tiny_llama(seed=0, layers=4)
-    torch.manual_seed(3)
-    config = DraftConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
-                         vocab_size=512, draft_vocab_size=384, max_position_embeddings=128,
-                         aux_layer_ids=(1, 2, 3))
-    draft = Eagle3Draft(config, embed_tokens=target.model.embed_tokens.weight.detach())
-    counts = np.random.default_rng(0).integers(0, 100, 512)
-    d2t, t2d = build_vocab_map(counts, 384)
-    draft.d2t.copy_(torch.from_numpy(d2t))
-    draft.t2d.copy_(torch.from_numpy(t2d))
-    return target, draft.eval()
+    return tiny_eagle3()
 
 
 PROMPT = [5, 77, 300, 12, 9, 41]

@@ -116,15 +116,25 @@ def _same_feed(key: tuple, fed: Pair[dict]) -> bool:
 def first_token_difference(prefixes: Pair[Prefixes]) -> dict | None:
     """Where a target request's tokens first leave every baseline request (a different chat
     template, say): the request, the position and both tokens there. None when every target
-    request is a prefix of, or extends, some baseline request."""
-    for request, tb in prefixes.b.tokens.items():
-        best_n, best = -1, None
-        for ta in prefixes.a.tokens.values():
-            n = 0
-            while n in ta and n in tb and ta[n] == tb[n]:
-                n += 1
-            if n > best_n:
-                best_n, best = n, ta
-        if best is not None and best_n in best and best_n in tb:
-            return {"request_b": request, "position": best_n, "a": best[best_n], "b": tb[best_n]}
+    request is a prefix of, or extends, some baseline request. One pass over the tokens: a prefix
+    is shared exactly when its id is among the baseline's."""
+    known = set(prefixes.a.ids.values())
+    next_token: dict[int, int] = {}  # baseline prefix id of x[0..p-1] (0: empty) -> a token x[p]
+    for request, by_position in prefixes.a.tokens.items():
+        for position, token in by_position.items():
+            parent = 0 if position == 0 else prefixes.a.ids.get((request, position - 1))
+            if parent is not None:
+                next_token.setdefault(parent, token)
+    for request, by_position in prefixes.b.tokens.items():
+        parent = 0
+        for position in sorted(by_position):
+            prefix = prefixes.b.ids.get((request, position))
+            if prefix is None:
+                break
+            if prefix not in known:
+                if parent in next_token:
+                    return {"request_b": request, "position": position, "a": next_token[parent],
+                            "b": by_position[position]}
+                break  # b goes on where the baseline ended: no difference
+            parent = prefix
     return None

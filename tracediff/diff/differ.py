@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tracediff.diff.align import first_token_difference
-from tracediff.diff.metrics import logit_metrics, token_metrics, value_metrics
+from tracediff.diff.metrics import measure_rows
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, make_plan
 from tracediff.diff.tolerance import Tolerances, failing_rows
@@ -87,15 +87,6 @@ def contract_diff(traces: Pair[Trace]) -> list[dict]:
     return [{"key": k, "a": a.get(k), "b": b.get(k)} for k in keys if a.get(k) != b.get(k)]
 
 
-def metrics_for(name: str, dtypes: tuple[str, str], a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
-    if not all(d in FLOAT_TAGS for d in dtypes):
-        return token_metrics(a, b)
-    metrics = value_metrics(a, b)
-    if name.endswith("logits"):
-        metrics.update(logit_metrics(a, b))
-    return metrics
-
-
 def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
                    rename: dict[str, str] | None = None, align: str = "prefix",
                    stop_at_first: bool = False, chunk_bytes: int = CHUNK_BYTES) -> Comparison:
@@ -109,16 +100,17 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
                             contract=contract_diff(traces),
                             token_mismatch=first_token_difference(plan.prefixes), plan=plan,
                             tallies={t.name: Tally() for t in plan.tensors}, tolerances=tolerances)
-    failing: list[str] = []  # tensor names in the order their first failure was met
+    first_failure: dict[str, tuple[int, int]] = {}  # name -> (baseline step of its first failing row, order)
     done = 0
     for chunk, values in read_ahead(traces, plan.chunks):
+        if stop_at_first and first_failure and chunk.window > plan.chunks[done - 1].window:
+            break  # every chunk of the window with the first failure is measured: it is settled
         done += 1
         name = chunk.tensor.name
         bad = _measure(chunk, values, results[name], comparison, tolerances)
-        if bad and name not in failing:
-            failing.append(name)
-        if failing and stop_at_first:
-            break
+        if bad is not None and name not in first_failure:
+            first_failure[name] = (int(chunk.tensor.keys.a.step[chunk.rows.a[bad]]), chunk.order)
+    failing = sorted(first_failure, key=first_failure.get)
     unread = {c.tensor.name for c in plan.chunks[done:]}
     for name, result in results.items():
         if name in failing:
@@ -135,38 +127,48 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
 
 def read_ahead(traces: Pair[Trace], chunks: list[Chunk]) -> Iterator[tuple[Chunk, Pair[np.ndarray]]]:
     """Each chunk with both sides' raw rows; the next chunk is read on a second thread meanwhile
-    (preads release the GIL), so reading and measuring overlap. At most two chunks are held."""
-    def read(chunk: Chunk) -> Pair[np.ndarray]:
-        return Pair(traces.a.gather(chunk.tensor.keys.a, chunk.rows.a),
-                    traces.b.gather(chunk.tensor.keys.b, chunk.rows.b))
+    (preads release the GIL), so reading and measuring overlap. Two chunks are held at most, in
+    two reused buffers per side (fresh arrays would cost a page fault per 4 KiB): a chunk's rows
+    are valid until the next-but-one chunk is asked for."""
+    buffers = {side: [np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint8)] for side in ("a", "b")}
+
+    def read(i: int) -> Pair[np.ndarray]:
+        chunk = chunks[i]
+
+        def side(name: str) -> np.ndarray:
+            keys, rows = getattr(chunk.tensor.keys, name), getattr(chunk.rows, name)
+            need = len(rows) * keys.row_nbytes
+            if buffers[name][i % 2].size < need:
+                buffers[name][i % 2] = np.empty(need, dtype=np.uint8)
+            return getattr(traces, name).gather(keys, rows, into=buffers[name][i % 2])
+
+        return Pair(side("a"), side("b"))
 
     if not chunks:
         return
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(read, chunks[0])
+        pending = pool.submit(read, 0)
         for i, chunk in enumerate(chunks):
             values = pending.result()
             if i + 1 < len(chunks):
-                pending = pool.submit(read, chunks[i + 1])
+                pending = pool.submit(read, i + 1)
             yield chunk, values
 
 
 def _measure(chunk: Chunk, raw: Pair[np.ndarray], result: TensorResult, comparison: Comparison,
-             tolerances: Tolerances) -> bool:
-    """Fold one chunk into the tensor's result; True when some row fails tolerance."""
-    keys = chunk.tensor.keys
-    values = Pair(decode(raw.a, keys.a.dtype), decode(raw.b, keys.b.dtype))
+             tolerances: Tolerances) -> int | None:
+    """Fold one chunk into the tensor's result; the index in the chunk of its first failing row."""
     n = len(chunk.rows.a)
     result.rows += n
     tally = comparison.tallies[result.name]
-    if values.a.shape[1:] != values.b.shape[1:]:
+    if raw.a.shape[1:] != raw.b.shape[1:]:
         result.failed += n
-        result.worst = {"shape_a": list(values.a.shape[1:]), "shape_b": list(values.b.shape[1:])}
+        result.worst = {"shape_a": list(raw.a.shape[1:]), "shape_b": list(raw.b.shape[1:])}
         _note_failures(result, tally, chunk, np.ones(n, dtype=bool), {})
-        return True
-    metrics = metrics_for(result.name, result.dtypes, values.a, values.b)
+        return 0
+    metrics = measure_rows(result.name, result.dtypes, raw.a, raw.b)
     if result.dtypes[0] in FLOAT_TAGS and result.dtypes[1] in FLOAT_TAGS:
-        _note_non_finite(values, metrics["max_abs"], chunk, tally, comparison)
+        _note_non_finite(raw, result.dtypes, metrics["max_abs"], chunk, tally, comparison)
     for k, v in metrics.items():
         worst = np.nanmax(v) if k in LARGER_IS_WORSE else np.nanmin(v)
         if np.isnan(worst):
@@ -176,10 +178,10 @@ def _measure(chunk: Chunk, raw: Pair[np.ndarray], result: TensorResult, comparis
         result.worst[k] = old if better else float(worst)
     bad = failing_rows(metrics, tolerances.bounds(result.name, result.dtypes))
     if not bad.any():
-        return False
+        return None
     result.failed += int(bad.sum())
     _note_failures(result, tally, chunk, bad, metrics)
-    return True
+    return int(np.argmax(bad))
 
 
 def _note_failures(result: TensorResult, tally: Tally, chunk: Chunk, bad: np.ndarray,
@@ -200,15 +202,15 @@ def _note_failures(result: TensorResult, tally: Tally, chunk: Chunk, bad: np.nda
     }
 
 
-def _note_non_finite(values: Pair[np.ndarray], max_abs: np.ndarray, chunk: Chunk, tally: Tally,
-                     comparison: Comparison) -> None:
+def _note_non_finite(raw: Pair[np.ndarray], dtypes: tuple[str, str], max_abs: np.ndarray, chunk: Chunk,
+                     tally: Tally, comparison: Comparison) -> None:
     """A row holding NaN/Inf on either side makes its max_abs non-finite: only those rows are
     scanned, so the common all-finite chunk costs one check of a per-row array."""
     suspects = np.flatnonzero(~np.isfinite(max_abs))
     if not len(suspects):
         return
-    for side in ("a", "b"):
-        rows = getattr(values, side)[suspects]
+    for side, dtype in zip(("a", "b"), dtypes):
+        rows = decode(getattr(raw, side)[suspects], dtype)
         hit = suspects[~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)]
         if not len(hit):
             continue

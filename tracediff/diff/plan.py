@@ -2,9 +2,11 @@
 which order to read them. The plan is plain data; ``differ`` executes it chunk by chunk, so
 memory stays bounded by the chunk size, not by the traces' size.
 
-Chunks run in the baseline's execution order: by step, then by dataflow order (the order the
-baseline first logged each name), then by row. The first chunk with a failing row therefore holds
-the first divergence, and a compare told to stop there reads nothing after it.
+Chunks run in the baseline's execution order: the baseline's steps are grouped into windows of
+about ``chunk_bytes`` (over all names); within a window by dataflow order (the order the baseline
+first logged each name), then by row. Once a window holds a failing row, the first divergence is
+settled (the failing row with the earliest step, then the earliest name), and a compare told to
+stop there reads no further window.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 
 from tracediff.diff.align import FED, Matched, Prefixes, fed_tokens, match, match_by_step
 from tracediff.diff.pair import Pair
-from tracediff.trace.dtypes import storage_dtype
+from tracediff.errors import TraceError
 from tracediff.trace.reader import RowKeys, Trace
 
 CHUNK_BYTES = 8 << 20  # raw bytes per side per chunk
@@ -34,8 +36,9 @@ class TensorPlan:
 @dataclass
 class Chunk:
     tensor: TensorPlan
+    order: int  # the tensor's place in dataflow order
     rows: Pair[np.ndarray]  # corresponding row numbers into tensor.keys, a's order
-    step: int  # the baseline's step of these rows
+    window: int  # the window of baseline steps these rows belong to
 
 
 @dataclass
@@ -54,6 +57,8 @@ def tensor_keys(trace: Trace) -> dict[str, RowKeys]:
     for name in trace.names():
         if not trace.index.static[trace.select(name=name)].all():
             out[name] = trace.keys(name)
+    if not out:
+        raise TraceError(trace.paths[0], "the trace holds no tensor rows")
     return out
 
 
@@ -81,24 +86,38 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
 
 
 def chunks_of(tensors: list[TensorPlan], chunk_bytes: int) -> list[Chunk]:
-    """Split each tensor's corresponding rows at step changes and every ``chunk_bytes``, then order
-    all chunks by (step, dataflow order, row)."""
+    """Group the baseline's steps into windows of about ``chunk_bytes`` over all tensors, split each
+    tensor's rows of a window further where they alone exceed it, and order the chunks by (window,
+    dataflow order, row)."""
+    steps = [t.keys.a.step[t.matched.rows.a] for t in tensors]
+    row_bytes = [max(t.keys.a.row_nbytes, t.keys.b.row_nbytes, 1) for t in tensors]
+    present = [s for s in steps if len(s)]
+    if not present:
+        return []
+    unique = np.unique(np.concatenate(present))
+    step_bytes = np.zeros(len(unique))
+    for s, size in zip(steps, row_bytes):
+        step_bytes += np.bincount(np.searchsorted(unique, s), minlength=len(unique)) * size
+    window_of_step = (np.cumsum(step_bytes) - step_bytes) // max(chunk_bytes, 1)
+    _, window_of_step = np.unique(window_of_step, return_inverse=True)  # 0, 1, 2, ... without gaps
     ordered = []
-    for order, tensor in enumerate(tensors):
-        a_rows, b_rows = tensor.matched.rows.a, tensor.matched.rows.b
-        if not len(a_rows):
+    for order, (tensor, s, size) in enumerate(zip(tensors, steps, row_bytes)):
+        if not len(s):
             continue
-        row_bytes = max(_row_bytes(tensor.keys.a), _row_bytes(tensor.keys.b), 1)
-        per_chunk = max(1, chunk_bytes // row_bytes)
-        steps = tensor.keys.a.step[a_rows]
-        cuts = set(np.flatnonzero(np.diff(steps)) + 1) | set(range(per_chunk, len(a_rows), per_chunk))
-        bounds = [0, *sorted(cuts), len(a_rows)]
+        windows = window_of_step[np.searchsorted(unique, s)]
+        per_chunk = max(1, chunk_bytes // size)
+        bounds = [0]
+        for start, stop in zip(*_runs(windows)):
+            bounds += list(range(start + per_chunk, stop, per_chunk)) + [stop]
+        a_rows, b_rows = tensor.matched.rows.a, tensor.matched.rows.b
         for start, stop in zip(bounds, bounds[1:]):
-            chunk = Chunk(tensor, Pair(a_rows[start:stop], b_rows[start:stop]), int(steps[start]))
-            ordered.append(((chunk.step, order, start), chunk))
+            chunk = Chunk(tensor, order, Pair(a_rows[start:stop], b_rows[start:stop]), int(windows[start]))
+            ordered.append(((chunk.window, order, start), chunk))
     ordered.sort(key=lambda item: item[0])
     return [chunk for _, chunk in ordered]
 
 
-def _row_bytes(keys: RowKeys) -> int:
-    return int(np.prod(keys.row_shape, dtype=np.int64)) * storage_dtype(keys.dtype).itemsize
+def _runs(values: np.ndarray) -> tuple[list[int], list[int]]:
+    """Starts and stops of the runs of equal neighbouring values."""
+    cuts = (np.flatnonzero(np.diff(values)) + 1).tolist()
+    return [0, *cuts], [*cuts, len(values)]

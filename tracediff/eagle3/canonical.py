@@ -17,6 +17,14 @@ from tracediff.eagle3.draft import DepthResult
 from tracediff.record.recorder import Recorder
 
 
+def log_vocab_map(rec: Recorder | None, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
+    """The draft's vocab map as static records, once per trace: compare uses it to tell a d2t that
+    differs from one that is read differently."""
+    if rec is not None:
+        rec.log_static("draft.d2t", d2t, once=True)
+        rec.log_static("draft.t2d", t2d, once=True)
+
+
 class RowLogger:
     """Logs [rows, ...] tensors of one request with their keys; a no-op without a recorder."""
 
@@ -45,12 +53,17 @@ class RowLogger:
         self.log("target.token", logits.argmax(-1), rows, step)
 
     def draft(self, result: DepthResult, input_ids: torch.Tensor, rows: Sequence[int], step: int, depth: int,
-              to_target: Callable[[torch.Tensor], torch.Tensor], fc_in: torch.Tensor | None = None) -> None:
-        """The draft tensors of one depth; every tensor is [1, R, ...] over ``rows`` (batch of one)."""
+              to_target: Callable[[torch.Tensor], torch.Tensor], fc_in: torch.Tensor | None = None,
+              rope_positions: Sequence[int] | None = None) -> None:
+        """The draft tensors of one depth; every tensor is [1, R, ...] over ``rows`` (batch of one).
+        ``rope_positions``: the RoPE positions the draft used, by default the rows themselves (TTT:
+        every depth of row t runs at position t)."""
         if fc_in is not None:
             self.log("draft.fc_in", fc_in[0], rows, step, depth)
         if result.fc_out is not None:
             self.log("draft.fc_out", result.fc_out[0], rows, step, depth)
+        rope = list(rows if rope_positions is None else rope_positions)
+        self.log("draft.positions", torch.tensor(rope, dtype=torch.int64), rows, step, depth)
         token = result.logits[0].argmax(-1)
         for name, value in (("draft.input_ids", input_ids[0]), ("draft.embed", result.embed[0]),
                             ("draft.hidden", result.hidden[0]), ("draft.logits", result.logits[0]),

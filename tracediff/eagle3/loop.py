@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tracediff.eagle3.canonical import RowLogger
+from tracediff.eagle3.canonical import RowLogger, log_vocab_map
 from tracediff.eagle3.capture import AuxSpec, run_target
 from tracediff.eagle3.draft import DraftKV, Eagle3Draft
 from tracediff.record.recorder import Recorder
@@ -29,10 +29,12 @@ class Conventions:
     d2t_reading: str = OFFSET  # "direct" is the classic misreading: target = d2t[draft]
     position_offset: int = 0  # chain drafts (depth >= 1) at RoPE position row + depth + offset (TTT: +0)
     fc_norms: bool = True  # False: the engine skips the checkpoint's norm_before_fc / fc_norm
+    input_shift: int = 1  # depth-0 row t embeds token t + input_shift (0: ids not shifted left)
 
     def to_dict(self) -> dict:
         return {**self.aux.to_dict(), "d2t_reading": self.d2t_reading,
-                "draft_position_offset": self.position_offset, "fc_norms_applied": self.fc_norms}
+                "draft_position_offset": self.position_offset, "fc_norms_applied": self.fc_norms,
+                "draft_input_shift": self.input_shift}
 
 
 def to_target_fn(draft: Eagle3Draft, reading: str):
@@ -79,6 +81,7 @@ class SpeculativeDecoder:
 
     @torch.no_grad()
     def decode(self, request: str, prompt: list[int], max_new_tokens: int) -> Decoded:
+        log_vocab_map(self.rec, self.draft.d2t, self.draft.t2d)
         x = list(prompt)
         states = run_target(self.target, torch.tensor([x]))
         x.append(int(states.logits[0, -1].argmax()))
@@ -107,7 +110,7 @@ class SpeculativeDecoder:
                cache: DraftKV) -> list[int]:
         """Extend depth 0 over ``rows`` (row t: aux(t), embed(x[t+1])), then chain from the last row."""
         fc_in = aux[:, rows]
-        ids = torch.tensor([[x[t + 1] for t in rows]])
+        ids = torch.tensor([[x[t + self.conv.input_shift] for t in rows]])
         positions = torch.tensor([rows])
         fc_out = self.draft.project(fc_in, norms=self.conv.fc_norms)
         result = self.draft.step(ids, fc_out, positions, cache, depth=0)
@@ -120,7 +123,8 @@ class SpeculativeDecoder:
             ids = torch.tensor([[token]])
             position = torch.tensor([[anchor + self.conv.position_offset]])
             result = self.draft.step(ids, hidden, position, cache, depth)
-            logger.draft(result, ids, [anchor], self.step, depth, self.to_target)
+            logger.draft(result, ids, [anchor], self.step, depth, self.to_target,
+                         rope_positions=position[0].tolist())
             token = int(self.to_target(result.logits[0, -1].argmax()))
             drafts.append(token)
             hidden = result.hidden

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tracediff.eagle3.canonical import RowLogger
+from tracediff.eagle3.canonical import RowLogger, log_vocab_map
 from tracediff.eagle3.capture import AuxSpec, TargetStates, run_target
 from tracediff.eagle3.draft import DepthResult, Eagle3Draft
 from tracediff.record.recorder import Recorder
@@ -105,6 +105,7 @@ def train_draft(draft: Eagle3Draft, target: torch.nn.Module, batches: Sequence[t
 def record_ttt(rec: Recorder, draft: Eagle3Draft, ttt: TTTPass, seqs: torch.Tensor, requests: Sequence[str],
                step: int) -> None:
     """Log one TTT pass with canonical names, one request per batch row (target rows: every position)."""
+    log_vocab_map(rec, draft.d2t, draft.t2d)
     for b, request in enumerate(requests):
         logger = RowLogger(rec, request, seqs[b].tolist())
         states = TargetStates(states={k: v[b : b + 1] for k, v in ttt.states.states.items()},

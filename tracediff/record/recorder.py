@@ -106,6 +106,7 @@ class Recorder:
         self._closing = False
         self._flush_now = False  # set by flush(): write what is pending without waiting for the interval
         self._active = False
+        self._static_once: set[str] = set()
         self._thread: threading.Thread | None = None
         self._writer: TraceWriter | None = None
         if not enabled:
@@ -153,11 +154,14 @@ class Recorder:
         except Exception as exc:
             self._fail(f"log({name!r})", exc)
 
-    def log_static(self, name: str, tensor: Any, *, step: int | None = None) -> None:
-        """Record a tensor without a token axis (a weight, d2t, a config tensor)."""
-        if not self._active:
+    def log_static(self, name: str, tensor: Any, *, step: int | None = None, once: bool = False) -> None:
+        """Record a tensor without a token axis (a weight, d2t, a config tensor); with ``once``, only
+        the first call for a name records (for callers that run every step)."""
+        if not self._active or (once and name in self._static_once):
             return
         try:
+            if once:
+                self._static_once.add(name)
             if self.filter.keep_name(name):
                 self._submit(name, tensor, self._ctx.step if step is None else step, 0, None, None)
         except Exception as exc:

@@ -14,6 +14,7 @@ from tracediff.diff.differ import Comparison, TensorResult
 
 REPORT_VERSION = 1
 SHOWN = ("max_rel", "cosine", "argmax_agree", "kl", "equal")
+NO_EXPLANATION = "no known explanation holds"
 
 
 def to_dict(c: Comparison, diagnoses: list[Diagnosis]) -> dict:
@@ -39,6 +40,12 @@ def _worst(t: TensorResult) -> str:
     return " ".join(f"{k} {t.worst[k]:.3g}" for k in SHOWN if k in t.worst)
 
 
+def _numbers(t: TensorResult) -> str:
+    """The first failing row's metrics, for when no diagnosis explains them."""
+    metrics = (t.first_bad or {}).get("metrics") or {}
+    return "first failing row: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+
+
 def _where(t: TensorResult) -> str:
     bad = t.first_bad
     if not bad:
@@ -56,6 +63,8 @@ def render(console: Console, c: Comparison, diagnoses: list[Diagnosis]) -> None:
     console.print(headline, highlight=False)
     for d in diagnoses:
         console.print(f"  why: [bold]{d.kind}[/bold]: {escape(d.message)}", highlight=False)
+    if first is not None and not diagnoses:
+        console.print(f"  why: {NO_EXPLANATION}; {escape(_numbers(first))}", highlight=False)
     if c.token_mismatch:
         m = c.token_mismatch
         console.print(f"[yellow]token sequences differ: request {escape(m['request_b'])} of b at position "
@@ -69,7 +78,7 @@ def render(console: Console, c: Comparison, diagnoses: list[Diagnosis]) -> None:
     table = Table(show_edge=False, header_style="bold")
     for column in ("tensor", "status", "rows", "failed", "not comparable", "worst"):
         table.add_column(column, no_wrap=column == "tensor")
-    style = {"match": "green", "diverged": "bold red", "downstream": "red"}
+    style = {"match": "green", "diverged": "bold red", "downstream": "red", "unchecked": "dim"}
     for t in c.tensors:
         status = f"[{style[t.status]}]{t.status}[/]" if t.status in style else t.status
         table.add_row(t.name, status, str(t.rows), str(t.failed), str(t.not_comparable), _worst(t))
@@ -85,6 +94,8 @@ def to_markdown(c: Comparison, diagnoses: list[Diagnosis]) -> str:
     if first is not None:
         lines += [f"First diverging tensor: `{first.name}` ({_where(first)})", ""]
     lines += [f"- **{d.kind}**: {d.message}" for d in diagnoses]
+    if first is not None and not diagnoses:
+        lines += [f"- {NO_EXPLANATION}; {_numbers(first)}"]
     lines += ["", "| tensor | status | rows | failed | worst |", "|---|---|---|---|---|"]
     lines += [f"| `{t.name}` | {t.status} | {t.rows} | {t.failed} | {_worst(t)} |" for t in c.tensors]
     return "\n".join(lines) + "\n"

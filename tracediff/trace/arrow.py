@@ -189,6 +189,7 @@ class ArrowTraceFile:
         self._base, self._size = self._source.read_buffer(1).address, self._source.size()
         self._source.seek(0)
         self._batches: dict[int, pa.RecordBatch] = {}
+        self._key_columns: dict[int, tuple[np.ndarray, ...]] = {}
         self._reader: pa.ipc.RecordBatchFileReader | None = None
         schema = self._open()
         self.meta, self.version = _meta_from_schema(path, schema)
@@ -292,12 +293,34 @@ class ArrowTraceFile:
 
     def read_keys(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, position, token_id) of every row of one record."""
-        batch, row = self._row(slot)
-        return (
-            np.asarray(batch.column("request")[row].values.to_pylist(), dtype=object),
-            batch.column("position")[row].values.to_numpy(zero_copy_only=False),
-            batch.column("token_id")[row].values.to_numpy(zero_copy_only=False),
-        )
+        return self.read_keys_many(np.array([slot]))
+
+    def read_keys_many(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(request, position, token_id) of every row of the given records, concatenated; each
+        batch's key columns are flattened to numpy once."""
+        parts: list[tuple[np.ndarray, ...]] = []
+        for slot in slots.tolist():
+            b, row = self._locations[slot]
+            offsets, *columns = self._batch_keys(b)
+            start, stop = offsets[row], offsets[row + 1]
+            parts.append(tuple(column[start:stop] for column in columns))
+        if not parts:
+            return np.empty(0, dtype=object), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        request, position, token_id = (np.concatenate(column) for column in zip(*parts))
+        return request, position, token_id
+
+    def _batch_keys(self, b: int) -> tuple[np.ndarray, ...]:
+        """(row offsets, request, position, token_id) of one batch, flattened."""
+        if b not in self._key_columns:
+            batch = self._batch(b)
+            lists = [batch.column(key) for key in ("request", "position", "token_id")]
+            base = lists[0].offsets.to_numpy()
+            flat = [column.values.to_numpy(zero_copy_only=False) for column in lists]
+            for column in lists[1:]:  # the three list columns share one row layout
+                if not np.array_equal(column.offsets.to_numpy(), base):
+                    raise ValueError(f"{self.path}: key columns of batch {b} disagree in length")
+            self._key_columns[b] = (base, flat[0].astype(object), *flat[1:])
+        return self._key_columns[b]
 
     def close(self) -> None:
         self._batches = {}

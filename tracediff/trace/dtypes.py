@@ -45,5 +45,7 @@ def tag_of(dtype: np.dtype) -> str:
 def decode(raw: np.ndarray, tag: str) -> np.ndarray:
     """Values as numpy can hold them: bfloat16 becomes float32 (exactly), others unchanged."""
     if tag == "bfloat16":
-        return (raw.astype(np.uint32) << 16).view(np.float32)
+        wide = np.empty(raw.shape, dtype=np.uint32)
+        np.left_shift(raw, 16, out=wide, dtype=np.uint32)
+        return wide.view(np.float32)
     return raw

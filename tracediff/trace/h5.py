@@ -221,6 +221,7 @@ class H5TraceFile:
         self._raw_chunks = self._data.id.get_create_plist().get_nfilters() == 0
         self._chunk_at: dict[int, int | None] = {}
         self._all_chunks = False
+        self._key_columns: dict[str, np.ndarray] | None = None
         return RecordIndex.from_columns(part, {
             **{k: cols[k] for k in ("seq_no", "step", "rank", "depth")},
             "name": [strings[i] for i in cols["name"]],
@@ -288,13 +289,18 @@ class H5TraceFile:
 
     def read_keys(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, position, token_id) of every row of one record."""
-        start = int(self._cols["row_start"][slot])
-        rows = slice(start, start + int(self._cols["n_rows"][slot]))
-        return (
-            self._strings[self._rows["request"][rows]],
-            self._rows["position"][rows],
-            self._rows["token_id"][rows],
-        )
+        return self.read_keys_many(np.array([slot]))
+
+    def read_keys_many(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(request, position, token_id) of every row of the given records, concatenated; the key
+        columns are read from the file once, whole (a few bytes per row)."""
+        if self._key_columns is None:
+            n = int((self._cols["row_start"] + self._cols["n_rows"]).max(initial=0))
+            self._key_columns = {key: self._rows[key][:n] for key in ("request", "position", "token_id")}
+        starts, counts = self._cols["row_start"][slots], self._cols["n_rows"][slots]
+        rows = np.arange(int(counts.sum())) + np.repeat(starts - (np.cumsum(counts) - counts), counts)
+        keys = self._key_columns
+        return self._strings[keys["request"][rows]], keys["position"][rows], keys["token_id"][rows]
 
     def close(self) -> None:
         self._file.close()

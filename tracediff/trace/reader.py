@@ -61,6 +61,10 @@ class RowKeys:
     def __len__(self) -> int:
         return len(self.position)
 
+    @property
+    def row_nbytes(self) -> int:
+        return int(np.prod(self.row_shape, dtype=np.int64)) * storage_dtype(self.dtype).itemsize
+
     def take(self, rows: np.ndarray) -> RowKeys:
         return RowKeys(**{k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in vars(self).items()})
 
@@ -185,11 +189,12 @@ class Trace:
         if len(dtypes) > 1 or len(row_shapes) > 1:
             raise ValueError(f"{name}: records differ in dtype or row shape ({dtypes}, {row_shapes})")
         columns: dict[str, list[np.ndarray]] = {k: [] for k in ("request", "position", "token_id")}
-        for i in hits:
-            keys = self.files[idx.part[i]].read_keys(int(idx.slot[i]))
-            for parts, values in zip(columns.values(), keys):
-                parts.append(values)
         hits = np.asarray(hits, dtype=np.int64)
+        parts = idx.part[hits]
+        for part in np.unique(parts):  # hits are in (rank file, seq_no) order: one bulk read per file
+            keys = self.files[part].read_keys_many(idx.slot[hits[parts == part]].astype(np.int64))
+            for found, values in zip(columns.values(), keys):
+                found.append(values)
         per_record = idx.n_rows[hits]
         record_start = np.repeat(np.cumsum(per_record) - per_record, per_record)
         return RowKeys(
@@ -204,11 +209,17 @@ class Trace:
             rank=np.repeat(idx.rank[hits], per_record),
         )
 
-    def gather(self, keys: RowKeys, rows: np.ndarray | None = None) -> np.ndarray:
+    def gather(self, keys: RowKeys, rows: np.ndarray | None = None,
+               into: np.ndarray | None = None) -> np.ndarray:
         """Raw data of the given rows of ``keys`` (all by default), in the order given; each run of
-        neighbouring rows of one record is one read, and the next runs are prefetched meanwhile."""
+        neighbouring rows of one record is one read, and the next runs are prefetched meanwhile.
+        ``into``: a uint8 buffer to reuse (at least the rows' bytes), for callers reading many."""
         rows = np.arange(len(keys)) if rows is None else np.asarray(rows, dtype=np.int64)
-        out = np.empty((len(rows), *keys.row_shape), dtype=storage_dtype(keys.dtype))
+        shape, dtype = (len(rows), *keys.row_shape), storage_dtype(keys.dtype)
+        if into is None:
+            out = np.empty(shape, dtype=dtype)
+        else:
+            out = into[: int(np.prod(shape, dtype=np.int64)) * dtype.itemsize].view(dtype).reshape(shape)
         row_bytes = out[0].nbytes if len(rows) else 0
         flat = out.reshape(-1).view(np.uint8)
         record, within = keys.record[rows], keys.within[rows]

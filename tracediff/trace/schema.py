@@ -27,6 +27,7 @@ CANONICAL_NAMES: dict[str, str] = {
     "target.aux": "concatenated aux hidden states handed to the draft [rows, K*H]",
     "target.logits": "target logits",
     "target.token": "token the target chose at this row",
+    "draft.positions": "RoPE positions the draft ran at",
     "draft.input_ids": "token ids fed to the draft",
     "draft.embed": "draft embedding of draft.input_ids",
     "draft.fc_in": "input of the draft fc layer [rows, K*H] (depth 0 only)",
@@ -36,6 +37,8 @@ CANONICAL_NAMES: dict[str, str] = {
     "draft.token": "draft token id (draft vocab)",
     "draft.token_target": "draft token mapped into the target vocab",
     "verify.accept_len": "accepted draft tokens per verify step",
+    "draft.d2t": "static: the draft's d2t offsets [Vd] (target id = draft id + d2t[draft id])",
+    "draft.t2d": "static: the draft's t2d mask [V] (True for target ids in the draft vocab)",
 }
 
 # Names starting with this are the format's own bookkeeping, never user data.

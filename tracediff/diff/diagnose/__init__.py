@@ -1,20 +1,26 @@
 """Explanations of a divergence. Each module has one function (Comparison, traces) -> findings;
-``DIAGNOSES`` runs them in order. A new explanation is one new module added here."""
+``DIAGNOSES`` runs them in order. A new explanation is one new module added here. ``precision``
+runs last and only when nothing else explains the divergence."""
 
 from __future__ import annotations
 
 from tracediff.diff.diagnose.aux import aux_slots
 from tracediff.diff.diagnose.nan_inf import nan_inf
+from tracediff.diff.diagnose.precision import precision
+from tracediff.diff.diagnose.scale import scale_or_norm
+from tracediff.diff.diagnose.shift import position_shift
 from tracediff.diff.diagnose.types import Diagnosis
+from tracediff.diff.diagnose.vocab import vocab_map
 from tracediff.diff.differ import Comparison
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import Trace
 
-DIAGNOSES = (nan_inf, aux_slots)
+DIAGNOSES = (nan_inf, aux_slots, vocab_map, position_shift, scale_or_norm)
 
 
 def diagnose(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
-    return [d for explain in DIAGNOSES for d in explain(comparison, traces)]
+    found = [d for explain in DIAGNOSES for d in explain(comparison, traces)]
+    return found or precision(comparison, traces)
 
 
 __all__ = ["DIAGNOSES", "Diagnosis", "diagnose"]

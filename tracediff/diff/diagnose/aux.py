@@ -12,7 +12,7 @@ from tracediff.diff.diagnose.evidence import failing_sample, side_labels
 from tracediff.diff.diagnose.evidence import values as evidence_values
 from tracediff.diff.diagnose.types import Diagnosis
 from tracediff.diff.differ import Comparison
-from tracediff.diff.metrics import value_metrics
+from tracediff.diff.metrics import float_metrics
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import RowKeys, Trace
 
@@ -56,7 +56,7 @@ def slot_sources(trace: Trace, keys: RowKeys, picked: np.ndarray,
     for k in range(values.shape[1] // width):
         slot = values[:, k * width : (k + 1) * width]
         sources.append(next((name for name, state in candidates.items()
-                             if (value_metrics(state, slot)["max_rel"] < SAME).all()), None))
+                             if (float_metrics(state, slot)["max_rel"] < SAME).all()), None))
     return sources
 
 

@@ -1,0 +1,211 @@
+"""Benchmark: a full `tracediff compare` of two large traces against the cold-read disk speed and
+against the layout SGLang's dumper writes (one pickled file per tensor per forward pass, loaded
+with torch.load(weights_only=True) and compared tensor by tensor), run side by side on the same
+tensors; plus time to the first divergence with --stop-at-first, and peak memory at two sizes.
+
+The traces are serving-like: every step a decode batch of BATCH requests logs three bfloat16
+tensors (aux hidden states, draft hidden, draft logits); each request runs REQUEST_LEN steps. The
+target trace equals the baseline except one draft.hidden row at 2% of the steps, so a full compare
+reads everything and --stop-at-first may stop early. Page caches are dropped before every timed run.
+
+Usage: python scripts/bench_compare.py [--gb 2] [--small-gb 0.5] [--dir /tmp/bench_compare] [--out f.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import tracediff as td
+
+BATCH = 8
+REQUEST_LEN = 500
+WIDTHS = {"target.aux": 3 * 2048, "draft.hidden": 2048, "draft.logits": 8192}
+STEP_BYTES = BATCH * sum(WIDTHS.values()) * 2
+DIVERGE_AT = 0.02  # fraction of the steps
+
+
+def drop_cache(paths) -> None:
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def files_under(path: Path) -> list[Path]:
+    return [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+
+
+def disk_read_speed(path: Path) -> float:
+    drop_cache([path])
+    start, size = time.perf_counter(), 0
+    with open(path, "rb", buffering=0) as fh:
+        buf = bytearray(8 << 20)
+        while n := fh.readinto(buf):
+            size += n
+    return size / (time.perf_counter() - start)
+
+
+def step_values(pool: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
+    """Deterministic, distinct rows per step without paying for an RNG each step."""
+    return {name: torch.roll(rows, shifts=step * 7, dims=1) for name, rows in pool.items()}
+
+
+def write_pair(base: Path, steps: int) -> tuple[Path, Path, Path, Path]:
+    """The two traces in our format and the same tensors as dumper-style .pt files."""
+    generator = torch.Generator().manual_seed(0)
+    pool = {name: torch.randn(BATCH, width, generator=generator).to(torch.bfloat16)
+            for name, width in WIDTHS.items()}
+    groups = steps // REQUEST_LEN + 1  # every request its own tokens: no two rows share a prefix
+    tokens = np.random.default_rng(0).integers(0, 32000, (groups, BATCH, REQUEST_LEN))
+    bad_step = int(steps * DIVERGE_AT)
+    paths = base / "a.h5", base / "b.h5", base / "dump_a", base / "dump_b"
+    for side, (trace, dump) in enumerate(((paths[0], paths[2]), (paths[1], paths[3]))):
+        with td.record(trace, source="bench", on_full="block", block_timeout=60) as rec:
+            for step in range(steps):
+                position = step % REQUEST_LEN
+                requests = [f"req{step // REQUEST_LEN}-{i}" for i in range(BATCH)]
+                folder = dump / f"forward_pass_id={step}"
+                folder.mkdir(parents=True, exist_ok=True)
+                for name, value in step_values(pool, step).items():
+                    if side == 1 and name == "draft.hidden" and step == bad_step:
+                        value = value.clone()
+                        value[3] *= 1.5
+                    rec.log(name, value, step=step, request=requests, positions=[position] * BATCH,
+                            token_ids=tokens[step // REQUEST_LEN, :, position])
+                    torch.save(value.clone(), folder / f"name={name}.pt")
+    return paths
+
+
+def dumper_compare(dump_a: Path, dump_b: Path, steps: int) -> dict:
+    """The baseline: load each pair of .pt files and compare per row, tensor by tensor."""
+    failed = 0
+    for step in range(steps):
+        for name in WIDTHS:
+            a = torch.load(dump_a / f"forward_pass_id={step}" / f"name={name}.pt", weights_only=True).float()
+            b = torch.load(dump_b / f"forward_pass_id={step}" / f"name={name}.pt", weights_only=True).float()
+            diff = a - b
+            max_abs = diff.abs().amax(dim=1)
+            rel_l2 = diff.norm(dim=1) / a.norm(dim=1)
+            cosine = torch.nn.functional.cosine_similarity(a, b, dim=1)
+            max_rel = max_abs / a.abs().amax(dim=1)
+            failed += int(((max_rel > 3e-2) | (cosine < 0.999) | (rel_l2 > 1)).sum())
+    return {"failed_rows": failed}
+
+
+# Peak RSS from the child's own VmHWM at exit: ru_maxrss would carry over this parent's peak.
+PEAK = ("import atexit, sys\n"
+        "atexit.register(lambda: sys.stderr.write(next(l for l in open('/proc/self/status') "
+        "if l.startswith('VmHWM')).split()[1] + ' kB peak\\n'))\n")
+
+
+# In-process phases, each from a cold cache: planning (key columns only), then the whole compare.
+PHASES = """
+import json, sys, time
+sys.path.insert(0, {here!r})
+from bench_compare import drop_cache
+from tracediff.diff.differ import compare_traces
+from tracediff.diff.pair import Pair
+from tracediff.diff.plan import make_plan
+from tracediff.trace.reader import open_trace
+traces = Pair(open_trace({a!r}), open_trace({b!r}))
+start = time.perf_counter()
+plan = make_plan(traces)
+planned = time.perf_counter()
+drop_cache([{a!r}, {b!r}])
+begin = time.perf_counter()
+compare_traces(traces)
+done = time.perf_counter()
+print(json.dumps({{"plan_s": planned - start, "chunks": len(plan.chunks),
+                  "in_process_compare_s": done - begin}}))
+"""
+
+
+def run_child(code: str) -> tuple[float, float, str]:
+    """(seconds, peak RSS in MB, stdout) of ``python -c PEAK + code``."""
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", PEAK + code], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    peak_kb = int(proc.stderr.rsplit(" kB peak", 1)[0].split()[-1])
+    return seconds, peak_kb / 1024, proc.stdout
+
+
+def measure(base: Path, steps: int, with_baseline: bool) -> dict:
+    a, b, dump_a, dump_b = write_pair(base, steps)
+    tensor_bytes = 2 * steps * STEP_BYTES
+    cli = (f"sys.argv = ['tracediff', 'compare', {str(a)!r}, {str(b)!r}, '--json']\n"
+           "from tracediff.cli import main; main()")
+    drop_cache([a, b])
+    seconds, peak_mb, out = run_child(cli)
+    report = json.loads(out[: out.rindex("}") + 1])
+    result = {
+        "steps": steps, "tensor_bytes": tensor_bytes, "trace_bytes": a.stat().st_size + b.stat().st_size,
+        "compare_s": seconds, "compare_gbs": tensor_bytes / seconds / 1e9, "compare_peak_rss_mb": peak_mb,
+        "first_divergence": {k: report["first_divergence"][k] for k in ("name", "step", "position")},
+        "rows_compared": sum(t["rows"] for t in report["tensors"]), "rows_total": steps * BATCH * len(WIDTHS),
+    }
+    drop_cache([a, b])
+    seconds, peak_mb, out = run_child(cli.replace("'--json'", "'--json', '--stop-at-first'"))
+    result.update({"stop_at_first_s": seconds, "stop_at_first_peak_rss_mb": peak_mb})
+    here = str(Path(__file__).parent)
+    drop_cache([a, b])
+    result.update(json.loads(run_child(PHASES.format(a=str(a), b=str(b), here=here))[2]))
+    if with_baseline:
+        script = (f"import sys; sys.path.insert(0, {here!r}); import bench_compare as b; "
+                  f"from pathlib import Path; print(b.dumper_compare(Path({str(dump_a)!r}), "
+                  f"Path({str(dump_b)!r}), {steps}))")
+        drop_cache(files_under(dump_a) + files_under(dump_b))
+        seconds, peak_mb, out = run_child(script)
+        result.update({"dumper_s": seconds, "dumper_gbs": tensor_bytes / seconds / 1e9,
+                       "dumper_peak_rss_mb": peak_mb, "dumper_files": 2 * steps * len(WIDTHS),
+                       "dumper_result": out.strip()})
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--gb", type=float, default=2.0, help="tensor bytes per trace, large run")
+    parser.add_argument("--small-gb", type=float, default=0.5, help="tensor bytes per trace, memory check")
+    parser.add_argument("--dir", type=Path, default=Path("/tmp/bench_compare"))
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    shutil.rmtree(args.dir, ignore_errors=True)
+    args.dir.mkdir(parents=True)
+    results: dict = {}
+    probe = args.dir / "probe.bin"
+    probe.write_bytes(np.random.default_rng(1).integers(0, 255, 1 << 30, dtype=np.uint8).tobytes())
+    results["disk_cold_read_gbs"] = disk_read_speed(probe) / 1e9
+    probe.unlink()
+    for label, gb, baseline in (("small", args.small_gb, False), ("large", args.gb, True)):
+        base = args.dir / label
+        base.mkdir()
+        results[label] = measure(base, max(1, int(gb * 1e9 / STEP_BYTES)), baseline)
+        shutil.rmtree(base)
+        print(label, json.dumps(results[label], indent=1), flush=True)
+    large = results["large"]
+    results["summary"] = {
+        "compare_vs_disk": large["compare_gbs"] / results["disk_cold_read_gbs"],
+        "compare_vs_dumper": large["dumper_s"] / large["compare_s"],
+        "stop_at_first_speedup": large["compare_s"] / large["stop_at_first_s"],
+        "peak_rss_growth": large["compare_peak_rss_mb"] / results["small"]["compare_peak_rss_mb"],
+        "size_growth": large["tensor_bytes"] / results["small"]["tensor_bytes"],
+    }
+    print(json.dumps(results["summary"], indent=1))
+    if args.out:
+        args.out.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""Precision only: the rows differ by no more than rounding in the coarser dtype explains."""
+
+from __future__ import annotations
+
+from tracediff.diff.diagnose.types import Diagnosis
+from tracediff.diff.differ import Comparison
+from tracediff.diff.pair import Pair
+from tracediff.trace.reader import Trace
+
+EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+ROUNDINGS = 4  # rounding in every op of a few layers adds up to a few eps; a bug is far beyond
+
+
+def precision(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
+    """Run only when no other explanation holds (see ``diagnose``)."""
+    first = comparison.first_divergence
+    if first is None or not first.dtypes or not all(d in EPS for d in first.dtypes):
+        return []
+    coarse = max(first.dtypes, key=EPS.get)
+    worst = first.worst.get("rel_l2")
+    limit = ROUNDINGS * EPS[coarse]
+    if worst is None or worst > limit or first.worst.get("cosine", 1) < 1 - limit:
+        return []
+    return [Diagnosis("precision", f"{first.name}: worst rel_l2 {worst:.3g} is within {coarse} rounding "
+                      f"({ROUNDINGS} x eps = {limit:.3g}); the sides differ in precision, not in what they "
+                      "compute: loosen --tol if that is expected",
+                      {"tensor": first.name, "dtype": coarse, "worst_rel_l2": worst, "limit": limit})]

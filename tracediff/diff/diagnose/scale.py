@@ -1,0 +1,63 @@
+"""Scale or normalization: the sides point the same way but differ in length, by one constant
+factor (scale), or one side is RMSNorm of the other with some per-channel weight (norm)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
+from tracediff.diff.diagnose.types import Diagnosis
+from tracediff.diff.differ import Comparison
+from tracediff.diff.pair import Pair
+from tracediff.trace.dtypes import FLOAT_TAGS
+from tracediff.trace.reader import Trace
+
+SAMPLE_ROWS = 32
+MIN_ROWS = 4  # a per-channel weight fitted on fewer rows would explain anything
+ALIGNED = 1e-4  # 1 - cosine below this: same direction
+STEADY = 1e-3  # relative spread of the norm ratio below this: one constant factor
+FITS = 1e-2  # rel_l2 of an RMSNorm fit below this: it is that norm
+
+
+def scale_or_norm(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
+    first = comparison.first_divergence
+    if first is None or comparison.plan is None or not all(d in FLOAT_TAGS for d in first.dtypes or ()):
+        return []
+    tensor = next(t for t in comparison.plan.tensors if t.name == first.name)
+    rows = failing_sample(comparison, first.name).map(lambda r: r[:SAMPLE_ROWS])
+    x = Pair(values(traces.a, tensor.keys.a, rows.a), values(traces.b, tensor.keys.b, rows.b))
+    if len(x.a) < 2 or x.a.shape != x.b.shape:
+        return []
+    labels = side_labels(traces)
+    norms = x.map(lambda v: np.linalg.norm(v, axis=1))
+    if (norms.a == 0).any() or (norms.b == 0).any():
+        return []
+    cosine = (x.a * x.b).sum(axis=1) / (norms.a * norms.b)
+    ratio = norms.b / norms.a
+    spread = float(ratio.std() / ratio.mean())
+    evidence = {"tensor": first.name, "rows_checked": len(ratio), "min_cosine": float(cosine.min()),
+                "norm_ratio_b_over_a": float(ratio.mean()), "ratio_spread": spread}
+    if (1 - cosine).max() < ALIGNED and spread < STEADY and abs(ratio.mean() - 1) > STEADY:
+        return [Diagnosis("scale", f"{first.name}: {labels.b} = {ratio.mean():.6g} x {labels.a} on every row "
+                          f"(cosine >= {cosine.min():.6f}): one side is scaled", evidence)]
+    if len(ratio) < MIN_ROWS:
+        return []
+    for normed, raw, name in ((x.b, x.a, "b"), (x.a, x.b, "a")):
+        weight, fit = rms_norm_fit(raw, normed)
+        if fit < FITS and spread >= STEADY:
+            normed_label = getattr(labels, name)
+            raw_label = labels.a if name == "b" else labels.b
+            return [Diagnosis("norm", f"{first.name}: {normed_label} equals RMSNorm({raw_label}) "
+                              f"(fit rel_l2 {fit:.2g} over {len(ratio)} rows): a norm is applied on one side "
+                              "only", {**evidence, "normed_side": name, "fit_rel_l2": fit,
+                                       "weight_mean": float(weight.mean())})]
+    return []
+
+
+def rms_norm_fit(raw: np.ndarray, normed: np.ndarray) -> tuple[np.ndarray, float]:
+    """The per-channel weight w that best makes ``normed`` = w * raw / rms(raw), and the worst
+    row's relative L2 error of that fit."""
+    unit = raw / np.sqrt((raw**2).mean(axis=1, keepdims=True))
+    weight = (unit * normed).sum(axis=0) / np.maximum((unit**2).sum(axis=0), np.finfo(float).tiny)
+    error = np.linalg.norm(normed - unit * weight, axis=1) / np.linalg.norm(normed, axis=1)
+    return weight, float(error.max())

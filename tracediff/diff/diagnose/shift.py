@@ -1,0 +1,71 @@
+"""Position shift: one side's rows equal the other side's rows k positions away (same request
+tokens, same depth), e.g. ids not shifted left, or hidden states sliced one row off; or a tensor
+of positions (RoPE positions) is off by a constant k."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracediff.diff.align import row_keys
+from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
+from tracediff.diff.diagnose.types import Diagnosis
+from tracediff.diff.differ import Comparison
+from tracediff.diff.metrics import metrics_for
+from tracediff.diff.pair import Pair
+from tracediff.diff.tolerance import failing_rows
+from tracediff.trace.reader import Trace
+
+SHIFTS = (1, -1, 2, -2, 3, -3)
+SAMPLE_ROWS = 32
+
+
+def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
+    first = comparison.first_divergence
+    if first is None or comparison.plan is None:
+        return []
+    plan = comparison.plan
+    tensor = next(t for t in plan.tensors if t.name == first.name)
+    keys = tensor.keys
+    sample = failing_sample(comparison, first.name).map(lambda rows: rows[:SAMPLE_ROWS])
+    rows_a = sample.a
+    where_b: dict[tuple, int] = {}
+    for j, key in enumerate(row_keys(keys.b, plan.prefixes.b)):
+        if key is not None:
+            where_b.setdefault(key, j)
+    values_a = values(traces.a, keys.a, rows_a)
+    labels = side_labels(traces)
+    if "position" in first.name and len(rows_a):
+        offset = _constant_offset(values_a, values(traces.b, keys.b, sample.b))
+        if offset:
+            return [Diagnosis("position_shift", f"{first.name}: {labels.b} = {labels.a} {offset:+d} on every "
+                              f"checked row ({len(rows_a)}): positions are off by {abs(offset)}",
+                              {"tensor": first.name, "value_offset": offset, "rows_checked": len(rows_a)})]
+    bounds = comparison.tolerances.bounds(first.name, first.dtypes)
+    for k in SHIFTS:
+        pairs = []
+        for i, row in enumerate(rows_a.tolist()):
+            request, position = keys.a.request[row], int(keys.a.position[row])
+            prefix = plan.prefixes.a.ids.get((request, position + k))
+            j = where_b.get((prefix, position + k, int(keys.a.depth[row])))
+            if prefix is not None and j is not None:
+                pairs.append((i, j))
+        if len(pairs) < max(2, len(rows_a) // 2):
+            continue
+        mine, theirs = np.array([i for i, _ in pairs]), np.array([j for _, j in pairs])
+        metrics = metrics_for(first.name, first.dtypes, values_a[mine], values(traces.b, keys.b, theirs))
+        if failing_rows(metrics, bounds).any():
+            continue
+        message = (f"{first.name}: {labels.b} at position p{k:+d} equals {labels.a} at position p "
+                   f"({len(pairs)} of {len(rows_a)} failing rows checked): positions are off by {abs(k)}")
+        return [Diagnosis("position_shift", message,
+                          {"tensor": first.name, "shift": k, "rows_checked": len(pairs),
+                           "rows_sampled": len(rows_a)})]
+    return []
+
+
+def _constant_offset(a: np.ndarray, b: np.ndarray) -> int:
+    """k when b = a + k on every row for one small k != 0, else 0."""
+    offsets = np.unique(b - a)
+    if len(offsets) != 1 or offsets[0] == 0 or abs(offsets[0]) > max(abs(k) for k in SHIFTS):
+        return 0
+    return int(offsets[0])
