@@ -289,3 +289,36 @@ def test_metrics_match_their_definitions() -> None:
     from_raw = measure_rows("x.logits", ("float32", "bfloat16"), a, raw)
     direct = float_metrics(a, bf16.float().numpy(), logits=True)
     assert all(np.array_equal(from_raw[k], direct[k]) for k in direct)
+
+
+@pytest.mark.parametrize(("suffix", "compression"), [(".h5", "gzip"), (".arrow", "zstd")])
+def test_rows_read_in_place_and_copied_compare_alike(tmp_path, suffix, compression) -> None:
+    """bfloat16 on both sides of uncompressed single-file traces is read in place from the page
+    cache; compressed (or rank-split) traces are copied out: both must give the same report."""
+    torch = pytest.importorskip("torch")
+    from tracediff.diff.differ import compare_traces, read_ahead
+    from tracediff.diff.pair import Pair
+
+    gen = torch.Generator().manual_seed(0)
+    for name, scale, squeeze in (("a", 1.0, None), ("b", 1.1, None), ("az", 1.0, compression),
+                                 ("bz", 1.1, compression)):
+        with td.record(tmp_path / f"{name}{suffix}", compression=squeeze) as rec:
+            gen.manual_seed(0)
+            for step in range(12):
+                x = torch.randn(3, 40, generator=gen)
+                x[1, 5] = float("-inf")  # a masked logit, the same on both sides
+                logits = x * (scale if step == 7 else 1.0)
+                rec.log("h.logits", logits.to(torch.bfloat16), step=step, request=["r0", "r1", "r2"],
+                        positions=[step] * 3, token_ids=[step * 3 + i for i in range(3)])
+    results, in_place = [], []
+    for a, b in (("a", "b"), ("az", "bz")):
+        with td.open_trace(tmp_path / f"{a}{suffix}") as ta, td.open_trace(tmp_path / f"{b}{suffix}") as tb:
+            comparison = compare_traces(Pair(ta, tb), chunk_bytes=200)
+            results.append([vars(t) for t in comparison.tensors])
+            chunks = read_ahead(Pair(ta, tb), comparison.plan.chunks)
+            in_place.append({rows.at is not None for _, rows in chunks})
+    assert in_place == [{True}, {False}]
+    assert results[0] == results[1]
+    (tensor,) = results[0]
+    assert tensor["status"] == "diverged" and tensor["first_bad"]["step"] == {"a": 7, "b": 7}
+    assert tensor["failed"] == 3 and tensor["rows"] == 36 and tensor["worst"]["kl"] > 0

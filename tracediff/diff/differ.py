@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tracediff.diff.align import first_token_difference
-from tracediff.diff.metrics import measure_rows
+from tracediff.diff.metrics import measure_mapped, measure_rows
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, make_plan
 from tracediff.diff.tolerance import Tolerances, failing_rows
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
-from tracediff.trace.reader import Trace
+from tracediff.trace.reader import RowKeys, Trace
 
 SAMPLE = 64  # failing rows kept per tensor for the diagnoses
 LARGER_IS_WORSE = ("max_abs", "mean_abs", "rel_l2", "max_rel", "kl")
@@ -107,7 +107,7 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
             break  # every chunk of the window with the first failure is measured: it is settled
         done += 1
         name = chunk.tensor.name
-        bad = _measure(chunk, values, results[name], comparison, tolerances)
+        bad = _measure(traces, chunk, values, results[name], comparison, tolerances)
         if bad is not None and name not in first_failure:
             first_failure[name] = (int(chunk.tensor.keys.a.step[chunk.rows.a[bad]]), chunk.order)
     failing = sorted(first_failure, key=first_failure.get)
@@ -125,50 +125,78 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
     return comparison
 
 
-def read_ahead(traces: Pair[Trace], chunks: list[Chunk]) -> Iterator[tuple[Chunk, Pair[np.ndarray]]]:
-    """Each chunk with both sides' raw rows; the next chunk is read on a second thread meanwhile
-    (preads release the GIL), so reading and measuring overlap. Two chunks are held at most, in
-    two reused buffers per side (fresh arrays would cost a page fault per 4 KiB): a chunk's rows
-    are valid until the next-but-one chunk is asked for."""
+@dataclass
+class ChunkRows:
+    """One chunk's rows as read: raw data, or (bfloat16 both sides, single-file traces) the file
+    offsets of each row, for the kernel to read them in place from the page cache."""
+
+    raw: Pair[np.ndarray] | None = None
+    at: Pair[np.ndarray] | None = None
+    spans: Pair[list] | None = None  # populated file spans, released when the window is done
+
+
+def read_ahead(traces: Pair[Trace], chunks: list[Chunk]) -> Iterator[tuple[Chunk, ChunkRows]]:
+    """Each chunk with its rows; the next chunk is read (or, in place, prefetched) on a second
+    thread meanwhile (preads and the kernels release the GIL). Two chunks are held at most, in two
+    reused buffers per side (fresh arrays would cost a page fault per 4 KiB): a chunk's rows are
+    valid until the next-but-one chunk is asked for."""
     buffers = {side: [np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint8)] for side in ("a", "b")}
 
-    def read(i: int) -> Pair[np.ndarray]:
+    def read(i: int) -> ChunkRows:
         chunk = chunks[i]
+        keys = chunk.tensor.keys
+        if keys.a.dtype == keys.b.dtype == "bfloat16":
+            at = traces.zip(keys, chunk.rows).starmap(Trace.row_offsets)
+            if at.a is not None and at.b is not None:
+                spans = traces.zip(at, keys).starmap(lambda t, where, k: t.populate(where, k.row_nbytes))
+                return ChunkRows(at=at, spans=spans)
 
-        def side(name: str) -> np.ndarray:
-            keys, rows = getattr(chunk.tensor.keys, name), getattr(chunk.rows, name)
-            need = len(rows) * keys.row_nbytes
-            if buffers[name][i % 2].size < need:
-                buffers[name][i % 2] = np.empty(need, dtype=np.uint8)
-            return getattr(traces, name).gather(keys, rows, into=buffers[name][i % 2])
+        def copied(trace: Trace, side_keys: RowKeys, rows: np.ndarray, side: str) -> np.ndarray:
+            need = len(rows) * side_keys.row_nbytes
+            if buffers[side][i % 2].size < need:
+                buffers[side][i % 2] = np.empty(need, dtype=np.uint8)
+            return trace.gather(side_keys, rows, into=buffers[side][i % 2])
 
-        return Pair(side("a"), side("b"))
+        return ChunkRows(raw=traces.zip(keys, chunk.rows, Pair("a", "b")).starmap(copied))
 
     if not chunks:
         return
+    window_spans: list[Pair[list]] = []  # spans mapped for the current window, released after it
     with ThreadPoolExecutor(max_workers=1) as pool:
         pending = pool.submit(read, 0)
         for i, chunk in enumerate(chunks):
-            values = pending.result()
+            rows = pending.result()
             if i + 1 < len(chunks):
                 pending = pool.submit(read, i + 1)
-            yield chunk, values
+            yield chunk, rows
+            if rows.spans is not None:
+                window_spans.append(rows.spans)
+            if i + 1 == len(chunks) or chunks[i + 1].window != chunk.window:
+                for spans in window_spans:
+                    traces.a.release(spans.a)
+                    traces.b.release(spans.b)
+                window_spans.clear()
 
 
-def _measure(chunk: Chunk, raw: Pair[np.ndarray], result: TensorResult, comparison: Comparison,
+def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorResult, comparison: Comparison,
              tolerances: Tolerances) -> int | None:
     """Fold one chunk into the tensor's result; the index in the chunk of its first failing row."""
     n = len(chunk.rows.a)
     result.rows += n
     tally = comparison.tallies[result.name]
-    if raw.a.shape[1:] != raw.b.shape[1:]:
+    shapes = chunk.tensor.keys.map(lambda k: list(k.row_shape))
+    if shapes.a != shapes.b:
         result.failed += n
-        result.worst = {"shape_a": list(raw.a.shape[1:]), "shape_b": list(raw.b.shape[1:])}
+        result.worst = {"shape_a": shapes.a, "shape_b": shapes.b}
         _note_failures(result, tally, chunk, np.ones(n, dtype=bool), {})
         return 0
-    metrics = measure_rows(result.name, result.dtypes, raw.a, raw.b)
+    if rows.at is not None:
+        metrics = measure_mapped(result.name, traces.map(lambda t: t.mapped()), rows.at,
+                                 int(np.prod(shapes.a, dtype=np.int64)))
+    else:
+        metrics = measure_rows(result.name, result.dtypes, rows.raw.a, rows.raw.b)
     if result.dtypes[0] in FLOAT_TAGS and result.dtypes[1] in FLOAT_TAGS:
-        _note_non_finite(raw, result.dtypes, metrics["max_abs"], chunk, tally, comparison)
+        _note_non_finite(traces, metrics["max_abs"], chunk, tally, comparison)
     for k, v in metrics.items():
         worst = np.nanmax(v) if k in LARGER_IS_WORSE else np.nanmin(v)
         if np.isnan(worst):
@@ -202,15 +230,16 @@ def _note_failures(result: TensorResult, tally: Tally, chunk: Chunk, bad: np.nda
     }
 
 
-def _note_non_finite(raw: Pair[np.ndarray], dtypes: tuple[str, str], max_abs: np.ndarray, chunk: Chunk,
-                     tally: Tally, comparison: Comparison) -> None:
+def _note_non_finite(traces: Pair[Trace], max_abs: np.ndarray, chunk: Chunk, tally: Tally,
+                     comparison: Comparison) -> None:
     """A row holding NaN/Inf on either side makes its max_abs non-finite: only those rows are
-    scanned, so the common all-finite chunk costs one check of a per-row array."""
+    read again and scanned, so the common all-finite chunk costs one check of a per-row array."""
     suspects = np.flatnonzero(~np.isfinite(max_abs))
     if not len(suspects):
         return
-    for side, dtype in zip(("a", "b"), dtypes):
-        rows = decode(getattr(raw, side)[suspects], dtype)
+    for side in ("a", "b"):
+        keys = getattr(chunk.tensor.keys, side)
+        rows = decode(getattr(traces, side).gather(keys, getattr(chunk.rows, side)[suspects]), keys.dtype)
         hit = suspects[~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)]
         if not len(hit):
             continue

@@ -24,67 +24,86 @@ COLUMNS = ("max_abs", "mean_abs", "rel_l2", "cosine", "max_rel", "argmax_agree",
 TINY = np.finfo(np.float64).tiny
 
 
-@njit(parallel=True, cache=True, nogil=True)
-def bf16_to_f32(raw: np.ndarray, out: np.ndarray) -> None:
-    """bfloat16 bit patterns (uint16, 2-D) into float32 ``out`` of the same shape, exactly."""
-    bits = out.view(np.uint32)
-    for i in prange(raw.shape[0]):
-        for j in range(raw.shape[1]):
-            bits[i, j] = np.uint32(raw[i, j]) << np.uint32(16)
-
-
 @njit(parallel=True, cache=True, nogil=True, fastmath=FAST)
-def compare_rows(a: np.ndarray, b: np.ndarray, logits: bool, k: int) -> np.ndarray:
+def compare_rows(a: np.ndarray, b: np.ndarray, bf16: bool, logits: bool, k: int) -> np.ndarray:
     """[n, 8] float64, columns as ``COLUMNS`` (the last three only when ``logits``), of two 2-D
-    float arrays of one dtype. A row with a NaN/Inf difference gets NaN everywhere; the same
-    infinity on both sides (a masked logit) agrees. Cosine comes from the norms as
-    1 - (|a-b|^2 - (|a|-|b|)^2) / (2|a||b|), exact near 1."""
-    n, width = a.shape
-    out = np.full((n, 8), np.nan)
-    for i in prange(n):
-        max_abs, sum_abs, dd, aa, bb, peak = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-        for j in range(width):  # branch-free, so it vectorizes
-            x, y = np.float64(a[i, j]), np.float64(b[i, j])
-            same_infinity = (x == y) & (x - x != 0.0)
-            x = 0.0 if same_infinity else x
-            y = 0.0 if same_infinity else y
-            d = x - y
-            ad = abs(d)
-            max_abs = max(max_abs, ad)
-            peak = max(peak, abs(x))
-            sum_abs += ad
-            dd += d * d
-            aa += x * x
-            bb += y * y
-        if not sum_abs <= 1.7976931348623157e308:  # a NaN or Inf difference somewhere in the row
-            continue
-        norm_d, norm_a, norm_b = math.sqrt(dd), math.sqrt(aa), math.sqrt(bb)
-        out[i, 0] = max_abs
-        out[i, 1] = sum_abs / width if width else 0.0
-        out[i, 2] = norm_d / max(norm_a, TINY)
-        out[i, 3] = 1.0 - (dd - (norm_a - norm_b) ** 2) / max(2.0 * norm_a * norm_b, TINY)
-        out[i, 4] = max_abs / max(peak, TINY)
-        if logits and width:
-            top_a, where_a = _top(a[i], k)
-            top_b, where_b = _top(b[i], k)
-            out[i, 5] = 1.0 if where_a[0] == where_b[0] else 0.0
-            shared = 0
-            for p in range(k):
-                for q in range(k):
-                    shared += where_a[p] == where_b[q]
-            out[i, 6] = shared / k
-            out[i, 7] = _kl(a[i], b[i], top_a[0], top_b[0])
+    arrays of one dtype: floats, or with ``bf16`` bfloat16 bit patterns decoded in registers."""
+    out = np.full((a.shape[0], 8), np.nan)
+    for i in prange(a.shape[0]):
+        _row_metrics(a[i], b[i], bf16, logits, k, out[i])
     return out
 
 
+@njit(parallel=True, cache=True, nogil=True, fastmath=FAST)
+def compare_mapped_bf16(file_a: np.ndarray, at_a: np.ndarray, file_b: np.ndarray, at_b: np.ndarray,
+                        width: int, logits: bool, k: int) -> np.ndarray:
+    """``compare_rows`` of bfloat16 rows read in place from two memory-mapped files (uint8), row i
+    starting at byte at_a[i] / at_b[i]: no copy of the data out of the page cache."""
+    out = np.full((len(at_a), 8), np.nan)
+    for i in prange(len(at_a)):
+        a = file_a[at_a[i] : at_a[i] + 2 * width].view(np.uint16)
+        b = file_b[at_b[i] : at_b[i] + 2 * width].view(np.uint16)
+        _row_metrics(a, b, True, logits, k, out[i])
+    return out
+
+
+@njit(cache=True, nogil=True, fastmath=FAST)
+def _row_metrics(a: np.ndarray, b: np.ndarray, bf16: bool, logits: bool, k: int, out: np.ndarray) -> None:
+    """One row pair into ``out`` (8 values, NaN-filled). A NaN/Inf difference leaves all NaN; the
+    same infinity on both sides (a masked logit) agrees. Cosine comes from the norms as
+    1 - (|a-b|^2 - (|a|-|b|)^2) / (2|a||b|), exact near 1."""
+    width = len(a)
+    max_abs, sum_abs, dd, aa, bb, peak = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    for j in range(width):  # branch-free, so it vectorizes
+        x, y = _value(a[j], bf16), _value(b[j], bf16)
+        same_infinity = (x == y) & (x - x != 0.0)
+        x = 0.0 if same_infinity else x
+        y = 0.0 if same_infinity else y
+        d = x - y
+        ad = abs(d)
+        max_abs = max(max_abs, ad)
+        peak = max(peak, abs(x))
+        sum_abs += ad
+        dd += d * d
+        aa += x * x
+        bb += y * y
+    if not sum_abs <= 1.7976931348623157e308:  # a NaN or Inf difference somewhere in the row
+        return
+    norm_d, norm_a, norm_b = math.sqrt(dd), math.sqrt(aa), math.sqrt(bb)
+    out[0] = max_abs
+    out[1] = sum_abs / width if width else 0.0
+    out[2] = norm_d / max(norm_a, TINY)
+    out[3] = 1.0 - (dd - (norm_a - norm_b) ** 2) / max(2.0 * norm_a * norm_b, TINY)
+    out[4] = max_abs / max(peak, TINY)
+    if logits and width:
+        top_a, where_a = _top(a, bf16, k)
+        top_b, where_b = _top(b, bf16, k)
+        out[5] = 1.0 if where_a[0] == where_b[0] else 0.0
+        shared = 0
+        for p in range(k):
+            for q in range(k):
+                shared += where_a[p] == where_b[q]
+        out[6] = shared / k
+        out[7] = _kl(a, b, bf16, top_a[0], top_b[0])
+
+
+@njit(inline="always")
+def _value(x: np.number, bf16: bool) -> np.float64:
+    """One element as float64; with ``bf16``, x is a bfloat16 bit pattern."""
+    if bf16:
+        return np.float64(np.uint32(np.uint32(x) << np.uint32(16)).view(np.float32))
+    return np.float64(x)
+
+
 @njit(cache=True)
-def _top(row: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _top(row: np.ndarray, bf16: bool, k: int) -> tuple[np.ndarray, np.ndarray]:
     """The k largest values of a row, descending, and their indices (ties: the earlier index)."""
     values, where = np.full(k, -np.inf), np.full(k, -1)
     kth = -np.inf  # the k-th largest so far: most values fail this one test
     for j in range(len(row)):
-        if row[j] > kth:
-            kth = _insert(values, where, np.float64(row[j]), j)
+        x = _value(row[j], bf16)
+        if x > kth:
+            kth = _insert(values, where, x, j)
     return values, where
 
 
@@ -104,12 +123,12 @@ def _insert(values: np.ndarray, where: np.ndarray, x: float, j: int) -> float:
 
 
 @njit(cache=True, fastmath=FAST)
-def _kl(a: np.ndarray, b: np.ndarray, max_a: float, max_b: float) -> float:
+def _kl(a: np.ndarray, b: np.ndarray, bf16: bool, max_a: float, max_b: float) -> float:
     """KL(softmax(a) || softmax(b)) = sum p_a (a - b) - lse(a) + lse(b), clamped at 0."""
     sum_a, sum_b, weighted = np.float32(0), np.float32(0), np.float32(0)
     shift_a, shift_b = np.float32(max_a), np.float32(max_b)
     for j in range(len(a)):  # float32 throughout, so the loop vectorizes
-        x, y = np.float32(a[j]), np.float32(b[j])
+        x, y = np.float32(_value(a[j], bf16)), np.float32(_value(b[j], bf16))
         ea = _exp_nonpositive(x - shift_a)
         sum_a += ea
         sum_b += _exp_nonpositive(y - shift_b)

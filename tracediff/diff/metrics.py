@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracediff.diff.kernels import COLUMNS, bf16_to_f32, compare_rows
+from tracediff.diff.kernels import COLUMNS, compare_mapped_bf16, compare_rows
+from tracediff.diff.pair import Pair
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
 
 TOP_K = 5
@@ -19,33 +20,15 @@ def _flat(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(len(x), -1))
 
 
-class Scratch:
-    """Reused float32 buffers for decoded bfloat16 chunks: a fresh array per chunk would spend
-    as long in page faults as in decoding."""
-
-    def __init__(self) -> None:
-        self._buffers: dict[str, np.ndarray] = {}
-
-    def decoded(self, raw: np.ndarray, side: str) -> np.ndarray:
-        raw = _flat(raw)
-        buffer = self._buffers.get(side)
-        if buffer is None or buffer.size < raw.size:
-            buffer = self._buffers[side] = np.empty(raw.size, dtype=np.float32)
-        out = buffer[: raw.size].reshape(raw.shape)
-        bf16_to_f32(raw, out)
-        return out
-
-
-SCRATCH = Scratch()  # compare measures chunks one at a time, on one thread
-
-
-def float_metrics(a: np.ndarray, b: np.ndarray, logits: bool = False) -> dict[str, np.ndarray]:
-    """The float metrics of decoded rows; with ``logits``, the logit metrics too."""
-    wide = np.float64 if np.float64 in (a.dtype, b.dtype) else np.float32
-    a, b = _flat(a).astype(wide, copy=False), _flat(b).astype(wide, copy=False)
-    k = min(TOP_K, a.shape[1]) if a.shape[1] else 1
-    table = compare_rows(a, b, logits, k)
-    return {name: table[:, i] for i, name in enumerate(COLUMNS[: 8 if logits else 5])}
+def float_metrics(a: np.ndarray, b: np.ndarray, logits: bool = False,
+                  bf16: bool = False) -> dict[str, np.ndarray]:
+    """The float metrics of decoded rows (or, with ``bf16``, of two arrays of bfloat16 bit
+    patterns); with ``logits``, the logit metrics too."""
+    if not bf16:
+        wide = np.float64 if np.float64 in (a.dtype, b.dtype) else np.float32
+        a, b = a.astype(wide, copy=False), b.astype(wide, copy=False)
+    a, b = _flat(a), _flat(b)
+    return _named(compare_rows(a, b, bf16, logits, _top_k(a.shape[1])), logits)
 
 
 def token_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
@@ -63,9 +46,25 @@ def metrics_for(name: str, dtypes: tuple[str, str], a: np.ndarray, b: np.ndarray
 
 def measure_rows(name: str, dtypes: tuple[str, str], raw_a: np.ndarray,
                  raw_b: np.ndarray) -> dict[str, np.ndarray]:
-    """``metrics_for`` over raw stored rows (bfloat16 decoded into reused buffers)."""
+    """``metrics_for`` over raw stored rows; bfloat16 on both sides is decoded inside the kernel."""
     if not all(d in FLOAT_TAGS for d in dtypes):
         return token_metrics(raw_a, raw_b)
-    a, b = (SCRATCH.decoded(raw, side) if dtype == "bfloat16" and raw.size else decode(raw, dtype)
-            for raw, dtype, side in ((raw_a, dtypes[0], "a"), (raw_b, dtypes[1], "b")))
-    return float_metrics(a, b, logits=name.endswith("logits"))
+    if dtypes == ("bfloat16", "bfloat16"):
+        return float_metrics(raw_a, raw_b, logits=name.endswith("logits"), bf16=True)
+    return float_metrics(decode(raw_a, dtypes[0]), decode(raw_b, dtypes[1]), logits=name.endswith("logits"))
+
+
+def measure_mapped(name: str, files: Pair[np.ndarray], at: Pair[np.ndarray],
+                   width: int) -> dict[str, np.ndarray]:
+    """``measure_rows`` of bfloat16 rows read in place from memory-mapped trace files."""
+    logits = name.endswith("logits")
+    return _named(compare_mapped_bf16(files.a, at.a, files.b, at.b, width, logits, _top_k(width)), logits)
+
+
+def _top_k(width: int) -> int:
+    return max(1, min(TOP_K, width))
+
+
+def _named(table: np.ndarray, logits: bool) -> dict[str, np.ndarray]:
+    """The kernel's [rows, 8] table as metric name -> per-row values."""
+    return {column: table[:, i] for i, column in enumerate(COLUMNS[: 8 if logits else 5])}

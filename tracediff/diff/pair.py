@@ -18,3 +18,11 @@ class Pair(Generic[T]):
     def map(self, fn: Callable[[T], U]) -> Pair[U]:
         """The same function on both sides: keeps every step symmetric over baseline and target."""
         return Pair(fn(self.a), fn(self.b))
+
+    def zip(self, *others: Pair) -> Pair[tuple]:
+        """Side by side: Pair(a, b).zip(Pair(c, d)) is Pair((a, c), (b, d))."""
+        return Pair((self.a, *(o.a for o in others)), (self.b, *(o.b for o in others)))
+
+    def starmap(self, fn: Callable[..., U]) -> Pair[U]:
+        """``map`` over a zipped pair, each side's tuple spread into the arguments."""
+        return Pair(fn(*self.a), fn(*self.b))

@@ -277,6 +277,11 @@ class ArrowTraceFile:
         at = buffer.address - self._base + start
         return (at, end - start) if 0 <= at and at + (end - start) <= self._size else None
 
+    def data_offset(self, slot: int) -> int | None:
+        """File offset of a record's bytes when they lie uncompressed in the file, else None."""
+        where = self._file_range(slot)
+        return None if where is None else where[0]
+
     def prefetch(self, slot: int, offset: int = 0, n: int | None = None) -> None:
         if (where := self._file_range(slot)) is not None:
             prefetch(self._fd, where[0] + offset, where[1] - offset if n is None else n)

@@ -265,6 +265,15 @@ class H5TraceFile:
             done += take
         return ranges
 
+    def data_offset(self, slot: int) -> int | None:
+        """File offset of a record's bytes when they lie contiguous and unfiltered, else None."""
+        n = int(self._cols["data_nbytes"][slot])
+        ranges = self._file_ranges(slot, 0, n)
+        if sum(length for _, length in ranges) != n or any(
+                at + length != following for (at, length), (following, _) in zip(ranges, ranges[1:])):
+            return None
+        return ranges[0][0] if ranges else None
+
     def prefetch(self, slot: int, offset: int = 0, n: int | None = None) -> None:
         n = int(self._cols["data_nbytes"][slot]) - offset if n is None else n
         for at, length in self._file_ranges(slot, offset, n):

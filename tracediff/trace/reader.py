@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import mmap
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,8 @@ from tracediff.trace.h5 import H5TraceFile
 from tracediff.trace.schema import Record, RecordIndex
 
 PREFETCH = 16  # records read ahead by rows()
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; older kernels: WILLNEED
+SPAN_GAP = 1 << 20
 H5_MAGIC = b"\x89HDF\r\n\x1a\n"
 ARROW_MAGIC = b"ARROW1"
 
@@ -112,6 +115,8 @@ class Trace:
 
     def __init__(self, paths: Sequence[str | Path]) -> None:
         self.files: list[ArrowTraceFile | H5TraceFile] = []
+        self._map: np.ndarray | None = None  # the file mapped for in-place reads (single-file traces)
+        self._mmap: mmap.mmap | None = None
         try:
             for part, path in enumerate(paths):
                 self.files.append(open_file(Path(path), part))
@@ -119,6 +124,7 @@ class Trace:
             self.close()
             raise
         self.index = RecordIndex.concat([f.index for f in self.files])
+        self._offsets: dict[int, int | None] = {}  # record slot -> file offset of its bytes
 
     @property
     def paths(self) -> list[Path]:
@@ -209,6 +215,23 @@ class Trace:
             rank=np.repeat(idx.rank[hits], per_record),
         )
 
+    def _runs(self, keys: RowKeys, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Starts and stops (into ``rows``) of the runs of neighbouring rows of one record."""
+        if not len(rows):
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        record, within = keys.record[rows], keys.within[rows]
+        breaks = np.flatnonzero((np.diff(record) != 0) | (np.diff(within) != 1)) + 1
+        starts = np.concatenate([[0], breaks]).astype(np.int64)
+        return starts, np.append(starts[1:], len(rows))
+
+    def prefetch(self, keys: RowKeys, rows: np.ndarray) -> None:
+        """Ask the kernel to start reading these rows now (one hint per run)."""
+        idx, size = self.index, keys.row_nbytes
+        for start, stop in zip(*self._runs(keys, rows)):
+            i = keys.record[rows[start]]
+            self.files[idx.part[i]].prefetch(int(idx.slot[i]), int(keys.within[rows[start]]) * size,
+                                             int(stop - start) * size)
+
     def gather(self, keys: RowKeys, rows: np.ndarray | None = None,
                into: np.ndarray | None = None) -> np.ndarray:
         """Raw data of the given rows of ``keys`` (all by default), in the order given; each run of
@@ -220,23 +243,72 @@ class Trace:
             out = np.empty(shape, dtype=dtype)
         else:
             out = into[: int(np.prod(shape, dtype=np.int64)) * dtype.itemsize].view(dtype).reshape(shape)
-        row_bytes = out[0].nbytes if len(rows) else 0
+        row_bytes = keys.row_nbytes
         flat = out.reshape(-1).view(np.uint8)
-        record, within = keys.record[rows], keys.within[rows]
-        breaks = np.flatnonzero((np.diff(record) != 0) | (np.diff(within) != 1)) + 1
-        starts = np.concatenate([[0], breaks]).astype(np.int64) if len(rows) else np.zeros(0, np.int64)
-        stops = np.append(starts[1:], len(rows))
+        starts, stops = self._runs(keys, rows)
         idx = self.index
         for k, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist())):
             if k % PREFETCH == 0:  # keep the disk busy with the next window while we copy this one
-                for j in range(k + (PREFETCH if k else 0), min(k + 2 * PREFETCH, len(starts))):
-                    i = record[starts[j]]
-                    self.files[idx.part[i]].prefetch(int(idx.slot[i]), int(within[starts[j]]) * row_bytes,
-                                                     int(stops[j] - starts[j]) * row_bytes)
-            i = record[start]
+                ahead = slice(k + (PREFETCH if k else 0), k + 2 * PREFETCH)
+                for s, e in zip(starts[ahead].tolist(), stops[ahead].tolist()):
+                    self.prefetch(keys, rows[s:e])
+            i = keys.record[rows[start]]
             self.files[idx.part[i]].read_into(int(idx.slot[i]), flat[start * row_bytes : stop * row_bytes],
-                                              int(within[start]) * row_bytes)
+                                              int(keys.within[rows[start]]) * row_bytes)
         return out
+
+    def row_offsets(self, keys: RowKeys, rows: np.ndarray) -> np.ndarray | None:
+        """File offset of each row's bytes, for reading them in place from ``mapped()``; None
+        unless the trace is one file whose records involved lie uncompressed in it."""
+        if len(self.files) != 1:
+            return None
+        file, slots = self.files[0], self.index.slot[keys.record[rows]]
+        for slot in np.unique(slots).tolist():
+            if slot not in self._offsets:
+                self._offsets[slot] = file.data_offset(slot)
+            if self._offsets[slot] is None:
+                return None
+        base = np.array([self._offsets[s] for s in slots.tolist()], dtype=np.int64)
+        return base + keys.within[rows] * keys.row_nbytes
+
+    def mapped(self) -> np.ndarray:
+        """The (single) trace file as read-only uint8 memory, mapped once."""
+        if self._map is None:
+            with open(self.paths[0], "rb") as fh:
+                self._mmap = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            self._map = np.frombuffer(self._mmap, dtype=np.uint8)
+        return self._map
+
+    def populate(self, at: np.ndarray, nbytes: int) -> list[tuple[int, int]]:
+        """Map the pages of rows starting at file offsets ``at`` now (reading them from disk if need
+        be), so that the kernel reading them in place takes no page faults. Rows less than
+        ``SPAN_GAP`` apart are populated as one span: one sequential read, which also brings in the
+        other tensors of the same steps. Returns the spans, for ``release``."""
+        self.mapped()
+        if not len(at):
+            return []
+        page = mmap.PAGESIZE
+        starts, stops = (at // page) * page, at + nbytes
+        order = np.argsort(starts, kind="stable")
+        spans, begin, end = [], int(starts[order[0]]), int(stops[order[0]])
+        for s, e in zip(starts[order[1:]].tolist(), stops[order[1:]].tolist()):
+            if s > end + SPAN_GAP:
+                spans.append((begin, end - begin))
+                begin = s
+            end = max(end, e)
+        spans.append((begin, end - begin))
+        for start, length in spans:
+            try:
+                self._mmap.madvise(MADV_POPULATE_READ, start, length)
+            except (OSError, ValueError):  # kernel < 5.14: let the faults read it, ahead
+                self._mmap.madvise(mmap.MADV_WILLNEED, start, length)
+        return spans
+
+    def release(self, spans: list[tuple[int, int]]) -> None:
+        """Unmap populated spans (the pages stay in the page cache): resident memory stays at a
+        few chunks, whatever the trace size."""
+        for start, length in spans:
+            self._mmap.madvise(mmap.MADV_DONTNEED, start, length)
 
     def rows(self, name: str, step: int | None = None, request: str | None = None,
              depth: int | None = None) -> Rows:
@@ -251,6 +323,12 @@ class Trace:
     def close(self) -> None:
         for f in self.files:
             f.close()
+        self._map = None
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:  # rows a caller still holds point into it: the GC unmaps it later
+                pass
 
     def __enter__(self) -> Trace:
         return self
