@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from bench_trace import disk_read_speed, drop_cache
 
 import tracediff as td
 
@@ -34,28 +34,13 @@ STEP_BYTES = BATCH * sum(WIDTHS.values()) * 2
 DIVERGE_AT = 0.02  # fraction of the steps
 
 
-def drop_cache(paths) -> None:
+def drop_all(paths: list[Path]) -> None:
     for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+        drop_cache(path)
 
 
 def files_under(path: Path) -> list[Path]:
     return [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
-
-
-def disk_read_speed(path: Path) -> float:
-    drop_cache([path])
-    start, size = time.perf_counter(), 0
-    with open(path, "rb", buffering=0) as fh:
-        buf = bytearray(8 << 20)
-        while n := fh.readinto(buf):
-            size += n
-    return size / (time.perf_counter() - start)
 
 
 def step_values(pool: dict[str, torch.Tensor], step: int) -> dict[str, torch.Tensor]:
@@ -115,7 +100,7 @@ PEAK = ("import atexit, sys\n"
 PHASES = """
 import json, sys, time
 sys.path.insert(0, {here!r})
-from bench_compare import drop_cache
+from bench_compare import drop_all
 from tracediff.diff.differ import compare_traces
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import make_plan
@@ -124,7 +109,7 @@ traces = Pair(open_trace({a!r}), open_trace({b!r}))
 start = time.perf_counter()
 plan = make_plan(traces)
 planned = time.perf_counter()
-drop_cache([{a!r}, {b!r}])
+drop_all([{a!r}, {b!r}])
 begin = time.perf_counter()
 compare_traces(traces)
 done = time.perf_counter()
@@ -147,7 +132,7 @@ def measure(base: Path, steps: int, with_baseline: bool) -> dict:
     tensor_bytes = 2 * steps * STEP_BYTES
     cli = (f"sys.argv = ['tracediff', 'compare', {str(a)!r}, {str(b)!r}, '--json']\n"
            "from tracediff.cli import main; main()")
-    drop_cache([a, b])
+    drop_all([a, b])
     seconds, peak_mb, out = run_child(cli)
     report = json.loads(out[: out.rindex("}") + 1])
     result = {
@@ -156,17 +141,17 @@ def measure(base: Path, steps: int, with_baseline: bool) -> dict:
         "first_divergence": {k: report["first_divergence"][k] for k in ("name", "step", "position")},
         "rows_compared": sum(t["rows"] for t in report["tensors"]), "rows_total": steps * BATCH * len(WIDTHS),
     }
-    drop_cache([a, b])
+    drop_all([a, b])
     seconds, peak_mb, out = run_child(cli.replace("'--json'", "'--json', '--stop-at-first'"))
     result.update({"stop_at_first_s": seconds, "stop_at_first_peak_rss_mb": peak_mb})
     here = str(Path(__file__).parent)
-    drop_cache([a, b])
+    drop_all([a, b])
     result.update(json.loads(run_child(PHASES.format(a=str(a), b=str(b), here=here))[2]))
     if with_baseline:
         script = (f"import sys; sys.path.insert(0, {here!r}); import bench_compare as b; "
                   f"from pathlib import Path; print(b.dumper_compare(Path({str(dump_a)!r}), "
                   f"Path({str(dump_b)!r}), {steps}))")
-        drop_cache(files_under(dump_a) + files_under(dump_b))
+        drop_all(files_under(dump_a) + files_under(dump_b))
         seconds, peak_mb, out = run_child(script)
         result.update({"dumper_s": seconds, "dumper_gbs": tensor_bytes / seconds / 1e9,
                        "dumper_peak_rss_mb": peak_mb, "dumper_files": 2 * steps * len(WIDTHS),

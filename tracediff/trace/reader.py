@@ -23,13 +23,12 @@ H5_MAGIC = b"\x89HDF\r\n\x1a\n"
 ARROW_MAGIC = b"ARROW1"
 
 
-@dataclass
-class Rows:
-    """All rows of one tensor name (optionally one step / request / depth), with their keys."""
+@dataclass(kw_only=True)
+class KeyColumns:
+    """Per-row keys of one tensor name: the columns alignment works from."""
 
     name: str
     dtype: str
-    data: np.ndarray  # raw storage dtype, shape (n_rows, *row_shape)
     request: np.ndarray
     position: np.ndarray
     token_id: np.ndarray
@@ -39,30 +38,26 @@ class Rows:
 
     def __len__(self) -> int:
         return len(self.position)
+
+
+@dataclass(kw_only=True)
+class Rows(KeyColumns):
+    """All rows of one tensor name (optionally one step / request / depth), with their keys."""
+
+    data: np.ndarray  # raw storage dtype, shape (n_rows, *row_shape)
 
     def numpy(self) -> np.ndarray:
         return decode(self.data, self.dtype)
 
 
-@dataclass
-class RowKeys:
-    """Key columns of every row of one tensor name and where each row's bytes lie (record index
-    position and row number inside it); no tensor data."""
+@dataclass(kw_only=True)
+class RowKeys(KeyColumns):
+    """The keys of every row and where its bytes lie (record index position and row number
+    inside it); no tensor data."""
 
-    name: str
-    dtype: str
     row_shape: tuple[int, ...]
     record: np.ndarray
     within: np.ndarray
-    request: np.ndarray
-    position: np.ndarray
-    token_id: np.ndarray
-    step: np.ndarray
-    depth: np.ndarray
-    rank: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.position)
 
     @property
     def row_nbytes(self) -> int:
