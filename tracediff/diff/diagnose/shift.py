@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracediff.diff.align import row_keys
+from tracediff.diff.align import RowIndex, key_of
 from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
 from tracediff.diff.diagnose.types import Diagnosis
 from tracediff.diff.differ import Comparison
@@ -28,10 +28,7 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
     keys = tensor.keys
     sample = failing_sample(comparison, first.name).map(lambda rows: rows[:SAMPLE_ROWS])
     rows_a = sample.a
-    where_b: dict[tuple, int] = {}
-    for j, key in enumerate(row_keys(keys.b, plan.prefixes.b)):
-        if key is not None:
-            where_b.setdefault(key, j)
+    index_b = RowIndex.of(keys.b, plan.prefixes.b)
     values_a = values(traces.a, keys.a, rows_a)
     labels = side_labels(traces)
     if "position" in first.name and len(rows_a):
@@ -42,23 +39,20 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
                               {"tensor": first.name, "value_offset": offset, "rows_checked": len(rows_a)})]
     bounds = comparison.tolerances.bounds(first.name, first.dtypes)
     for k in SHIFTS:
-        pairs = []
-        for i, row in enumerate(rows_a.tolist()):
-            request, position = keys.a.request[row], int(keys.a.position[row])
-            prefix = plan.prefixes.a.ids.get((request, position + k))
-            j = where_b.get((prefix, position + k, int(keys.a.depth[row])))
-            if prefix is not None and j is not None:
-                pairs.append((i, j))
-        if len(pairs) < max(2, len(rows_a) // 2):
+        shifted = keys.a.position[rows_a] + k
+        ids, known = plan.prefixes.a.lookup(keys.a.request[rows_a], shifted)
+        theirs = np.where(known, index_b.find(key_of(ids, shifted, keys.a.depth[rows_a])), -1)
+        mine = np.flatnonzero(theirs >= 0)
+        theirs = theirs[mine]
+        if len(mine) < max(2, len(rows_a) // 2):
             continue
-        mine, theirs = np.array([i for i, _ in pairs]), np.array([j for _, j in pairs])
         metrics = metrics_for(first.name, first.dtypes, values_a[mine], values(traces.b, keys.b, theirs))
         if failing_rows(metrics, bounds).any():
             continue
         message = (f"{first.name}: {labels.b} at position p{k:+d} equals {labels.a} at position p "
-                   f"({len(pairs)} of {len(rows_a)} failing rows checked): positions are off by {abs(k)}")
+                   f"({len(mine)} of {len(rows_a)} failing rows checked): positions are off by {abs(k)}")
         return [Diagnosis("position_shift", message,
-                          {"tensor": first.name, "shift": k, "rows_checked": len(pairs),
+                          {"tensor": first.name, "shift": k, "rows_checked": len(mine),
                            "rows_sampled": len(rows_a)})]
     return []
 
