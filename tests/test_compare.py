@@ -322,3 +322,18 @@ def test_rows_read_in_place_and_copied_compare_alike(tmp_path, suffix, compressi
     (tensor,) = results[0]
     assert tensor["status"] == "diverged" and tensor["first_bad"]["step"] == {"a": 7, "b": 7}
     assert tensor["failed"] == 3 and tensor["rows"] == 36 and tensor["worst"]["kl"] > 0
+
+
+def test_rows_after_a_gap_in_positions_are_left_out(tmp_path) -> None:
+    """A prefix is known only up to the first missing position: rows after a gap cannot be placed."""
+    rng = np.random.default_rng(1)
+    values = rng.standard_normal((4, 8)).astype(np.float32)
+    tokens = np.array([7, 8, 9, 10])
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", values, request="x", positions=[0, 1, 2, 3], token_ids=tokens)
+    with td.record(tmp_path / "b.h5") as rec:
+        keep = [0, 1, 3]
+        rec.log("h", values[keep] * 2, request="y", positions=keep, token_ids=tokens[keep])
+    out, report = compare(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--json")
+    (tensor,) = report["tensors"]
+    assert out.returncode == 1 and tensor["rows"] == 2 and tensor["failed"] == 2

@@ -53,12 +53,14 @@ def _row_metrics(a: np.ndarray, b: np.ndarray, bf16: bool, logits: bool, k: int,
     same infinity on both sides (a masked logit) agrees. Cosine comes from the norms as
     1 - (|a-b|^2 - (|a|-|b|)^2) / (2|a||b|), exact near 1."""
     width = len(a)
+    clean = _finite(a, b, bf16)  # most rows: then the main loop needs no infinity handling
     max_abs, sum_abs, dd, aa, bb, peak = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
-    for j in range(width):  # branch-free, so it vectorizes
+    for j in range(width):  # branch-free but for the loop-invariant ``clean``, so it vectorizes
         x, y = _value(a[j], bf16), _value(b[j], bf16)
-        same_infinity = (x == y) & (x - x != 0.0)
-        x = 0.0 if same_infinity else x
-        y = 0.0 if same_infinity else y
+        if not clean:
+            same_infinity = (x == y) & (x - x != 0.0)
+            x = 0.0 if same_infinity else x
+            y = 0.0 if same_infinity else y
         d = x - y
         ad = abs(d)
         max_abs = max(max_abs, ad)
@@ -85,6 +87,16 @@ def _row_metrics(a: np.ndarray, b: np.ndarray, bf16: bool, logits: bool, k: int,
                 shared += where_a[p] == where_b[q]
         out[6] = shared / k
         out[7] = _kl(a, b, bf16, top_a[0], top_b[0])
+
+
+@njit(cache=True, fastmath=FAST)
+def _finite(a: np.ndarray, b: np.ndarray, bf16: bool) -> bool:
+    """No NaN or Inf in either row (x - x is 0 exactly for finite x)."""
+    bad = False
+    for j in range(len(a)):
+        x, y = _value(a[j], bf16), _value(b[j], bf16)
+        bad |= (x - x != 0.0) | (y - y != 0.0)
+    return not bad
 
 
 @njit(inline="always")
