@@ -189,22 +189,15 @@ class Trace:
         row_shapes = {idx.shape[i][1:] for i in hits}
         if len(dtypes) > 1 or len(row_shapes) > 1:
             raise ValueError(f"{name}: records differ in dtype or row shape ({dtypes}, {row_shapes})")
-        columns: dict[str, list[np.ndarray]] = {k: [] for k in ("request", "position", "token_id")}
         hits = np.asarray(hits, dtype=np.int64)
-        parts = idx.part[hits]
-        for part in np.unique(parts):  # hits are in (rank file, seq_no) order: one bulk read per file
-            keys = self.files[part].read_keys_many(idx.slot[hits[parts == part]].astype(np.int64))
-            for found, values in zip(columns.values(), keys):
-                found.append(values)
+        request, position, token_id = self.key_columns(hits)
         per_record = idx.n_rows[hits]
         record_start = np.repeat(np.cumsum(per_record) - per_record, per_record)
         return RowKeys(
             name=name, dtype=dtypes.pop(), row_shape=row_shapes.pop(),
             record=np.repeat(hits, per_record),
             within=np.arange(int(per_record.sum())) - record_start,
-            request=np.concatenate(columns["request"]).astype(object),
-            position=np.concatenate(columns["position"]),
-            token_id=np.concatenate(columns["token_id"]),
+            request=request, position=position, token_id=token_id,
             step=np.repeat(idx.step[hits], per_record),
             depth=np.repeat(idx.depth[hits], per_record),
             rank=np.repeat(idx.rank[hits], per_record),
@@ -226,6 +219,20 @@ class Trace:
             i = keys.record[rows[start]]
             self.files[idx.part[i]].prefetch(int(idx.slot[i]), int(keys.within[rows[start]]) * size,
                                              int(stop - start) * size)
+
+    def key_columns(self, hits: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(request, position, token_id) of every row of the records ``hits`` (index positions in
+        rank-file order, as ``select`` gives them): one bulk read per file."""
+        parts = self.index.part[hits]
+        columns: list[list[np.ndarray]] = [[], [], []]
+        for part in np.unique(parts):
+            keys = self.files[part].read_keys_many(self.index.slot[hits[parts == part]].astype(np.int64))
+            for found, values in zip(columns, keys):
+                found.append(values)
+        if not len(hits):
+            return np.empty(0, dtype=object), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        request, position, token_id = (np.concatenate(c) for c in columns)
+        return request.astype(object), position, token_id
 
     def gather(self, keys: RowKeys, rows: np.ndarray | None = None,
                into: np.ndarray | None = None) -> np.ndarray:

@@ -58,10 +58,7 @@ def summarize(trace: Trace) -> TraceSummary:
     for name in trace.names():
         hits = trace.select(name=name)
         static = bool(idx.static[hits[0]])
-        requests: set[str] = set()
-        if not static:
-            for i in hits:
-                requests.update(trace.files[idx.part[i]].read_keys(int(idx.slot[i]))[0])
+        requests = np.unique(trace.key_columns(hits[~idx.static[hits]])[0].astype(str)) if not static else []
         shape = idx.shape[hits[0]]
         tensors.append(NameSummary(
             name=name,
