@@ -54,10 +54,9 @@ class Prefixes:
         """(ids, found) of the prefixes of these requests up to these positions."""
         codes = _codes(requests, self.codes)
         inside = (codes >= 0) & (positions >= 0) & (positions < self.stride)
-        wanted = np.where(inside, codes * self.stride + positions, -1)
-        at = np.minimum(np.searchsorted(self.where, wanted), max(len(self.where) - 1, 0))
-        found = inside & (len(self.where) > 0) & (self.where[at] == wanted if len(self.where) else False)
-        return np.where(found, self.ids[at] if len(self.ids) else 0, 0).astype(np.uint64), found
+        at, found = _find_sorted(self.where, np.where(inside, codes * self.stride + positions, -1))
+        found &= inside
+        return np.where(found, self.ids[at], 0).astype(np.uint64), found
 
 
 @dataclass
@@ -96,10 +95,8 @@ class RowIndex:
 
     def find(self, keys: np.ndarray) -> np.ndarray:
         """The row holding each key, or -1."""
-        if not len(self.keys):
-            return np.full(len(keys), -1, np.int64)
-        at = np.minimum(np.searchsorted(self.keys, keys), len(self.keys) - 1)
-        return np.where(self.keys[at] == keys, self.rows[at], -1)
+        at, found = _find_sorted(self.keys, keys)
+        return np.where(found, self.rows[at], -1)
 
 
 def match(rows: Pair[RowKeys], prefixes: Pair[Prefixes], fed: Pair[FedTokens] | None = None) -> Matched:
@@ -169,14 +166,11 @@ def first_token_difference(prefixes: Pair[Prefixes]) -> dict | None:
     order = np.argsort(parent_a, kind="stable")
     parents_sorted, next_sorted = parent_a[order], a.tokens[order]
     names = {code: name for name, code in b.codes.items()}
-    parent_b = _parents(b)
-    for i in np.flatnonzero(~known).tolist():
+    at, found = _find_sorted(parents_sorted, _parents(b))
+    for i in np.flatnonzero(~known & found).tolist():
         code, position = divmod(int(b.where[i]), b.stride)
-        if position and not known[i - 1]:
-            continue  # not the first unknown prefix of its request
-        at = np.searchsorted(parents_sorted, parent_b[i])
-        if at < len(parents_sorted) and parents_sorted[at] == parent_b[i]:
-            return {"request_b": names[code], "position": position, "a": int(next_sorted[at]),
+        if not position or known[i - 1]:  # the first prefix of its request that a lacks
+            return {"request_b": names[code], "position": position, "a": int(next_sorted[at[i]]),
                     "b": int(b.tokens[i])}
     return None
 
@@ -192,6 +186,19 @@ def _same_feed(rows: RowKeys, picked: np.ndarray, prefixes: Prefixes, fed: Pair[
         (tok_a, in_a), (tok_b, in_b) = fed.a.at(keys), fed.b.at(keys)
         same[deep] &= in_a & in_b & (tok_a == tok_b)
     return same
+
+
+def _find_sorted(sorted_keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(index, found) of each wanted key in a sorted array; index is valid where found."""
+    if not len(sorted_keys):
+        return np.zeros(len(wanted), np.int64), np.zeros(len(wanted), bool)
+    at = np.minimum(np.searchsorted(sorted_keys, wanted), len(sorted_keys) - 1)
+    return at, sorted_keys[at] == wanted
+
+
+def _group_starts(code: np.ndarray) -> np.ndarray:
+    """Where each run of equal codes (one request, sorted) begins."""
+    return np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
 
 
 def _first_rows(keys: np.ndarray, found: np.ndarray) -> np.ndarray:
@@ -210,7 +217,7 @@ def _no_gap(code: np.ndarray, position: np.ndarray) -> np.ndarray:
     """Rows (sorted by request, then position) before their request's first missing position."""
     if not len(code):
         return np.zeros(0, bool)
-    start = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
+    start = _group_starts(code)
     lengths = np.diff(np.r_[start, len(code)])
     rank = np.arange(len(code)) - np.repeat(start, lengths)
     broken = (position != rank).astype(np.int64)
@@ -231,7 +238,7 @@ def _prefix_hashes(code: np.ndarray, position: np.ndarray, token: np.ndarray) ->
         inverse = np.r_[np.uint64(1), np.cumprod(np.full(top - 1, _inverse(BASE), dtype=np.uint64))]
         terms = _scramble(token.astype(np.uint64)) * inverse[position]
         running = np.cumsum(terms, dtype=np.uint64)
-        start = np.flatnonzero(np.r_[True, code[1:] != code[:-1]])
+        start = _group_starts(code)
         before = np.repeat(running[start] - terms[start], np.diff(np.r_[start, len(code)]))
         return (running - before) * powers[position]
 
