@@ -259,11 +259,12 @@ def reference_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
     na, nb = np.linalg.norm(a, axis=1), np.linalg.norm(b, axis=1)
     log_a = a - a.max(1, keepdims=True) - np.log(np.exp(a - a.max(1, keepdims=True)).sum(1, keepdims=True))
     log_b = b - b.max(1, keepdims=True) - np.log(np.exp(b - b.max(1, keepdims=True)).sum(1, keepdims=True))
-    top = lambda x: [set(np.argsort(-row, kind="stable")[:5].tolist()) for row in x]  # noqa: E731
+    k = min(5, a.shape[1])
+    top = lambda x: [set(np.argsort(-row, kind="stable")[:k].tolist()) for row in x]  # noqa: E731
     return {"max_abs": diff.max(1), "mean_abs": diff.mean(1), "rel_l2": np.linalg.norm(a - b, axis=1) / na,
             "cosine": (a * b).sum(1) / (na * nb), "max_rel": diff.max(1) / np.abs(a).max(1),
             "argmax_agree": (a.argmax(1) == b.argmax(1)).astype(float),
-            "topk_overlap": np.array([len(x & y) / 5 for x, y in zip(top(a), top(b))]),
+            "topk_overlap": np.array([len(x & y) / k for x, y in zip(top(a), top(b))]),
             "kl": (np.exp(log_a) * (log_a - log_b)).sum(1)}
 
 
@@ -289,6 +290,34 @@ def test_metrics_match_their_definitions() -> None:
     from_raw = measure_rows("x.logits", ("float32", "bfloat16"), a, raw)
     direct = float_metrics(a, bf16.float().numpy(), logits=True)
     assert all(np.array_equal(from_raw[k], direct[k]) for k in direct)
+
+
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 values rounded to bfloat16 (to nearest even), as the uint16 patterns traces store."""
+    bits = x.astype(np.float32).view(np.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+@pytest.mark.parametrize("width", [1, 7, 64, 65, 300, 8195])
+def test_bfloat16_metrics_match_their_definitions(width) -> None:
+    """bfloat16 rows sum in float32 lanes and find their top-k from block maxima; rows too small
+    or too large for float32 squares go the float64 way: every path gives the plain definitions."""
+    from tracediff.diff.metrics import float_metrics
+    from tracediff.trace.dtypes import decode
+
+    rng = np.random.default_rng(width)
+    a = rng.standard_normal((12, width)) * 3
+    b = a + rng.standard_normal((12, width)) * np.linspace(0, 0.5, 12)[:, None]
+    a[1], b[1] = a[1] * 1e-12, b[1] * 1e-12  # squares below float32's normal range
+    a[2], b[2] = a[2] * 1e25, b[2] * 1e25  # squares beyond float32's range
+    a[3, -1] = b[3, -1] = a[3].max() + 5  # the largest value in the last (partial) block
+    a[4, :] = b[4, :] = 1.0  # every value tied: top-k by the earliest indices
+    raw_a, raw_b = bf16_bits(a), bf16_bits(b)
+    got, want = float_metrics(raw_a, raw_b, logits=True), reference_metrics(decode(raw_a, "bfloat16"),
+                                                                             decode(raw_b, "bfloat16"))
+    for name, expected in want.items():
+        assert np.allclose(got[name], expected, rtol=2e-5, atol=1e-6), name
+    assert got["topk_overlap"][4] == 1.0 and got["kl"][4] == 0.0 and got["cosine"][4] == 1.0
 
 
 @pytest.mark.parametrize(("suffix", "compression"), [(".h5", "gzip"), (".arrow", "zstd")])

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pytest
+from safetensors.numpy import load_file
 
 import tracediff as td
 from tests.conftest import REPO, run_cli
@@ -60,19 +61,38 @@ def test_replay_bad_inputs(tmp_path) -> None:
 VOLATILE = {"created": "the time the file was written", "host": "hostname and pid of the writing process"}
 
 
+def layout(tensors: dict[str, np.ndarray]) -> dict[str, tuple]:
+    return {name: (value.dtype, value.shape) for name, value in tensors.items()}
+
+
 def test_generator_reproduces_the_samples(tmp_path) -> None:
+    """Training rounds differently on another CPU (its SIMD width changes the order of sums in
+    torch's kernels), so a regenerated sample matches the committed one in everything but the
+    trained numbers, and in its figures to within what that rounding moves them."""
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "make_eagle3_samples.py"), "--out",
                            str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr
-    for path in ("draft/model.safetensors", "draft/config.json", "target/model.safetensors", "figures.json"):
-        assert (tmp_path / path).read_bytes() == (SAMPLES / path).read_bytes(), path
+    assert (tmp_path / "draft/config.json").read_bytes() == (SAMPLES / "draft/config.json").read_bytes()
+    for model in ("draft", "target"):  # the same tensors, trained values aside
+        old, new = (load_file(str(root / model / "model.safetensors")) for root in (SAMPLES, tmp_path))
+        assert layout(old) == layout(new), model
+    figures = json.loads((tmp_path / "figures.json").read_text())
+    assert figures["training_acc_per_depth"] == pytest.approx(FIGURES["training_acc_per_depth"], abs=0.05)
+    assert figures["serving_mean_accept_len"] == pytest.approx(FIGURES["serving_mean_accept_len"], abs=0.25)
+    assert figures["serving_aux_bug_mean_accept_len"] < 1.2
     for name in ("training.h5", "serving.h5", "serving_aux_bug.h5"):
         with td.open_trace(SAMPLES / name) as old, td.open_trace(tmp_path / name) as new:
             differ = {k for k in old.meta.keys() | new.meta.keys() if old.meta.get(k) != new.meta.get(k)}
-            assert differ <= set(VOLATILE), f"{name}: metadata differs in {differ - set(VOLATILE)}"
-            assert old.finals == new.finals and len(old.index) == len(new.index)
-            for i in range(len(old.index)):
-                a, b = old.read(i), new.read(i)
-                assert (a.name, a.step, a.depth, a.seq_no) == (b.name, b.step, b.depth, b.seq_no)
-                assert a.data.tobytes() == b.data.tobytes(), (name, a.name, i)
-                assert a.position.tolist() == b.position.tolist() and a.request.tolist() == b.request.tolist()
+            assert differ <= {*VOLATILE, "contract"}, f"{name}: metadata differs in {differ - set(VOLATILE)}"
+            assert old.meta["contract"].keys() == new.meta["contract"].keys()  # d2t hash, figures: trained
+            assert old.names() == new.names()
+            assert set(zip(old.index.dtype, old.index.name)) == set(zip(new.index.dtype, new.index.name))
+    # the training data is fixed: the training trace differs only in trained values
+    with td.open_trace(SAMPLES / "training.h5") as old, td.open_trace(tmp_path / "training.h5") as new:
+        assert len(old.index) == len(new.index)
+        for i in range(len(old.index)):
+            a, b = old.read(i), new.read(i)
+            assert (a.name, a.step, a.depth, a.seq_no, a.data.shape) == (b.name, b.step, b.depth, b.seq_no,
+                                                                         b.data.shape)
+            assert a.position.tolist() == b.position.tolist() and a.request.tolist() == b.request.tolist()
+            assert a.token_id.tolist() == b.token_id.tolist()

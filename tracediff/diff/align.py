@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import KeyColumns, RowKeys, Trace
@@ -26,6 +27,7 @@ class Prefixes:
     """Per (request, position): the id of the token prefix x[0..position], equal across traces.
 
     ``where`` holds request code * stride + position, sorted; ``ids`` and ``tokens`` follow it.
+    Codes number the requests in order of first appearance.
     Positions after a gap have no id (their prefix is unknown)."""
 
     codes: dict[str, int]  # request -> code
@@ -41,14 +43,15 @@ class Prefixes:
         parts = [(k.request[s], k.position[s], k.token_id[s]) for k in keys for s in [k.depth == 0]]
         parts = parts or [(np.empty(0, object), np.empty(0, np.int64), np.empty(0, np.int64))]
         requests, positions, tokens = (np.concatenate(column) for column in zip(*parts))
-        names, code = np.unique(requests.astype(str), return_inverse=True)
+        codes: dict[str, int] = {}
+        code = _codes(requests, codes, add=True)
         stride = int(positions.max(initial=0)) + 2
         where, first = np.unique(code.astype(np.int64) * stride + positions, return_index=True)
         code, position, token = where // stride, where % stride, tokens[first]
         keep = _no_gap(code, position)  # each request's positions 0, 1, 2, ... up to its first gap
         where, code, position, token = where[keep], code[keep], position[keep], token[keep]
-        return cls(codes={str(n): i for i, n in enumerate(names)}, stride=stride, where=where,
-                   ids=_prefix_hashes(code, position, token), tokens=token)
+        return cls(codes=codes, stride=stride, where=where, ids=_prefix_hashes(code, position, token),
+                   tokens=token)
 
     def lookup(self, requests: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(ids, found) of the prefixes of these requests up to these positions."""
@@ -208,9 +211,14 @@ def _first_rows(keys: np.ndarray, found: np.ndarray) -> np.ndarray:
     return candidates[first]
 
 
-def _codes(requests: np.ndarray, codes: dict[str, int]) -> np.ndarray:
-    names, inverse = np.unique(requests.astype(str), return_inverse=True)
-    return np.array([codes.get(str(n), -1) for n in names], dtype=np.int64)[inverse.reshape(-1)]
+def _codes(requests: np.ndarray, codes: dict[str, int], add: bool = False) -> np.ndarray:
+    """The code of each request in ``codes`` (-1 if absent); with ``add``, absent ones get the next
+    free code, in order of first appearance. Arrow's dictionary encoding finds the few distinct
+    ids without sorting strings or a Python step per row."""
+    encoded = pa.array(requests, type=pa.string()).dictionary_encode()
+    names = encoded.dictionary.to_pylist()
+    table = [codes.setdefault(n, len(codes)) if add else codes.get(n, -1) for n in names]
+    return np.asarray(table, dtype=np.int64)[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
 def _no_gap(code: np.ndarray, position: np.ndarray) -> np.ndarray:

@@ -5,6 +5,7 @@ the plan's order holds the first divergence; tensors failing later are downstrea
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from tracediff.trace.dtypes import FLOAT_TAGS, decode
 from tracediff.trace.reader import RowKeys, Trace
 
 SAMPLE = 64  # failing rows kept per tensor for the diagnoses
+WINDOWS_AHEAD = 2  # windows read ahead of the one being measured
 LARGER_IS_WORSE = ("max_abs", "mean_abs", "rel_l2", "max_rel", "kl")
 
 
@@ -127,55 +129,79 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
 
 @dataclass
 class ChunkRows:
-    """One chunk's rows as read: raw data, or (bfloat16 both sides, single-file traces) the file
-    offsets of each row, for the kernel to read them in place from the page cache."""
+    """One chunk's rows as read: raw data, or (bfloat16 both sides, single-file uncompressed
+    traces) the file offset of each row, for the kernel to read them in place from the page cache."""
 
     raw: Pair[np.ndarray] | None = None
     at: Pair[np.ndarray] | None = None
-    spans: Pair[list] | None = None  # populated file spans, released when the window is done
 
 
 def read_ahead(traces: Pair[Trace], chunks: list[Chunk]) -> Iterator[tuple[Chunk, ChunkRows]]:
-    """Each chunk with its rows; the next chunk is read (or, in place, prefetched) on a second
-    thread meanwhile (preads and the kernels release the GIL). Two chunks are held at most, in two
-    reused buffers per side (fresh arrays would cost a page fault per 4 KiB): a chunk's rows are
-    valid until the next-but-one chunk is asked for."""
-    buffers = {side: [np.empty(0, dtype=np.uint8), np.empty(0, dtype=np.uint8)] for side in ("a", "b")}
+    """Each chunk with its rows. A second thread prepares whole windows, up to ``WINDOWS_AHEAD``
+    ahead of the one being measured, so that the disk always has work (preads, madvise and the
+    kernels let go of the GIL): rows read in place are mapped, a few sequential spans a window, and
+    unmapped when their window is done; other rows are copied into a ring of reused buffers (fresh
+    arrays would cost a page fault per 4 KiB). A chunk's rows are valid until its window is done:
+    memory stays at ``WINDOWS_AHEAD + 1`` windows, whatever the trace size."""
+    windows: dict[int, list[int]] = {}
+    for i, chunk in enumerate(chunks):
+        windows.setdefault(chunk.window, []).append(i)
+    order = list(windows)  # chunks come in window order
+    ring = [Pair(np.empty(0, np.uint8), np.empty(0, np.uint8)) for _ in range(WINDOWS_AHEAD + 1)]
 
-    def read(i: int) -> ChunkRows:
-        chunk = chunks[i]
-        keys = chunk.tensor.keys
-        if keys.a.dtype == keys.b.dtype == "bfloat16":
-            at = traces.zip(keys, chunk.rows).starmap(Trace.row_offsets)
-            if at.a is not None and at.b is not None:
-                spans = traces.zip(at, keys).starmap(lambda t, where, k: t.populate(where, k.row_nbytes))
-                return ChunkRows(at=at, spans=spans)
+    def prepare(slot: int, window: int) -> tuple[dict[int, ChunkRows], Pair[list]]:
+        """Rows of every chunk of a window, and the spans mapped for them (to release)."""
+        offsets = {i: _row_offsets(traces, chunks[i]) for i in windows[window]}
+        rows = {i: ChunkRows(at=at) for i, at in offsets.items() if at is not None}
+        mapped = Pair.collect([chunks[i].tensor.keys.zip(rows[i].at) for i in rows])
+        spans = traces.zip(mapped).starmap(lambda trace, parts: trace.spans(*_byte_ranges(parts)))
+        traces.zip(spans).starmap(Trace.populate)
+        copied = [i for i in windows[window] if i not in rows]
+        need = Pair.collect([chunks[i].nbytes for i in copied]).map(sum)
+        ring[slot] = ring[slot].zip(need).starmap(_at_least)
+        used = Pair(0, 0)
+        for i in copied:
+            chunk = chunks[i]
+            into = ring[slot].zip(used, chunk.nbytes).starmap(lambda buf, at, n: buf[at : at + n])
+            rows[i] = ChunkRows(raw=traces.zip(chunk.tensor.keys, chunk.rows, into).starmap(Trace.gather))
+            used = used.zip(chunk.nbytes).starmap(operator.add)
+        return rows, spans
 
-        def copied(trace: Trace, side_keys: RowKeys, rows: np.ndarray, side: str) -> np.ndarray:
-            need = len(rows) * side_keys.row_nbytes
-            if buffers[side][i % 2].size < need:
-                buffers[side][i % 2] = np.empty(need, dtype=np.uint8)
-            return trace.gather(side_keys, rows, into=buffers[side][i % 2])
-
-        return ChunkRows(raw=traces.zip(keys, chunk.rows, Pair("a", "b")).starmap(copied))
-
-    if not chunks:
-        return
-    window_spans: list[Pair[list]] = []  # spans mapped for the current window, released after it
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pending = pool.submit(read, 0)
-        for i, chunk in enumerate(chunks):
-            rows = pending.result()
-            if i + 1 < len(chunks):
-                pending = pool.submit(read, i + 1)
-            yield chunk, rows
-            if rows.spans is not None:
-                window_spans.append(rows.spans)
-            if i + 1 == len(chunks) or chunks[i + 1].window != chunk.window:
-                for spans in window_spans:
-                    traces.a.release(spans.a)
-                    traces.b.release(spans.b)
-                window_spans.clear()
+        ahead = {w: pool.submit(prepare, k, w) for k, w in enumerate(order[: len(ring)])}
+        try:
+            for k, window in enumerate(order):
+                rows, spans = ahead.pop(window).result()
+                for i in windows[window]:
+                    yield chunks[i], rows[i]
+                traces.zip(spans).starmap(Trace.release)
+                if k + len(ring) < len(order):
+                    ahead[order[k + len(ring)]] = pool.submit(prepare, k % len(ring), order[k + len(ring)])
+        finally:  # stopped early: windows not yet started are not read
+            for future in ahead.values():
+                future.cancel()
+
+
+def _at_least(buffer: np.ndarray, nbytes: int) -> np.ndarray:
+    return buffer if buffer.size >= nbytes else np.empty(nbytes, dtype=np.uint8)
+
+
+def _row_offsets(traces: Pair[Trace], chunk: Chunk) -> Pair[np.ndarray] | None:
+    """File offsets of a chunk's rows where both sides can be read in place: bfloat16, single-file
+    traces whose records lie uncompressed."""
+    keys = chunk.tensor.keys
+    if not keys.a.dtype == keys.b.dtype == "bfloat16":
+        return None
+    at = traces.zip(keys, chunk.rows).starmap(Trace.row_offsets)
+    return None if at.a is None or at.b is None else at
+
+
+def _byte_ranges(parts: list[tuple[RowKeys, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and stops of the rows at these offsets, over several tensors."""
+    if not parts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return (np.concatenate([at for _, at in parts]),
+            np.concatenate([at + keys.row_nbytes for keys, at in parts]))
 
 
 def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorResult, comparison: Comparison,

@@ -20,15 +20,14 @@ def _flat(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(len(x), -1))
 
 
-def float_metrics(a: np.ndarray, b: np.ndarray, logits: bool = False,
-                  bf16: bool = False) -> dict[str, np.ndarray]:
-    """The float metrics of decoded rows (or, with ``bf16``, of two arrays of bfloat16 bit
-    patterns); with ``logits``, the logit metrics too."""
-    if not bf16:
+def float_metrics(a: np.ndarray, b: np.ndarray, logits: bool = False) -> dict[str, np.ndarray]:
+    """The float metrics of decoded rows (or of two uint16 arrays of bfloat16 bit patterns); with
+    ``logits``, the logit metrics too."""
+    if not a.dtype == b.dtype == np.uint16:
         wide = np.float64 if np.float64 in (a.dtype, b.dtype) else np.float32
         a, b = a.astype(wide, copy=False), b.astype(wide, copy=False)
     a, b = _flat(a), _flat(b)
-    return _named(compare_rows(a, b, bf16, logits, _top_k(a.shape[1])), logits)
+    return _named(compare_rows(a, b, logits, _top_k(a.shape[1])), logits)
 
 
 def token_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
@@ -50,7 +49,7 @@ def measure_rows(name: str, dtypes: tuple[str, str], raw_a: np.ndarray,
     if not all(d in FLOAT_TAGS for d in dtypes):
         return token_metrics(raw_a, raw_b)
     if dtypes == ("bfloat16", "bfloat16"):
-        return float_metrics(raw_a, raw_b, logits=name.endswith("logits"), bf16=True)
+        return float_metrics(raw_a, raw_b, logits=name.endswith("logits"))
     return float_metrics(decode(raw_a, dtypes[0]), decode(raw_b, dtypes[1]), logits=name.endswith("logits"))
 
 

@@ -23,6 +23,11 @@ class Pair(Generic[T]):
         """Side by side: Pair(a, b).zip(Pair(c, d)) is Pair((a, c), (b, d))."""
         return Pair((self.a, *(o.a for o in others)), (self.b, *(o.b for o in others)))
 
+    @staticmethod
+    def collect(pairs: list[Pair[T]]) -> Pair[list[T]]:
+        """A list of pairs as a pair of lists."""
+        return Pair([p.a for p in pairs], [p.b for p in pairs])
+
     def starmap(self, fn: Callable[..., U]) -> Pair[U]:
         """``map`` over a zipped pair, each side's tuple spread into the arguments."""
         return Pair(fn(*self.a), fn(*self.b))

@@ -20,7 +20,7 @@ from tracediff.diff.pair import Pair
 from tracediff.errors import TraceError
 from tracediff.trace.reader import RowKeys, Trace
 
-CHUNK_BYTES = 8 << 20  # raw bytes per side per chunk
+CHUNK_BYTES = 16 << 20  # raw bytes per side per chunk
 ALIGNMENTS = ("prefix", "step")
 
 
@@ -39,6 +39,11 @@ class Chunk:
     order: int  # the tensor's place in dataflow order
     rows: Pair[np.ndarray]  # corresponding row numbers into tensor.keys, a's order
     window: int  # the window of baseline steps these rows belong to
+
+    @property
+    def nbytes(self) -> Pair[int]:
+        """Raw bytes of the chunk's rows on each side."""
+        return self.tensor.keys.map(lambda keys: len(self.rows.a) * keys.row_nbytes)
 
 
 @dataclass

@@ -277,10 +277,10 @@ class ArrowTraceFile:
         at = buffer.address - self._base + start
         return (at, end - start) if 0 <= at and at + (end - start) <= self._size else None
 
-    def data_offset(self, slot: int) -> int | None:
-        """File offset of a record's bytes when they lie uncompressed in the file, else None."""
-        where = self._file_range(slot)
-        return None if where is None else where[0]
+    def data_offsets(self) -> np.ndarray:
+        """File offset of every record's bytes where they lie uncompressed in the file, else -1."""
+        return np.array([-1 if (where := self._file_range(slot)) is None else where[0]
+                         for slot in range(len(self._locations))], dtype=np.int64)
 
     def prefetch(self, slot: int, offset: int = 0, n: int | None = None) -> None:
         if (where := self._file_range(slot)) is not None:

@@ -1,10 +1,20 @@
-"""Reading raw bytes at a file offset straight into a caller's buffer (no mmap page faults)."""
+"""Reading raw bytes at a file offset straight into a caller's buffer (no mmap page faults), and
+advice to the kernel about mapped file pages."""
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import os
 
 import numpy as np
+
+MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_madvise = getattr(_LIBC, "madvise", None)
+if _madvise is not None:
+    _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    _madvise.restype = ctypes.c_int
 
 
 def pread_into(fd: int, out: np.ndarray, offset: int) -> None:
@@ -22,3 +32,16 @@ def prefetch(fd: int, offset: int, length: int) -> None:
     """Ask the kernel to start reading a range now, so that later preads find it in memory."""
     if hasattr(os, "posix_fadvise") and length > 0:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+
+
+def advise(mapping: mmap.mmap, address: int, start: int, length: int, advice: int) -> bool:
+    """madvise(2) on bytes [start, start + length) of ``mapping`` (mapped at ``address``); False
+    where the kernel refuses the advice. Called through ctypes, which lets go of the GIL:
+    ``mmap.madvise`` holds it, so a populate that waits for the disk would stall every thread."""
+    if _madvise is None:
+        try:
+            mapping.madvise(advice, start, length)
+            return True
+        except OSError:
+            return False
+    return _madvise(address + start, length, advice) == 0

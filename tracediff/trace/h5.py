@@ -240,6 +240,10 @@ class H5TraceFile:
         if not self._all_chunks and len(self._chunk_at) < CHUNK_LOOKUPS:
             self._chunk_at[index] = self._data.id.get_chunk_info_by_coord((index * self._chunk,)).byte_offset
             return self._chunk_at[index]
+        return self._every_chunk().get(index)
+
+    def _every_chunk(self) -> dict[int, int | None]:
+        """Chunk index -> file offset of every written chunk, from one pass over HDF5's index."""
         if not self._all_chunks:
             found = self._chunk_at
 
@@ -248,7 +252,7 @@ class H5TraceFile:
 
             self._data.id.chunk_iter(note)
             self._all_chunks = True
-        return self._chunk_at.get(index)
+        return self._chunk_at
 
     def _file_ranges(self, slot: int, offset: int, n: int) -> list[tuple[int, int]]:
         """(file offset, length) pieces of bytes [offset, offset + n) of a record, one per chunk they
@@ -265,14 +269,24 @@ class H5TraceFile:
             done += take
         return ranges
 
-    def data_offset(self, slot: int) -> int | None:
-        """File offset of a record's bytes when they lie contiguous and unfiltered, else None."""
-        n = int(self._cols["data_nbytes"][slot])
-        ranges = self._file_ranges(slot, 0, n)
-        if sum(length for _, length in ranges) != n or any(
-                at + length != following for (at, length), (following, _) in zip(ranges, ranges[1:])):
-            return None
-        return ranges[0][0] if ranges else None
+    def data_offsets(self) -> np.ndarray:
+        """File offset of every record's bytes where they lie contiguous and unfiltered in the file,
+        else -1: records whose chunks all sit at their offsets from one common base."""
+        start, n = self._cols["data_offset"], self._cols["data_nbytes"]
+        if not self._raw_chunks or not len(start):
+            return np.full(len(start), -1, dtype=np.int64)
+        count = int(((start + n + self._chunk - 1) // self._chunk).max(initial=0))
+        at = np.full(count + 1, -1, dtype=np.int64)
+        for index, offset in self._every_chunk().items():
+            if 0 <= index <= count and offset is not None:
+                at[index] = offset
+        # a chunk continues the previous one when it sits right after it in the file
+        shift = np.where(at >= 0, at - np.arange(count + 1) * self._chunk, -1)
+        breaks = np.cumsum(np.r_[1, (shift[1:] != shift[:-1]) | (shift[1:] < 0)])
+        first = start // self._chunk
+        last = np.maximum(start + n - 1, start) // self._chunk
+        whole = (breaks[first] == breaks[last]) & (at[first] >= 0)
+        return np.where(whole, at[first] + start % self._chunk, -1)
 
     def prefetch(self, slot: int, offset: int = 0, n: int | None = None) -> None:
         n = int(self._cols["data_nbytes"][slot]) - offset if n is None else n

@@ -13,11 +13,11 @@ import numpy as np
 from tracediff.errors import TraceError
 from tracediff.trace.arrow import ArrowTraceFile
 from tracediff.trace.dtypes import decode, storage_dtype
+from tracediff.trace.fileio import MADV_POPULATE_READ, advise
 from tracediff.trace.h5 import H5TraceFile
 from tracediff.trace.schema import Record, RecordIndex
 
 PREFETCH = 16  # records read ahead by rows()
-MADV_POPULATE_READ = getattr(mmap, "MADV_POPULATE_READ", 22)  # Linux >= 5.14; older kernels: WILLNEED
 SPAN_GAP = 1 << 20
 H5_MAGIC = b"\x89HDF\r\n\x1a\n"
 ARROW_MAGIC = b"ARROW1"
@@ -119,7 +119,7 @@ class Trace:
             self.close()
             raise
         self.index = RecordIndex.concat([f.index for f in self.files])
-        self._offsets: dict[int, int | None] = {}  # record slot -> file offset of its bytes
+        self._offsets: np.ndarray | None = None  # per record slot: file offset of its bytes, or -1
 
     @property
     def paths(self) -> list[Path]:
@@ -264,13 +264,11 @@ class Trace:
         unless the trace is one file whose records involved lie uncompressed in it."""
         if len(self.files) != 1:
             return None
-        file, slots = self.files[0], self.index.slot[keys.record[rows]]
-        for slot in np.unique(slots).tolist():
-            if slot not in self._offsets:
-                self._offsets[slot] = file.data_offset(slot)
-            if self._offsets[slot] is None:
-                return None
-        base = np.array([self._offsets[s] for s in slots.tolist()], dtype=np.int64)
+        if self._offsets is None:
+            self._offsets = self.files[0].data_offsets()
+        base = self._offsets[self.index.slot[keys.record[rows]]]
+        if (base < 0).any():
+            return None
         return base + keys.within[rows] * keys.row_nbytes
 
     def mapped(self) -> np.ndarray:
@@ -281,36 +279,32 @@ class Trace:
             self._map = np.frombuffer(self._mmap, dtype=np.uint8)
         return self._map
 
-    def populate(self, at: np.ndarray, nbytes: int) -> list[tuple[int, int]]:
-        """Map the pages of rows starting at file offsets ``at`` now (reading them from disk if need
-        be), so that the kernel reading them in place takes no page faults. Rows less than
-        ``SPAN_GAP`` apart are populated as one span: one sequential read, which also brings in the
-        other tensors of the same steps. Returns the spans, for ``release``."""
-        self.mapped()
-        if not len(at):
+    def spans(self, starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
+        """(file offset, length) of page-aligned spans covering the byte ranges [starts, stops);
+        ranges less than ``SPAN_GAP`` apart share a span: one sequential read."""
+        if not len(starts):
             return []
-        page = mmap.PAGESIZE
-        starts, stops = (at // page) * page, at + nbytes
         order = np.argsort(starts, kind="stable")
-        spans, begin, end = [], int(starts[order[0]]), int(stops[order[0]])
-        for s, e in zip(starts[order[1:]].tolist(), stops[order[1:]].tolist()):
-            if s > end + SPAN_GAP:
-                spans.append((begin, end - begin))
-                begin = s
-            end = max(end, e)
-        spans.append((begin, end - begin))
+        begin = (starts[order] // mmap.PAGESIZE) * mmap.PAGESIZE
+        end = np.maximum.accumulate(stops[order])
+        first = np.flatnonzero(np.r_[True, begin[1:] > end[:-1] + SPAN_GAP])
+        last = np.r_[first[1:], len(begin)] - 1
+        return list(zip(begin[first].tolist(), (end[last] - begin[first]).tolist()))
+
+    def populate(self, spans: list[tuple[int, int]]) -> None:
+        """Map these spans of ``mapped()`` now (reading them from disk if need be), so that a kernel
+        reading them in place takes no page faults; ``release`` them when done."""
+        address = self.mapped().ctypes.data
         for start, length in spans:
-            try:
-                self._mmap.madvise(MADV_POPULATE_READ, start, length)
-            except (OSError, ValueError):  # kernel < 5.14: let the faults read it, ahead
-                self._mmap.madvise(mmap.MADV_WILLNEED, start, length)
-        return spans
+            if not advise(self._mmap, address, start, length, MADV_POPULATE_READ):  # kernel < 5.14
+                advise(self._mmap, address, start, length, mmap.MADV_WILLNEED)  # the faults read ahead
 
     def release(self, spans: list[tuple[int, int]]) -> None:
         """Unmap populated spans (the pages stay in the page cache): resident memory stays at a
         few chunks, whatever the trace size."""
+        address = self.mapped().ctypes.data
         for start, length in spans:
-            self._mmap.madvise(mmap.MADV_DONTNEED, start, length)
+            advise(self._mmap, address, start, length, mmap.MADV_DONTNEED)
 
     def rows(self, name: str, step: int | None = None, request: str | None = None,
              depth: int | None = None) -> Rows:
