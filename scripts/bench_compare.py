@@ -6,15 +6,20 @@ tensors; plus time to the first divergence with --stop-at-first, and peak memory
 The traces are serving-like: every step a decode batch of BATCH requests logs three bfloat16
 tensors (aux hidden states, draft hidden, draft logits); each request runs REQUEST_LEN steps. The
 target trace equals the baseline except one draft.hidden row at 2% of the steps, so a full compare
-reads everything and --stop-at-first may stop early. Page caches are dropped before every timed run.
+reads everything and --stop-at-first may stop early. Every file is written back and read once
+before any timing (a virtual disk's host-side caches then treat them alike), and the page cache
+is dropped before every timed run. The disk's speed is a plain sequential read of the two trace
+files themselves, interleaved with the compares.
 
-Usage: python scripts/bench_compare.py [--gb 2] [--small-gb 0.5] [--dir /tmp/bench_compare] [--out f.json]
+Usage: python scripts/bench_compare.py [--gb 2] [--small-gb 0.5] [--reps 3] [--dir /tmp/bench_compare]
+       [--out f.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -35,6 +40,9 @@ DIVERGE_AT = 0.02  # fraction of the steps
 
 
 def drop_all(paths: list[Path]) -> None:
+    """Write back everything still dirty (the 45k dumper files just written would otherwise be
+    flushed during the next timed run), then evict these files' pages."""
+    os.sync()
     for path in paths:
         drop_cache(path)
 
@@ -127,17 +135,46 @@ def run_child(code: str) -> tuple[float, float, str]:
     return seconds, peak_kb / 1024, proc.stdout
 
 
-def measure(base: Path, steps: int, with_baseline: bool) -> dict:
+def prime(paths: list[Path]) -> None:
+    """Read every file once after writing: the virtual disk's host caches then hold (or not) the
+    traces and the dumper files alike, so every timed run starts from the same state."""
+    os.sync()
+    for path in paths:
+        with open(path, "rb", buffering=0) as fh:
+            while fh.read(8 << 20):
+                pass
+
+
+def pair_read_speed(paths: list[Path]) -> float:
+    """Bytes per second of a plain sequential read of the files, page cache dropped first."""
+    seconds = sum(path.stat().st_size / disk_read_speed(path) for path in paths)
+    return sum(path.stat().st_size for path in paths) / seconds
+
+
+def measure(base: Path, steps: int, with_baseline: bool, reps: int) -> dict:
+    """Side by side on the same files: the disk's plain read speed and the full CLI compare,
+    ``reps`` times each, interleaved (medians); stop-at-first, the in-process phases and the
+    dumper baseline once."""
     a, b, dump_a, dump_b = write_pair(base, steps)
+    dumped = files_under(dump_a) + files_under(dump_b)
+    prime([a, b, *(dumped if with_baseline else [])])
     tensor_bytes = 2 * steps * STEP_BYTES
     cli = (f"sys.argv = ['tracediff', 'compare', {str(a)!r}, {str(b)!r}, '--json']\n"
            "from tracediff.cli import main; main()")
-    drop_all([a, b])
-    seconds, peak_mb, out = run_child(cli)
+    disk, runs = [], []
+    for _ in range(reps):
+        disk.append(pair_read_speed([a, b]) / 1e9)
+        drop_all([a, b])
+        runs.append(run_child(cli))
+    seconds = sorted(r[0] for r in runs)[reps // 2]
+    out = runs[0][2]
     report = json.loads(out[: out.rindex("}") + 1])
     result = {
         "steps": steps, "tensor_bytes": tensor_bytes, "trace_bytes": a.stat().st_size + b.stat().st_size,
-        "compare_s": seconds, "compare_gbs": tensor_bytes / seconds / 1e9, "compare_peak_rss_mb": peak_mb,
+        "disk_read_gbs": sorted(disk)[reps // 2], "disk_read_gbs_runs": disk,
+        "compare_s": seconds, "compare_s_runs": [r[0] for r in runs],
+        "compare_gbs": tensor_bytes / seconds / 1e9,
+        "compare_peak_rss_mb": max(r[1] for r in runs),
         "first_divergence": {k: report["first_divergence"][k] for k in ("name", "step", "position")},
         "rows_compared": sum(t["rows"] for t in report["tensors"]), "rows_total": steps * BATCH * len(WIDTHS),
     }
@@ -151,7 +188,7 @@ def measure(base: Path, steps: int, with_baseline: bool) -> dict:
         script = (f"import sys; sys.path.insert(0, {here!r}); import bench_compare as b; "
                   f"from pathlib import Path; print(b.dumper_compare(Path({str(dump_a)!r}), "
                   f"Path({str(dump_b)!r}), {steps}))")
-        drop_all(files_under(dump_a) + files_under(dump_b))
+        drop_all(dumped)
         seconds, peak_mb, out = run_child(script)
         result.update({"dumper_s": seconds, "dumper_gbs": tensor_bytes / seconds / 1e9,
                        "dumper_peak_rss_mb": peak_mb, "dumper_files": 2 * steps * len(WIDTHS),
@@ -163,25 +200,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=2.0, help="tensor bytes per trace, large run")
     parser.add_argument("--small-gb", type=float, default=0.5, help="tensor bytes per trace, memory check")
+    parser.add_argument("--reps", type=int, default=3, help="disk reads and full compares of the large pair")
     parser.add_argument("--dir", type=Path, default=Path("/tmp/bench_compare"))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     shutil.rmtree(args.dir, ignore_errors=True)
     args.dir.mkdir(parents=True)
     results: dict = {}
-    probe = args.dir / "probe.bin"
-    probe.write_bytes(np.random.default_rng(1).integers(0, 255, 1 << 30, dtype=np.uint8).tobytes())
-    results["disk_cold_read_gbs"] = disk_read_speed(probe) / 1e9
-    probe.unlink()
-    for label, gb, baseline in (("small", args.small_gb, False), ("large", args.gb, True)):
+    sizes = (("small", args.small_gb, False, 1), ("large", args.gb, True, args.reps))
+    for label, gb, baseline, reps in sizes:
         base = args.dir / label
         base.mkdir()
-        results[label] = measure(base, max(1, int(gb * 1e9 / STEP_BYTES)), baseline)
+        results[label] = measure(base, max(1, int(gb * 1e9 / STEP_BYTES)), baseline, reps)
         shutil.rmtree(base)
         print(label, json.dumps(results[label], indent=1), flush=True)
     large = results["large"]
     results["summary"] = {
-        "compare_vs_disk": large["compare_gbs"] / results["disk_cold_read_gbs"],
+        "compare_gbs": large["compare_gbs"],
+        "compare_vs_disk": large["compare_gbs"] / large["disk_read_gbs"],
         "compare_vs_dumper": large["dumper_s"] / large["compare_s"],
         "stop_at_first_speedup": large["compare_s"] / large["stop_at_first_s"],
         "peak_rss_growth": large["compare_peak_rss_mb"] / results["small"]["compare_peak_rss_mb"],

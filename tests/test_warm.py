@@ -1,0 +1,85 @@
+"""The page-cache warmer: reads files front to back within its budget, leaves none of them in
+the process's memory, and ends quietly on files it cannot read."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+import numpy as np
+import pytest
+
+from tracediff.trace.warm import STEP, Warmer
+
+SIZE = 4 * STEP
+
+
+def resident(path, start: int = 0, stop: int | None = None) -> float:
+    """The share of a file's pages in [start, stop) that are in the page cache (mincore(2))."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    size = os.path.getsize(path)
+    stop = size if stop is None else stop
+    with open(path, "rb") as fh:
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            address = np.frombuffer(mapped, dtype=np.uint8).ctypes.data
+            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            flags = (ctypes.c_ubyte * pages)()
+            assert libc.mincore(ctypes.c_void_p(address), ctypes.c_size_t(size), flags) == 0
+        finally:
+            mapped.close()
+    seen = np.frombuffer(flags, dtype=np.uint8)[start // mmap.PAGESIZE : -(-stop // mmap.PAGESIZE)] & 1
+    return float(seen.mean())
+
+
+def rss() -> int:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmRSS"))
+
+
+@pytest.fixture
+def cold_files(tmp_path):
+    """Two files of random bytes, out of the page cache (skips where it cannot be dropped)."""
+    paths = [tmp_path / "a.bin", tmp_path / "b.bin"]
+    rng = np.random.default_rng(0)
+    for path in paths:
+        path.write_bytes(rng.integers(0, 255, SIZE, dtype=np.uint8).tobytes())
+        fd = os.open(path, os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    if any(resident(p) > 0.1 for p in paths):
+        pytest.skip("the page cache of these files cannot be dropped here (tmpfs?)")
+    return paths
+
+
+def test_warming_reads_both_files_front_first_within_its_budget(cold_files) -> None:
+    before = rss()
+    warmer = Warmer(cold_files, budget=2 * STEP)
+    warmer.join()
+    for path in cold_files:  # one step of each, in turn; the kernel may read a little further
+        assert resident(path, 0, STEP) == 1.0
+        assert resident(path) < 0.75
+    assert rss() - before < STEP  # what was read stays in the page cache, not in our memory
+    Warmer(cold_files).join()
+    assert all(resident(path) == 1.0 for path in cold_files)
+
+
+def test_warming_stops_when_told(cold_files) -> None:
+    warmer = Warmer(cold_files, budget=0)
+    warmer.join()
+    assert all(resident(path) == 0.0 for path in cold_files)
+    warmer = Warmer(cold_files)
+    warmer.stop()
+    warmer.join()
+    assert sum(resident(path) for path in cold_files) < 2.0
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnhandledThreadExceptionWarning")
+def test_unreadable_files_end_the_warming_quietly(tmp_path, cold_files) -> None:
+    Warmer([tmp_path / "missing.h5", *cold_files]).join()
+    assert all(resident(path) == 0.0 for path in cold_files)  # the first failure ends it
+    empty = tmp_path / "empty.h5"
+    empty.write_bytes(b"")
+    Warmer([empty, tmp_path]).join()

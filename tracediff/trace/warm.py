@@ -1,0 +1,81 @@
+"""Read trace files into the page cache on a background thread while the process starts.
+
+A compare spends its first second importing, opening and planning before it reads a tensor
+byte; the disk can deliver gigabytes meanwhile. ``warm`` reads the files front to back, a few
+MiB of each in turn, through madvise (which lets go of the GIL, so imports and planning go on),
+up to a budget of the memory the machine has free, and unmaps what it read at once: the pages
+stay in the page cache, none stay in the process's memory. Any failure just ends the warming.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from tracediff.trace.fileio import MADV_POPULATE_READ, advise
+
+STEP = 16 << 20  # bytes of one file read before the next file's turn
+FREE_SHARE = 4  # read at most 1/FREE_SHARE of the memory the machine has available
+
+
+class Warmer:
+    """The background reading of some files; ``stop`` ends it after the step under way."""
+
+    def __init__(self, paths: Sequence[str | Path], budget: int | None = None) -> None:
+        """Start reading ``paths``, at most ``budget`` bytes (default: a share of free memory)."""
+        self._stop = threading.Event()
+        self._budget = available_memory() // FREE_SHARE if budget is None else budget
+        self._thread = threading.Thread(target=self._run, args=(list(paths),), daemon=True,
+                                        name="tracediff-warm")
+        if self._budget > 0:
+            self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self) -> None:
+        """Wait until the warming has ended (read its budget, every file, or was stopped)."""
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self, paths: list[str | Path]) -> None:
+        maps: list[mmap.mmap] = []
+        try:
+            for path in paths:
+                with open(path, "rb") as fh:
+                    if os.fstat(fh.fileno()).st_size:
+                        maps.append(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
+            addresses = [np.frombuffer(m, dtype=np.uint8).ctypes.data for m in maps]
+            done = 0
+            for start in range(0, max((len(m) for m in maps), default=0), STEP):
+                for m, address in zip(maps, addresses):
+                    length = min(STEP, len(m) - start)
+                    if self._stop.is_set() or done >= self._budget:
+                        return
+                    if length > 0:
+                        if not advise(m, address, start, length, MADV_POPULATE_READ):
+                            return  # a kernel before 5.14: no way to read ahead without waiting
+                        advise(m, address, start, length, mmap.MADV_DONTNEED)
+                        done += length
+        except (OSError, ValueError):
+            return  # warming only saves time: the compare reads (and reports) for itself
+        finally:
+            for m in maps:
+                m.close()
+
+
+def available_memory() -> int:
+    """MemAvailable in bytes (Linux); 0 where it cannot be read, which turns warming off."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
