@@ -353,6 +353,62 @@ def test_rows_read_in_place_and_copied_compare_alike(tmp_path, suffix, compressi
     assert tensor["failed"] == 3 and tensor["rows"] == 36 and tensor["worst"]["kl"] > 0
 
 
+def test_windows_mixing_in_place_and_copied_rows(tmp_path) -> None:
+    """A window holds bfloat16 rows read in place and float32 rows copied into the read-ahead
+    ring; with more windows than the ring has slots, every row must still be the one planned."""
+    torch = pytest.importorskip("torch")
+    from tracediff.diff.differ import WINDOWS_AHEAD, compare_traces, read_ahead
+    from tracediff.diff.pair import Pair
+
+    gen = torch.Generator().manual_seed(1)
+    steps = [(torch.randn(2, 24, generator=gen), torch.randn(2, 16, generator=gen)) for _ in range(20)]
+    for name, bump in (("a", None), ("b", 13)):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            for step, (hidden, logits) in enumerate(steps):
+                keys = dict(step=step, request=["r0", "r1"], positions=[step] * 2,
+                            token_ids=[2 * step, 2 * step + 1])
+                rec.log("h.hidden", hidden * (1.001 if step == bump else 1.0), **keys)
+                rec.log("h.logits", logits.to(torch.bfloat16), **keys)
+    with td.open_trace(tmp_path / "a.h5") as ta, td.open_trace(tmp_path / "b.h5") as tb:
+        whole = compare_traces(Pair(ta, tb))
+        small = compare_traces(Pair(ta, tb), chunk_bytes=300)
+        windows = {c.window for c in small.plan.chunks}
+        kinds = {(chunk.tensor.name, rows.at is not None) for chunk, rows in read_ahead(Pair(ta, tb),
+                                                                                          small.plan.chunks)}
+    assert len(windows) > WINDOWS_AHEAD + 1 and kinds == {("h.hidden", False), ("h.logits", True)}
+    assert [vars(t) for t in small.tensors] == [vars(t) for t in whole.tensors]
+    assert whole.first_divergence.name == "h.hidden" and whole.first_divergence.first_bad["step"]["a"] == 13
+
+
+def test_read_ahead_holds_a_few_windows_whatever_the_trace_size(tmp_path) -> None:
+    """Rows read in place are unmapped once their window is measured: resident memory grows by a
+    few windows, not by the 2 x 64 MiB read."""
+    torch = pytest.importorskip("torch")
+    from tracediff.diff.differ import read_ahead
+    from tracediff.diff.pair import Pair
+    from tracediff.diff.plan import make_plan
+
+    rows = torch.randn(8, 16384, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+    for name in ("a", "b"):
+        with td.record(tmp_path / f"{name}.h5", on_full="block", block_timeout=60) as rec:
+            for step in range(256):  # 256 KiB a step
+                rec.log("h.logits", rows, step=step, request=[f"r{i}" for i in range(8)],
+                        positions=[step] * 8, token_ids=np.arange(8) + 8 * step)
+
+    def resident() -> int:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) << 10 for line in fh if line.startswith("VmRSS"))
+
+    with td.open_trace(tmp_path / "a.h5") as ta, td.open_trace(tmp_path / "b.h5") as tb:
+        traces = Pair(ta, tb)
+        plan = make_plan(traces, chunk_bytes=1 << 20)
+        before, peak, total = resident(), 0, 0
+        for _, chunk_rows in read_ahead(traces, plan.chunks):
+            peak = max(peak, resident())
+            total += len(chunk_rows.at.a)
+    assert total == 256 * 8 and peak - before < 24 << 20
+
+
 def test_rows_after_a_gap_in_positions_are_left_out(tmp_path) -> None:
     """A prefix is known only up to the first missing position: both sides lack position 2, so
     whatever token stood there is unknown and position 3 cannot be placed, even with equal keys."""
