@@ -10,9 +10,11 @@ import os
 import numpy as np
 import pytest
 
-from tracediff.trace.warm import STEP, Warmer
+from tracediff.trace import warm
+from tracediff.trace.warm import Warmer
 
-SIZE = 4 * STEP
+STEP = 4 << 20  # the warmer's read size in these tests
+SIZE = 8 * STEP
 
 
 def resident(path, start: int = 0, stop: int | None = None) -> float:
@@ -39,8 +41,9 @@ def rss() -> int:
 
 
 @pytest.fixture
-def cold_files(tmp_path):
+def cold_files(tmp_path, monkeypatch):
     """Two files of random bytes, out of the page cache (skips where it cannot be dropped)."""
+    monkeypatch.setattr(warm, "STEP", STEP)
     paths = [tmp_path / "a.bin", tmp_path / "b.bin"]
     rng = np.random.default_rng(0)
     for path in paths:

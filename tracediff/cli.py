@@ -166,6 +166,7 @@ def compare(
 
     Exit 0 when they match, 1 when they diverge, 2 on bad input or nothing comparable."""
     from tracediff.diff.pair import Pair
+    from tracediff.diff.plan import tensor_keys
     from tracediff.diff.rename import parse_pair, read_mapping_file
     from tracediff.diff.tolerance import Tolerances
     from tracediff.trace.reader import open_trace
@@ -192,14 +193,15 @@ def compare(
         with open_trace(a) as trace_a:
             with open_trace(b) as trace_b:
                 traces = Pair(trace_a, trace_b)
-                # the indexes are read: the disk reads tensor data while numba loads and we plan
-                # (not when stopping at the first divergence: most of the data is never needed)
+                keys = traces.map(tensor_keys)  # small reads, done before the disk gets busy:
+                # then it reads tensor data while numba loads and the plan is made (not when
+                # stopping at the first divergence: most of the data is never needed)
                 warmer = Warmer([*trace_a.paths, *trace_b.paths], budget=0 if stop_at_first else None)
                 from tracediff.diff.diagnose import diagnose
                 from tracediff.diff.differ import compare_traces
                 from tracediff.report.compare import render, to_json, to_markdown
 
-                result = compare_traces(traces, tolerances, rename, align, stop_at_first)
+                result = compare_traces(traces, tolerances, rename, align, stop_at_first, keys=keys)
                 warmer.stop()
                 diagnoses = diagnose(result, traces)
         verdict.append(result.verdict)

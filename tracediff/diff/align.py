@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
 
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import KeyColumns, RowKeys, Trace
@@ -26,11 +25,10 @@ MIX_POSITION, MIX_DEPTH = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D
 class Prefixes:
     """Per (request, position): the id of the token prefix x[0..position], equal across traces.
 
-    ``where`` holds request code * stride + position, sorted; ``ids`` and ``tokens`` follow it.
-    Codes number the requests in order of first appearance.
-    Positions after a gap have no id (their prefix is unknown)."""
+    ``where`` holds request code (the trace's ``request_code``) * stride + position, sorted;
+    ``ids`` and ``tokens`` follow it. Positions after a gap have no id (their prefix is unknown)."""
 
-    codes: dict[str, int]  # request -> code
+    names: dict[int, str]  # request code -> request id
     stride: int
     where: np.ndarray
     ids: np.ndarray  # uint64
@@ -40,22 +38,23 @@ class Prefixes:
     def of(cls, keys: list[KeyColumns]) -> Prefixes:
         """From the depth-0 rows of every tensor of one trace (key columns only); the first token
         seen at a (request, position) counts."""
-        parts = [(k.request[s], k.position[s], k.token_id[s]) for k in keys for s in [k.depth == 0]]
-        parts = parts or [(np.empty(0, object), np.empty(0, np.int64), np.empty(0, np.int64))]
-        requests, positions, tokens = (np.concatenate(column) for column in zip(*parts))
-        codes: dict[str, int] = {}
-        code = _codes(requests, codes, add=True)
+        parts = [(k.request_code[s], k.position[s], k.token_id[s]) for k in keys for s in [k.depth == 0]]
+        parts = parts or [(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64))]
+        codes, positions, tokens = (np.concatenate(column) for column in zip(*parts))
+        names: dict[int, str] = {}
+        for k in keys:
+            found, at = np.unique(k.request_code, return_index=True)
+            names.update(zip(found.tolist(), k.request[at].tolist()))
         stride = int(positions.max(initial=0)) + 2
-        where, first = np.unique(code.astype(np.int64) * stride + positions, return_index=True)
+        where, first = np.unique(codes * stride + positions, return_index=True)
         code, position, token = where // stride, where % stride, tokens[first]
         keep = _no_gap(code, position)  # each request's positions 0, 1, 2, ... up to its first gap
         where, code, position, token = where[keep], code[keep], position[keep], token[keep]
-        return cls(codes=codes, stride=stride, where=where, ids=_prefix_hashes(code, position, token),
+        return cls(names=names, stride=stride, where=where, ids=_prefix_hashes(code, position, token),
                    tokens=token)
 
-    def lookup(self, requests: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, found) of the prefixes of these requests up to these positions."""
-        codes = _codes(requests, self.codes)
+    def lookup(self, codes: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, found) of the prefixes of these requests (by code) up to these positions."""
         inside = (codes >= 0) & (positions >= 0) & (positions < self.stride)
         at, found = _find_sorted(self.where, np.where(inside, codes * self.stride + positions, -1))
         found &= inside
@@ -79,7 +78,7 @@ def key_of(ids: np.ndarray, positions: np.ndarray, depths: np.ndarray) -> np.nda
 
 def row_keys(rows: KeyColumns, prefixes: Prefixes) -> tuple[np.ndarray, np.ndarray]:
     """(key, found) per row: ``key_of`` its prefix, position and depth."""
-    ids, found = prefixes.lookup(rows.request, rows.position)
+    ids, found = prefixes.lookup(rows.request_code, rows.position)
     return key_of(ids, rows.position, rows.depth), found
 
 
@@ -168,12 +167,11 @@ def first_token_difference(prefixes: Pair[Prefixes]) -> dict | None:
     parent_a = _parents(a)
     order = np.argsort(parent_a, kind="stable")
     parents_sorted, next_sorted = parent_a[order], a.tokens[order]
-    names = {code: name for name, code in b.codes.items()}
     at, found = _find_sorted(parents_sorted, _parents(b))
     for i in np.flatnonzero(~known & found).tolist():
         code, position = divmod(int(b.where[i]), b.stride)
         if not position or known[i - 1]:  # the first prefix of its request that a lacks
-            return {"request_b": names[code], "position": position, "a": int(next_sorted[at[i]]),
+            return {"request_b": b.names[code], "position": position, "a": int(next_sorted[at[i]]),
                     "b": int(b.tokens[i])}
     return None
 
@@ -182,7 +180,7 @@ def _same_feed(rows: RowKeys, picked: np.ndarray, prefixes: Prefixes, fed: Pair[
     """For picked rows: every depth 1..d of the row's chain was fed the same token on both sides."""
     depth = rows.depth[picked]
     same = np.ones(len(picked), bool)
-    ids, _ = prefixes.lookup(rows.request[picked], rows.position[picked])
+    ids, _ = prefixes.lookup(rows.request_code[picked], rows.position[picked])
     for d in range(1, int(depth.max(initial=0)) + 1):
         deep = depth >= d
         keys = key_of(ids[deep], rows.position[picked][deep], np.full(int(deep.sum()), d))
@@ -209,16 +207,6 @@ def _first_rows(keys: np.ndarray, found: np.ndarray) -> np.ndarray:
     candidates = np.flatnonzero(found)
     _, first = np.unique(keys[candidates], return_index=True)
     return candidates[first]
-
-
-def _codes(requests: np.ndarray, codes: dict[str, int], add: bool = False) -> np.ndarray:
-    """The code of each request in ``codes`` (-1 if absent); with ``add``, absent ones get the next
-    free code, in order of first appearance. Arrow's dictionary encoding finds the few distinct
-    ids without sorting strings or a Python step per row."""
-    encoded = pa.array(requests, type=pa.string()).dictionary_encode()
-    names = encoded.dictionary.to_pylist()
-    table = [codes.setdefault(n, len(codes)) if add else codes.get(n, -1) for n in names]
-    return np.asarray(table, dtype=np.int64)[encoded.indices.to_numpy(zero_copy_only=False)]
 
 
 def _no_gap(code: np.ndarray, position: np.ndarray) -> np.ndarray:

@@ -91,11 +91,13 @@ def contract_diff(traces: Pair[Trace]) -> list[dict]:
 
 def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
                    rename: dict[str, str] | None = None, align: str = "prefix",
-                   stop_at_first: bool = False, chunk_bytes: int = CHUNK_BYTES) -> Comparison:
-    """Plan from key columns, then measure every chunk (or only up to the first failing one when
-    ``stop_at_first``: tensors not fully read are then reported as ``unchecked``)."""
+                   stop_at_first: bool = False, chunk_bytes: int = CHUNK_BYTES,
+                   keys: Pair[dict[str, RowKeys]] | None = None) -> Comparison:
+    """Plan from key columns (``keys``: each side's ``tensor_keys`` if already read), then measure
+    every chunk (or only up to the first failing one when ``stop_at_first``: tensors not fully
+    read are then reported as ``unchecked``)."""
     tolerances = tolerances or Tolerances()
-    plan = make_plan(traces, rename, align, chunk_bytes)
+    plan = make_plan(traces, rename, align, chunk_bytes, keys)
     results = {t.name: TensorResult(t.name, "not_comparable", (t.keys.a.dtype, t.keys.b.dtype),
                                     not_comparable=t.matched.not_comparable) for t in plan.tensors}
     comparison = Comparison(paths=traces.map(lambda t: [str(p) for p in t.paths]), tensors=[],

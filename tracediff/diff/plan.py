@@ -68,13 +68,14 @@ def tensor_keys(trace: Trace) -> dict[str, RowKeys]:
 
 
 def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: str = "prefix",
-              chunk_bytes: int = CHUNK_BYTES) -> Plan:
+              chunk_bytes: int = CHUNK_BYTES, keys: Pair[dict[str, RowKeys]] | None = None) -> Plan:
     """``rename`` maps names in b to names in a (``--map NAME_IN_B=NAME_IN_A``); ``align`` is
-    ``prefix`` (rows by token content) or ``step`` (rows by step and order, same producer)."""
+    ``prefix`` (rows by token content) or ``step`` (rows by step and order, same producer);
+    ``keys``: each side's ``tensor_keys`` if already read."""
     if align not in ALIGNMENTS:
         raise ValueError(f"--align takes 'prefix' or 'step', not {align!r}")
     rename = rename or {}
-    keys = traces.map(tensor_keys)
+    keys = keys or traces.map(tensor_keys)
     keys = Pair(keys.a, {rename.get(n, n): k for n, k in keys.b.items()})
     prefixes = keys.map(lambda k: Prefixes.of(list(k.values())))
     fed = Pair(fed_tokens(traces.a, keys.a.get(FED), prefixes.a),

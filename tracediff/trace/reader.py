@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import mmap
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Iterator, Sequence
 
 import numpy as np
+import pyarrow as pa
 
 from tracediff.errors import TraceError
 from tracediff.trace.arrow import ArrowTraceFile
@@ -30,6 +31,7 @@ class KeyColumns:
     name: str
     dtype: str
     request: np.ndarray
+    request_code: np.ndarray  # int64, equal for equal requests within one trace: cheap to sort and match
     position: np.ndarray
     token_id: np.ndarray
     step: np.ndarray
@@ -120,6 +122,7 @@ class Trace:
             raise
         self.index = RecordIndex.concat([f.index for f in self.files])
         self._offsets: np.ndarray | None = None  # per record slot: file offset of its bytes, or -1
+        self._request_codes: dict[str, int] = {}  # request -> code, in order of first appearance
 
     @property
     def paths(self) -> list[Path]:
@@ -142,11 +145,7 @@ class Trace:
     def names(self) -> list[str]:
         """Tensor names in execution order (first seq_no of each name)."""
         idx = self.index
-        order = np.lexsort((idx.seq_no, idx.part))
-        seen: dict[str, None] = {}
-        for i in order:
-            seen.setdefault(idx.name[i], None)
-        return list(seen)
+        return list(dict.fromkeys(idx.name[np.lexsort((idx.seq_no, idx.part))].tolist()))
 
     def select(self, name: str | None = None, step: int | None = None, rank: int | None = None,
                depth: int | None = None) -> np.ndarray:
@@ -181,15 +180,15 @@ class Trace:
     def keys(self, name: str, step: int | None = None, depth: int | None = None) -> RowKeys:
         """The key columns of every row of ``name`` and where each row lies, without its data:
         alignment works from these alone, whatever the size of the tensors."""
-        hits = [i for i in self.select(name=name, step=step, depth=depth) if not self.index.static[i]]
-        if not hits:
-            raise KeyError(f"no rows of {name!r} match")
         idx = self.index
-        dtypes = {idx.dtype[i] for i in hits}
-        row_shapes = {idx.shape[i][1:] for i in hits}
+        hits = self.select(name=name, step=step, depth=depth)
+        hits = hits[~idx.static[hits]]
+        if not len(hits):
+            raise KeyError(f"no rows of {name!r} match")
+        dtypes = set(idx.dtype[hits].tolist())
+        row_shapes = {idx.shape[i][1:] for i in hits.tolist()}
         if len(dtypes) > 1 or len(row_shapes) > 1:
             raise ValueError(f"{name}: records differ in dtype or row shape ({dtypes}, {row_shapes})")
-        hits = np.asarray(hits, dtype=np.int64)
         request, position, token_id = self.key_columns(hits)
         per_record = idx.n_rows[hits]
         record_start = np.repeat(np.cumsum(per_record) - per_record, per_record)
@@ -197,7 +196,7 @@ class Trace:
             name=name, dtype=dtypes.pop(), row_shape=row_shapes.pop(),
             record=np.repeat(hits, per_record),
             within=np.arange(int(per_record.sum())) - record_start,
-            request=request, position=position, token_id=token_id,
+            request=request, request_code=self.request_codes(request), position=position, token_id=token_id,
             step=np.repeat(idx.step[hits], per_record),
             depth=np.repeat(idx.depth[hits], per_record),
             rank=np.repeat(idx.rank[hits], per_record),
@@ -233,6 +232,15 @@ class Trace:
             return np.empty(0, dtype=object), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         request, position, token_id = (np.concatenate(c) for c in columns)
         return request.astype(object), position, token_id
+
+    def request_codes(self, requests: np.ndarray) -> np.ndarray:
+        """The trace-wide code of each request id (new ids get the next free codes). Arrow's
+        dictionary encoding finds the few distinct ids without sorting strings or a Python step
+        per row."""
+        encoded = pa.array(requests, type=pa.string()).dictionary_encode()
+        table = [self._request_codes.setdefault(n, len(self._request_codes))
+                 for n in encoded.dictionary.to_pylist()]
+        return np.asarray(table, dtype=np.int64)[encoded.indices.to_numpy(zero_copy_only=False)]
 
     def gather(self, keys: RowKeys, rows: np.ndarray | None = None,
                into: np.ndarray | None = None) -> np.ndarray:
@@ -312,9 +320,8 @@ class Trace:
         keys = self.keys(name, step=step, depth=depth)
         if request is not None:
             keys = keys.take(np.flatnonzero(keys.request == request))
-        return Rows(name=name, dtype=keys.dtype, data=self.gather(keys), request=keys.request,
-                    position=keys.position, token_id=keys.token_id, step=keys.step, depth=keys.depth,
-                    rank=keys.rank)
+        shared = {f.name: getattr(keys, f.name) for f in fields(KeyColumns)}
+        return Rows(**shared, data=self.gather(keys))
 
     def close(self) -> None:
         for f in self.files:

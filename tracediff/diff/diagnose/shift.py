@@ -40,7 +40,7 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
     bounds = comparison.tolerances.bounds(first.name, first.dtypes)
     for k in SHIFTS:
         shifted = keys.a.position[rows_a] + k
-        ids, known = plan.prefixes.a.lookup(keys.a.request[rows_a], shifted)
+        ids, known = plan.prefixes.a.lookup(keys.a.request_code[rows_a], shifted)
         theirs = np.where(known, index_b.find(key_of(ids, shifted, keys.a.depth[rows_a])), -1)
         mine = np.flatnonzero(theirs >= 0)
         theirs = theirs[mine]
