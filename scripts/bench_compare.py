@@ -98,10 +98,21 @@ def dumper_compare(dump_a: Path, dump_b: Path, steps: int) -> dict:
     return {"failed_rows": failed}
 
 
-# Peak RSS from the child's own VmHWM at exit: ru_maxrss would carry over this parent's peak.
-PEAK = ("import atexit, sys\n"
-        "atexit.register(lambda: sys.stderr.write(next(l for l in open('/proc/self/status') "
-        "if l.startswith('VmHWM')).split()[1] + ' kB peak\\n'))\n")
+# Peak RSS from the child's own VmHWM at exit (ru_maxrss would carry over this parent's peak),
+# and the peak of its anonymous memory (RssAnon, sampled every 20 ms): RSS also counts mapped
+# trace pages, which the page cache holds and reclaims; anonymous memory is what the process owns.
+PEAK = """
+import atexit, sys, threading, time
+def _status(key):
+    return int(next(l for l in open('/proc/self/status') if l.startswith(key)).split()[1])
+_anon = [0]
+def _sample():
+    while True:
+        _anon[0] = max(_anon[0], _status('RssAnon'))
+        time.sleep(0.02)
+threading.Thread(target=_sample, daemon=True).start()
+atexit.register(lambda: sys.stderr.write(f"{_status('VmHWM')} kB peak {_anon[0]} kB anon\\n"))
+"""
 
 
 # In-process phases, each from a cold cache: planning (key columns only), then the whole compare.
@@ -126,13 +137,13 @@ print(json.dumps({{"plan_s": planned - start, "chunks": len(plan.chunks),
 """
 
 
-def run_child(code: str) -> tuple[float, float, str]:
-    """(seconds, peak RSS in MB, stdout) of ``python -c PEAK + code``."""
+def run_child(code: str) -> tuple[float, float, float, str]:
+    """(seconds, peak RSS in MB, peak anonymous memory in MB, stdout) of ``python -c PEAK + code``."""
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", PEAK + code], capture_output=True, text=True)
     seconds = time.perf_counter() - start
-    peak_kb = int(proc.stderr.rsplit(" kB peak", 1)[0].split()[-1])
-    return seconds, peak_kb / 1024, proc.stdout
+    words = proc.stderr.strip().splitlines()[-1].split()  # "<hwm> kB peak <anon> kB anon"
+    return seconds, int(words[-6]) / 1024, int(words[-3]) / 1024, proc.stdout
 
 
 def prime(paths: list[Path]) -> None:
@@ -167,29 +178,29 @@ def measure(base: Path, steps: int, with_baseline: bool, reps: int) -> dict:
         drop_all([a, b])
         runs.append(run_child(cli))
     seconds = sorted(r[0] for r in runs)[reps // 2]
-    out = runs[0][2]
+    out = runs[0][3]
     report = json.loads(out[: out.rindex("}") + 1])
     result = {
         "steps": steps, "tensor_bytes": tensor_bytes, "trace_bytes": a.stat().st_size + b.stat().st_size,
         "disk_read_gbs": sorted(disk)[reps // 2], "disk_read_gbs_runs": disk,
         "compare_s": seconds, "compare_s_runs": [r[0] for r in runs],
         "compare_gbs": tensor_bytes / seconds / 1e9,
-        "compare_peak_rss_mb": max(r[1] for r in runs),
+        "compare_peak_rss_mb": max(r[1] for r in runs), "compare_peak_anon_mb": max(r[2] for r in runs),
         "first_divergence": {k: report["first_divergence"][k] for k in ("name", "step", "position")},
         "rows_compared": sum(t["rows"] for t in report["tensors"]), "rows_total": steps * BATCH * len(WIDTHS),
     }
     drop_all([a, b])
-    seconds, peak_mb, out = run_child(cli.replace("'--json'", "'--json', '--stop-at-first'"))
+    seconds, peak_mb, _, out = run_child(cli.replace("'--json'", "'--json', '--stop-at-first'"))
     result.update({"stop_at_first_s": seconds, "stop_at_first_peak_rss_mb": peak_mb})
     here = str(Path(__file__).parent)
     drop_all([a, b])
-    result.update(json.loads(run_child(PHASES.format(a=str(a), b=str(b), here=here))[2]))
+    result.update(json.loads(run_child(PHASES.format(a=str(a), b=str(b), here=here))[3]))
     if with_baseline:
         script = (f"import sys; sys.path.insert(0, {here!r}); import bench_compare as b; "
                   f"from pathlib import Path; print(b.dumper_compare(Path({str(dump_a)!r}), "
                   f"Path({str(dump_b)!r}), {steps}))")
         drop_all(dumped)
-        seconds, peak_mb, out = run_child(script)
+        seconds, peak_mb, _, out = run_child(script)
         result.update({"dumper_s": seconds, "dumper_gbs": tensor_bytes / seconds / 1e9,
                        "dumper_peak_rss_mb": peak_mb, "dumper_files": 2 * steps * len(WIDTHS),
                        "dumper_result": out.strip()})
@@ -221,6 +232,7 @@ def main() -> None:
         "compare_vs_dumper": large["dumper_s"] / large["compare_s"],
         "stop_at_first_speedup": large["compare_s"] / large["stop_at_first_s"],
         "peak_rss_growth": large["compare_peak_rss_mb"] / results["small"]["compare_peak_rss_mb"],
+        "peak_anon_growth": large["compare_peak_anon_mb"] / results["small"]["compare_peak_anon_mb"],
         "size_growth": large["tensor_bytes"] / results["small"]["tensor_bytes"],
     }
     print(json.dumps(results["summary"], indent=1))
