@@ -34,14 +34,15 @@ def prefetch(fd: int, offset: int, length: int) -> None:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
 
 
-def advise(mapping: mmap.mmap, address: int, start: int, length: int, advice: int) -> bool:
-    """madvise(2) on bytes [start, start + length) of ``mapping`` (mapped at ``address``); False
-    where the kernel refuses the advice. Called through ctypes, which lets go of the GIL:
-    ``mmap.madvise`` holds it, so a populate that waits for the disk would stall every thread."""
+def advise(mapping: mmap.mmap, start: int, length: int, advice: int) -> bool:
+    """madvise(2) on bytes [start, start + length) of ``mapping``; False where the kernel refuses
+    the advice. Called through ctypes, which lets go of the GIL: ``mmap.madvise`` holds it, so a
+    populate that waits for the disk would stall every thread."""
     if _madvise is None:
         try:
             mapping.madvise(advice, start, length)
             return True
         except OSError:
             return False
+    address = np.frombuffer(mapping, dtype=np.uint8).ctypes.data  # the view is dropped at once
     return _madvise(address + start, length, advice) == 0

@@ -302,17 +302,17 @@ class Trace:
     def populate(self, spans: list[tuple[int, int]]) -> None:
         """Map these spans of ``mapped()`` now (reading them from disk if need be), so that a kernel
         reading them in place takes no page faults; ``release`` them when done."""
-        address = self.mapped().ctypes.data
+        self.mapped()
         for start, length in spans:
-            if not advise(self._mmap, address, start, length, MADV_POPULATE_READ):  # kernel < 5.14
-                advise(self._mmap, address, start, length, mmap.MADV_WILLNEED)  # the faults read ahead
+            if not advise(self._mmap, start, length, MADV_POPULATE_READ):  # kernel < 5.14
+                advise(self._mmap, start, length, mmap.MADV_WILLNEED)  # the faults read ahead
 
     def release(self, spans: list[tuple[int, int]]) -> None:
         """Unmap populated spans (the pages stay in the page cache): resident memory stays at a
         few chunks, whatever the trace size."""
-        address = self.mapped().ctypes.data
+        self.mapped()
         for start, length in spans:
-            advise(self._mmap, address, start, length, mmap.MADV_DONTNEED)
+            advise(self._mmap, start, length, mmap.MADV_DONTNEED)
 
     def rows(self, name: str, step: int | None = None, request: str | None = None,
              depth: int | None = None) -> Rows:

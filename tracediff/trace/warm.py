@@ -1,8 +1,8 @@
 """Read trace files into the page cache on a background thread while the process starts.
 
 A compare spends its first second importing, opening and planning before it reads a tensor
-byte; the disk can deliver gigabytes meanwhile. ``warm`` reads the files front to back, a few
-MiB of each in turn, through madvise (which lets go of the GIL, so imports and planning go on),
+byte; the disk can deliver gigabytes meanwhile. A ``Warmer`` reads the files front to back, a
+``STEP`` of each in turn, through madvise (which lets go of the GIL, so imports and planning go on),
 up to a budget of the memory the machine has free, and unmaps what it read at once: the pages
 stay in the page cache, none stay in the process's memory. Any failure just ends the warming.
 """
@@ -14,8 +14,6 @@ import os
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-
-import numpy as np
 
 from tracediff.trace.fileio import MADV_POPULATE_READ, advise
 
@@ -38,9 +36,13 @@ class Warmer:
     def stop(self) -> None:
         self._stop.set()
 
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
     def join(self) -> None:
         """Wait until the warming has ended (read its budget, every file, or was stopped)."""
-        if self._thread.is_alive():
+        if self.running:
             self._thread.join()
 
     def _run(self, paths: list[str | Path]) -> None:
@@ -50,17 +52,16 @@ class Warmer:
                 with open(path, "rb") as fh:
                     if os.fstat(fh.fileno()).st_size:
                         maps.append(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ))
-            addresses = [np.frombuffer(m, dtype=np.uint8).ctypes.data for m in maps]
             done = 0
             for start in range(0, max((len(m) for m in maps), default=0), STEP):
-                for m, address in zip(maps, addresses):
+                for m in maps:
                     length = min(STEP, len(m) - start)
                     if self._stop.is_set() or done >= self._budget:
                         return
                     if length > 0:
-                        if not advise(m, address, start, length, MADV_POPULATE_READ):
+                        if not advise(m, start, length, MADV_POPULATE_READ):
                             return  # a kernel before 5.14: no way to read ahead without waiting
-                        advise(m, address, start, length, mmap.MADV_DONTNEED)
+                        advise(m, start, length, mmap.MADV_DONTNEED)
                         done += length
         except (OSError, ValueError):
             return  # warming only saves time: the compare reads (and reports) for itself
