@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
-from tests.conftest import run_cli, tiny_eagle3, tiny_llama  # noqa: E402
+from tests.conftest import tiny_eagle3, tiny_llama  # noqa: E402
 from tracediff.eagle3.capture import INPUT_TO_LAYER, AuxSpec, run_target  # noqa: E402
 from tracediff.eagle3.loop import Conventions, SpeculativeDecoder  # noqa: E402
 from tracediff.eagle3.train import greedy_sequences, record_ttt, ttt_pass  # noqa: E402
@@ -34,7 +34,7 @@ def training(models, tmp_path_factory):
     """The baseline: one TTT pass over the target's greedy continuation of PROMPT."""
     target, draft = models
     path = tmp_path_factory.mktemp("train") / "training.h5"
-    seqs = greedy_sequences(target, torch.tensor([PROMPT]), 10)
+    seqs = greedy_sequences(target, torch.tensor([PROMPT]), 14)  # covers what serving drafts past 10
     with td.record(path, source="training") as rec, torch.no_grad():
         record_ttt(rec, draft, ttt_pass(draft, target, seqs, SPEC, 3), seqs, ["s0"], step=0)
     return path
@@ -48,10 +48,10 @@ def serve(models, path, conventions: Conventions, draft=None) -> None:
         decoder.decode("r0", PROMPT, 10)
 
 
-def compare(a, b, *extra: str) -> tuple[int, dict]:
-    out = run_cli("compare", str(a), str(b), "--json", *extra)
-    assert out.stdout.strip(), out.stderr
-    return out.returncode, json.loads(out.stdout)
+def compare(a, b, tol: tuple[str, ...] = ()) -> tuple[int, dict]:
+    """In-process compare; the report as its JSON form (what tools downstream read)."""
+    report = td.compare(a, b, tol=tol)
+    return report.exit_code, json.loads(report.to_json())
 
 
 def kinds(report: dict) -> list[str]:
@@ -60,7 +60,7 @@ def kinds(report: dict) -> list[str]:
 
 def first_at(report: dict) -> tuple:
     first = report["first_divergence"]
-    return first["name"], first["position"], first["depth"]
+    return first["name"], first["row"]["position"], first["row"]["depth"]
 
 
 def test_healthy_serving_matches_training(models, training, tmp_path) -> None:
@@ -116,7 +116,7 @@ def test_d2t_read_as_a_direct_map(models, training, tmp_path) -> None:
     assert code == 1 and first_at(report) == ("draft.token_target", 0, 0)
     assert kinds(report) == ["vocab_map"]
     assert report["diagnoses"][0]["evidence"]["direct_side"] == "b"
-    assert any(c["key"] == "d2t_reading" for c in report["contract"])
+    assert report["contract"]["only_b"]["d2t_reading"] == "direct"
 
 
 def test_a_regenerated_d2t_differs(models, training, tmp_path) -> None:
@@ -152,7 +152,7 @@ def test_bf16_vs_float32_matches_and_a_strict_tolerance_says_precision(tmp_path)
     record_target(tmp_path / "bf16.h5", tiny_llama(seed=1).to(torch.bfloat16), TOKENS, "y")
     code, report = compare(tmp_path / "f32.h5", tmp_path / "bf16.h5")
     assert code == 0 and report["verdict"] == "match", report["tensors"]
-    code, report = compare(tmp_path / "f32.h5", tmp_path / "bf16.h5", "--tol", "target.*:max_rel<=1e-4")
+    code, report = compare(tmp_path / "f32.h5", tmp_path / "bf16.h5", tol=("target.*:max_rel<=1e-4",))
     assert code == 1 and first_at(report) == ("target.embed", 0, 0)
     assert kinds(report) == ["precision"]
     assert report["diagnoses"][0]["evidence"]["dtype"] == "bfloat16"

@@ -178,3 +178,104 @@ def test_hooks_on_a_tiny_llama_and_show(tmp_path, fmt) -> None:
         assert expected in shown.stdout
     stats = run_cli("show", str(path), "--name", "target.logits", "--step", "0", "--request", "r1")
     assert stats.returncode == 0 and "float32 (7, 512)" in stats.stdout and "NaN 0" in stats.stdout
+
+
+def test_attention_mask_marks_padding_and_numbers_real_rows(tmp_path, fmt) -> None:
+    path = tmp_path / f"pad.{fmt}"
+    ids = np.array([[0, 0, 5, 6, 7], [8, 9, 10, 0, 0]])  # left padding, then right padding
+    mask = (np.arange(5) >= 2)[None].repeat(2, 0)
+    mask[1] = np.arange(5) < 3
+    x = np.arange(40, dtype=np.float32).reshape(2, 5, 4)
+    with td.record(path) as rec:
+        rec.log("explicit", x, token_ids=ids, attention_mask=mask, request=["l", "r"])
+        rec.set_context(step=1, token_ids=ids, attention_mask=mask.astype(np.int64), request=["l", "r"])
+        rec.log("from_context", x)
+        with rec.context(step=2, token_ids=ids[0], positions=np.array([-1, -1, 0, 1, 2]), request="l"):
+            rec.log("given_positions", x[0])  # -1 in positions marks padding too
+    with td.open_trace(path) as trace:
+        for name in ("explicit", "from_context"):
+            rows = trace.rows(name)
+            assert rows.position.tolist() == [-1, -1, 0, 1, 2, 0, 1, 2, -1, -1], name
+            assert np.array_equal(rows.data, x.reshape(10, 4))
+            assert rows.token_id.tolist() == ids.ravel().tolist()
+        assert trace.rows("given_positions").position.tolist() == [-1, -1, 0, 1, 2]
+        table = trace.request_tokens()  # padded rows are not learned
+    assert sorted(zip(table.request, table.position.tolist(), table.token_id.tolist())) == [
+        ("l", 0, 5), ("l", 1, 6), ("l", 2, 7), ("r", 0, 8), ("r", 1, 9), ("r", 2, 10)]
+
+
+def test_attention_mask_with_positions_forces_padding(tmp_path) -> None:
+    with td.record(tmp_path / "p.h5") as rec:
+        rec.log("h", np.zeros((3, 2), np.float32), token_ids=np.array([4, 5, 0]),
+                positions=np.array([7, 8, 9]), attention_mask=np.array([1, 1, 0]), request="q")
+    with td.open_trace(tmp_path / "p.h5") as trace:
+        assert trace.rows("h").position.tolist() == [7, 8, -1]
+        assert trace.request_tokens().position.tolist() == [7, 8]
+
+
+def strict_misuse(rec, torch, skip: tuple[int, ...] = ()) -> list[str]:
+    """Every kind of misuse strict mode raises; returns what each call raised (or 'ok'), but for
+    the calls in ``skip``."""
+    calls = [
+        lambda: rec.log("h", np.zeros((4, 2), np.float32), token_ids=np.arange(3)),  # 4 rows, 3 ids
+        lambda: rec.log("h", np.zeros((3, 2), np.float16), token_ids=np.arange(3), request="r"),  # dtype
+        lambda: rec.log("h", np.zeros((3, 5), np.float32), token_ids=np.arange(3), request="r"),  # row shape
+        lambda: rec.log("h", np.zeros((3, 2), np.float32), token_ids=np.array([1, 2, 99]), request="d"),
+        lambda: rec.request_tokens("r", [0, 1, 7]),  # position 2 was logged as token 2
+        lambda: rec.log_static("w", np.zeros(3, np.int32)),  # w was int64
+        lambda: rec.request_tokens("r", [[1, 2]]),  # not a 1-D token list
+        lambda: rec.log("h", torch.zeros(3, 2, dtype=torch.bfloat16), token_ids=np.arange(3)),  # dtype
+    ]
+    rec.log("h", np.zeros((3, 2), np.float32), token_ids=np.arange(3), request="r")
+    rec.request_tokens("d", [1, 2, 3])
+    rec.log_static("w", np.zeros(3, np.int64))
+    raised = []
+    for call in (c for i, c in enumerate(calls) if i not in skip):
+        try:
+            call()
+            raised.append("ok")
+        except ValueError as exc:
+            raised.append(type(exc).__name__)
+    rec.log("h", np.ones((3, 2), np.float32), step=1, token_ids=np.arange(3), request="r")  # still recording
+    return raised
+
+
+@pytest.mark.parametrize("how", ["argument", "env"])
+def test_strict_mode_raises_misuse_in_the_caller(tmp_path, fmt, monkeypatch, how) -> None:
+    torch = pytest.importorskip("torch")
+    if how == "env":
+        monkeypatch.setenv("TRACEDIFF_STRICT", "1")
+    options = {"strict": True} if how == "argument" else {}
+    path = tmp_path / f"strict.{fmt}"
+    with td.record(path, **options) as rec:
+        assert rec.strict
+        raised = strict_misuse(rec, torch)
+        assert rec.active
+        rec.log("h", np.zeros((3, 2), np.float32), token_ids=np.array([0, 1, 5]), request="r", step=2)
+    assert raised == ["ValueError"] * 3 + ["TokenConflict"] * 2 + ["ValueError"] * 3
+    with td.open_trace(path) as trace:  # logged vs logged conflicts are counted, not raised
+        assert trace.rows("h").step.tolist() == [0] * 3 + [1] * 3 + [2] * 3
+        assert trace.finals[0]["stopped"] is None
+        assert trace.finals[0]["token_conflicts"] == 1
+    with pytest.raises(FileNotFoundError, match="output directory .* does not exist"):
+        td.record(tmp_path / "missing" / f"t.{fmt}", **options)
+
+
+def test_default_mode_never_raises_the_same_misuse(tmp_path, fmt, monkeypatch, caplog) -> None:
+    torch = pytest.importorskip("torch")
+    monkeypatch.delenv("TRACEDIFF_STRICT", raising=False)
+    path = tmp_path / f"lenient.{fmt}"
+    with caplog.at_level(logging.WARNING, logger="tracediff"):
+        with td.record(path) as rec:
+            assert not rec.strict
+            # but for the row-count mismatch (it stops recording, tested above) all is accepted
+            raised = strict_misuse(rec, torch, skip=(0,))
+        assert raised == ["ok"] * 7
+        assert "request_tokens('r')" in rec.stopped  # the 2-D token list: warned once, stopped
+        missing = td.record(tmp_path / "missing" / f"t.{fmt}")
+    assert not missing.active and "output directory" in missing.stopped
+    assert "does not exist" in missing.stopped
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
+    with td.open_trace(path) as trace:
+        assert trace.finals[0]["token_conflicts"] == 2  # d: 99 vs declared 3; r: 7 vs logged 2
+        assert trace.finals[0]["mixed_records"] == ["h", "w"]

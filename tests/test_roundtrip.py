@@ -139,7 +139,7 @@ def test_closed_arrow_trace_opens_from_its_index_without_visiting_batches(tmp_pa
     path = tmp_path / "many.arrow"
     with td.record(path) as rec:
         for step in range(6):
-            rec.log("h", np.full((2, 3), step, np.float32), step=step, token_ids=np.arange(2))
+            rec.log("h", np.full((2, 3), step, np.float32), step=step, token_ids=np.arange(2), request="r")
             rec.log_static("w", np.arange(step + 1), step=step)
             rec.flush()
     reader = pa.ipc.open_file(str(path))
@@ -148,12 +148,27 @@ def test_closed_arrow_trace_opens_from_its_index_without_visiting_batches(tmp_pa
     for b in range(reader.num_record_batches):
         for key, values in key_columns(reader.get_batch(b), b).items():
             scanned[key].extend(values)
+    tensors = [i for i, name in enumerate(scanned["name"]) if name != "__tokens__"]
     with td.open_trace(path) as trace:
         file = trace.files[0]
         assert list(file._batches) == [6]  # only the closing batch was read
-        assert trace.index.name.tolist() == scanned["name"]
-        assert trace.index.step.tolist() == scanned["step"]
-        assert [tuple(s) for s in scanned["shape"]] == trace.index.shape
-        assert file._locations == list(zip(scanned["batch"], scanned["row"]))
+        assert file._locations == list(zip(scanned["batch"], scanned["row"]))  # __tokens__ records too
+        assert trace.index.name.tolist() == [scanned["name"][i] for i in tensors]
+        assert trace.index.step.tolist() == [scanned["step"][i] for i in tensors]
+        assert [tuple(scanned["shape"][i]) for i in tensors] == trace.index.shape
+        assert trace.index.slot.tolist() == tensors
+        assert file.token_slots.tolist() == [2]  # learned at the first flush; later ones add nothing new
         assert trace.rows("h", step=4).data.tolist() == [[4.0] * 3] * 2
         assert trace.read(trace.select(name="w", step=5)[0]).data.tolist() == list(range(6))
+
+
+def test_convert_into_a_missing_directory_is_one_line(tmp_path) -> None:
+    from tests.conftest import run_cli
+
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", np.zeros((2, 2), np.float32), token_ids=np.arange(2))
+    target = tmp_path / "missing_dir" / "b.arrow"
+    out = run_cli("convert", str(tmp_path / "a.h5"), str(target))
+    assert out.returncode == 2, out.stderr
+    assert out.stderr.strip() == f"error: {target}: output directory {target.parent} does not exist"
+    assert not target.parent.exists()

@@ -33,7 +33,7 @@ def logged(tmp_path):
 def test_hdf5_by_the_spec(logged) -> None:
     paths, bits, tokens = logged
     with h5py.File(paths["h5"], "r") as f:
-        assert f.attrs["format"] == "tracediff" and f.attrs["format_version"] == 1
+        assert f.attrs["format"] == "tracediff" and f.attrs["format_version"] == 2
         assert json.loads(f.attrs["meta"])["contract"] == {"aux_layer_ids": [1]}
         ends = f["strings/ends"][:]
         blob = f["strings/bytes"][:].tobytes()
@@ -57,7 +57,7 @@ def test_arrow_by_the_spec(logged) -> None:
     paths, bits, tokens = logged
     reader = pa.ipc.open_file(str(paths["arrow"]))
     meta = reader.schema.metadata
-    assert meta[b"tracediff.format"] == b"tracediff" and meta[b"tracediff.format_version"] == b"1"
+    assert meta[b"tracediff.format"] == b"tracediff" and meta[b"tracediff.format_version"] == b"2"
     table = reader.read_all()
     row = table.filter(pc.equal(table["name"], "draft.hidden")).to_pylist()[0]
     assert (row["dtype"], row["step"], row["depth"], row["static"]) == ("bfloat16", 3, 2, False)
@@ -67,7 +67,8 @@ def test_arrow_by_the_spec(logged) -> None:
     reserved = {r["name"]: r["data"] for r in table.to_pylist() if r["name"].startswith("__")}
     assert json.loads(reserved["__final__"])["closed"] is True
     index = pa.ipc.open_stream(pa.py_buffer(reserved["__index__"])).read_all().to_pylist()
-    assert [(r["name"], r["batch"], r["row"]) for r in index] == [("draft.hidden", 0, 0), ("draft.d2t", 0, 1)]
+    assert [(r["name"], r["batch"], r["row"]) for r in index] == [("draft.hidden", 0, 0), ("draft.d2t", 0, 1),
+                                                                       ("__tokens__", 0, 2)]
 
 
 def test_polars_reads_arrow_traces(logged) -> None:

@@ -1,9 +1,25 @@
 """tracediff: record, replay and diff tensor traces of EAGLE-3 speculative decoding."""
 
+from typing import Any
+
 __version__ = "0.1.0"
 
-from tracediff.errors import TraceError  # noqa: E402
+from tracediff.errors import InputError, TraceError  # noqa: E402
 from tracediff.record.recorder import Recorder, record  # noqa: E402
 from tracediff.trace import Record, Trace, open_trace  # noqa: E402
 
-__all__ = ["Record", "Recorder", "Trace", "TraceError", "__version__", "open_trace", "record"]
+# compare and its report load on first use: a recorder inside a training job never imports them.
+_LAZY = {"compare": ("tracediff.diff.api", "compare"), "Report": ("tracediff.diff.results", "Report")}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tracediff' has no attribute {name!r}")
+    import importlib
+
+    module, attr = _LAZY[name]
+    return getattr(importlib.import_module(module), attr)
+
+
+__all__ = ["InputError", "Record", "Recorder", "Report", "Trace", "TraceError", "__version__", "compare",
+           "open_trace", "record"]

@@ -157,6 +157,8 @@ def compare(
                                          "(or a JSON object); --map entries override it"),
     align: str = typer.Option("prefix", "--align", help="prefix: rows by token content (any producers); "
                               "step: rows by step and order (same producer, e.g. before vs after a change)"),
+    min_coverage: float = typer.Option(0.95, "--min-coverage", help="share of each tensor's comparable rows "
+                                       "that must align for a match (else: incomplete, exit 3)"),
     as_json: bool = typer.Option(False, "--json", help="the report as JSON (docs/REPORT.md)"),
     markdown: bool = typer.Option(False, "--markdown", help="the report as Markdown, for a bug report"),
     stop_at_first: bool = typer.Option(False, "--stop-at-first", help="stop reading at the first divergence "
@@ -164,13 +166,10 @@ def compare(
 ) -> None:
     """Align two traces by token prefix and draft depth; name the first diverging tensor and why.
 
-    Exit 0 when they match, 1 when they diverge, 2 on bad input or nothing comparable."""
-    from tracediff.diff.pair import Pair
-    from tracediff.diff.plan import tensor_keys
+    Exit 0 match, 1 diverged, 2 bad input or incomparable traces, 3 incomplete (too few rows compared)."""
+    from tracediff.diff.api import compare as run_compare
     from tracediff.diff.rename import parse_pair, read_mapping_file
     from tracediff.diff.tolerance import Tolerances
-    from tracediff.trace.reader import open_trace
-    from tracediff.trace.warm import Warmer
 
     try:
         tolerances = Tolerances.parse(tol)
@@ -178,6 +177,8 @@ def compare(
         fail("--tol", str(exc))
     if align not in ("prefix", "step"):
         fail("--align", f"takes 'prefix' or 'step', not {align!r}")
+    if not 0 <= min_coverage <= 1:
+        fail("--min-coverage", f"takes a share within 0..1, not {min_coverage}")
     rename = {}
     if map_file is not None:
         guarded(map_file, lambda: rename.update(read_mapping_file(map_file)))
@@ -187,36 +188,28 @@ def compare(
         except ValueError as exc:
             fail("--map", str(exc))
         rename[name_b] = name_a
-    verdict = []
+    reports = []
 
     def run() -> None:
-        with open_trace(a) as trace_a:
-            with open_trace(b) as trace_b:
-                traces = Pair(trace_a, trace_b)
-                keys = traces.map(tensor_keys)  # small reads, done before the disk gets busy:
-                # then it reads tensor data while numba loads and the plan is made (not when
-                # stopping at the first divergence: most of the data is never needed)
-                warmer = Warmer([*trace_a.paths, *trace_b.paths], budget=0 if stop_at_first else None)
-                from tracediff.diff.diagnose import diagnose
-                from tracediff.diff.differ import compare_traces
-                from tracediff.report.compare import render, to_json, to_markdown
+        from tracediff.report.progress import progress_bar
 
-                result = compare_traces(traces, tolerances, rename, align, stop_at_first, keys=keys)
-                warmer.stop()
-                diagnoses = diagnose(result, traces)
-        verdict.append(result.verdict)
-        if as_json:
-            print(to_json(result, diagnoses))
-        elif markdown:
-            print(to_markdown(result, diagnoses), end="")
-        else:
-            render(console, result, diagnoses)
+        with progress_bar("comparing") as progress:
+            reports.append(run_compare(a, b, tol=tolerances, rename=rename, align=align, progress=progress,
+                                       stop_at_first=stop_at_first, min_coverage=min_coverage))
 
     guarded(a, run)
-    if verdict == ["incomparable"] and not as_json:
-        print(f"error: {b}: no rows of {a} and {b} correspond (different tokens or tensor names; see --map)",
-              file=sys.stderr)
-    raise typer.Exit({"match": 0, "diverged": 1}.get(verdict[0], 2))
+    report = reports[0]
+    from tracediff.report.compare import render, safe, to_markdown
+
+    if as_json:
+        print(report.to_json())
+    elif markdown:
+        print(to_markdown(report), end="")
+    else:
+        render(console, report)
+    if report.verdict == "incomparable":
+        print(f"error: {b}: not comparable with {a}: {safe(report.reasons[0])}", file=sys.stderr)
+    raise typer.Exit(report.exit_code)
 
 
 @app.command()

@@ -1,7 +1,14 @@
 """Row alignment by content: two rows correspond when their requests hold the same tokens from
 position 0 up to the row's position, at the same position and draft depth; producer request ids,
-steps and batching do not matter. A draft row at depth d > 0 is comparable only where both sides
-fed the draft the same tokens at depths 1..d.
+steps and batching do not matter. The tokens of a request come from its declared / learned token
+table (format v2) and from the rows themselves, so a row that starts at position k > 0 (prefix
+cache hit, chunked prefill, sampled steps) still has a known prefix. A draft row at depth d > 0 is
+comparable only where both sides fed the draft the same tokens at depths 1..d.
+
+Every row of a tensor ends up either in a pair to compare or with a reason it was not compared
+(``results.Reason``): padding, prefix unknown, outside the shared prefix, not recorded on the other
+side, an extra copy, fed other (or unknown) tokens. The k-th copy of a row key on one side pairs
+with the k-th copy on the other (the same prompt twice in a batch, or in several epochs).
 
 Everything works on key-column arrays (no per-row Python objects): a token prefix is named by a
 64-bit polynomial hash of its tokens, equal across traces, and rows are matched by sorting.
@@ -9,16 +16,38 @@ Everything works on key-column arrays (no per-row Python objects): a token prefi
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import typing
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from tracediff.diff.pair import Pair
+from tracediff.diff.results import Reason, TokenMismatch
 from tracediff.trace.reader import KeyColumns, RowKeys, Trace
 
 FED = "draft.input_ids"
 BASE = np.uint64(0x100000001B3)  # odd, so invertible mod 2**64: prefix hashes come from one cumsum
 MIX_POSITION, MIX_DEPTH = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
+
+REASONS: tuple[str, ...] = typing.get_args(Reason)
+CODE = {r: i for i, r in enumerate(REASONS)}
+KEYED = -1  # a row with a known key (not yet paired or left out)
+
+
+@dataclass
+class Declared:
+    """A trace's request token table (declared or learned by its recorder), with the trace's
+    request codes."""
+
+    code: np.ndarray
+    position: np.ndarray
+    token_id: np.ndarray
+    names: dict[int, str] = field(default_factory=dict)
+
+    @classmethod
+    def none(cls) -> Declared:
+        empty = np.zeros(0, np.int64)
+        return cls(empty, empty, empty)
 
 
 @dataclass
@@ -35,13 +64,16 @@ class Prefixes:
     tokens: np.ndarray
 
     @classmethod
-    def of(cls, keys: list[KeyColumns]) -> Prefixes:
-        """From the depth-0 rows of every tensor of one trace (key columns only); the first token
-        seen at a (request, position) counts."""
-        parts = [(k.request_code[s], k.position[s], k.token_id[s]) for k in keys for s in [k.depth == 0]]
-        parts = parts or [(np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.int64))]
-        codes, positions, tokens = (np.concatenate(column) for column in zip(*parts))
-        names: dict[int, str] = {}
+    def of(cls, keys: list[KeyColumns], declared: Declared | None = None) -> Prefixes:
+        """From the request token table (it wins where they disagree: the row is then a token
+        conflict) and the depth-0 rows of every tensor of one trace (key columns only); padding
+        rows (position -1) say nothing."""
+        declared = declared or Declared.none()
+        parts = [(declared.code, declared.position, declared.token_id)]
+        parts += [(k.request_code[s], k.position[s], k.token_id[s])
+                  for k in keys for s in [(k.depth == 0) & (k.position >= 0)]]
+        codes, positions, tokens = (np.concatenate(column).astype(np.int64) for column in zip(*parts))
+        names = dict(declared.names)
         for k in keys:
             found, at = np.unique(k.request_code, return_index=True)
             names.update(zip(found.tolist(), k.request[at].tolist()))
@@ -53,20 +85,23 @@ class Prefixes:
         return cls(names=names, stride=stride, where=where, ids=_prefix_hashes(code, position, token),
                    tokens=token)
 
-    def lookup(self, codes: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, found) of the prefixes of these requests (by code) up to these positions."""
+    def lookup(self, codes: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(ids, found, tokens) of the prefixes of these requests (by code) up to these positions;
+        ``tokens`` is the request's token at the position."""
         inside = (codes >= 0) & (positions >= 0) & (positions < self.stride)
         at, found = _find_sorted(self.where, np.where(inside, codes * self.stride + positions, -1))
         found &= inside
-        return np.where(found, self.ids[at], 0).astype(np.uint64), found
+        return (np.where(found, self.ids[at] if len(self.ids) else 0, 0).astype(np.uint64), found,
+                np.where(found, self.tokens[at] if len(self.tokens) else 0, 0))
 
 
 @dataclass
 class Matched:
-    """Row indices of one tensor name on both sides that correspond, in baseline row order."""
+    """Row indices of one tensor name on both sides that correspond (in baseline row order), and
+    per side how many rows were left out, by reason."""
 
     rows: Pair[np.ndarray]
-    not_comparable: int  # depth > 0 rows whose fed tokens differ between the sides
+    skipped: Pair[dict[str, int]]
 
 
 def key_of(ids: np.ndarray, positions: np.ndarray, depths: np.ndarray) -> np.ndarray:
@@ -76,10 +111,29 @@ def key_of(ids: np.ndarray, positions: np.ndarray, depths: np.ndarray) -> np.nda
                 ^ (depths.astype(np.uint64) * MIX_DEPTH))
 
 
+@dataclass
+class Keyed:
+    """One side's rows of a tensor: each row's key and prefix id, and ``KEYED`` or the code of the
+    reason it has no usable key."""
+
+    key: np.ndarray
+    prefix: np.ndarray
+    reason: np.ndarray  # int8
+
+
+def keyed_rows(rows: KeyColumns, prefixes: Prefixes) -> Keyed:
+    ids, found, tokens = prefixes.lookup(rows.request_code, rows.position)
+    reason = np.full(len(rows), KEYED, np.int8)
+    reason[~found] = CODE["prefix_unknown"]
+    reason[found & (tokens != rows.token_id)] = CODE["token_conflict"]
+    reason[rows.position < 0] = CODE["padding"]
+    return Keyed(key_of(ids, rows.position, rows.depth), ids, reason)
+
+
 def row_keys(rows: KeyColumns, prefixes: Prefixes) -> tuple[np.ndarray, np.ndarray]:
     """(key, found) per row: ``key_of`` its prefix, position and depth."""
-    ids, found = prefixes.lookup(rows.request_code, rows.position)
-    return key_of(ids, rows.position, rows.depth), found
+    keyed = keyed_rows(rows, prefixes)
+    return keyed.key, keyed.reason == KEYED
 
 
 @dataclass
@@ -98,40 +152,74 @@ class RowIndex:
     def find(self, keys: np.ndarray) -> np.ndarray:
         """The row holding each key, or -1."""
         at, found = _find_sorted(self.keys, keys)
-        return np.where(found, self.rows[at], -1)
+        return np.where(found, self.rows[at], -1) if len(self.rows) else np.full(len(keys), -1)
 
 
-def match(rows: Pair[RowKeys], prefixes: Pair[Prefixes], fed: Pair[FedTokens] | None = None) -> Matched:
-    """Pair up rows with equal (prefix, position, depth); the first occurrence on each side wins."""
-    first_a = RowIndex.of(rows.a, prefixes.a)
-    found = RowIndex.of(rows.b, prefixes.b).find(first_a.keys)
-    a_idx, b_idx = first_a.rows[found >= 0], found[found >= 0]
+def match(rows: Pair[RowKeys], prefixes: Pair[Prefixes], fed: Pair[FedTokens]) -> Matched:
+    """Pair rows with equal (prefix, position, depth), copies in order; say why the rest are not
+    compared."""
+    keyed = rows.zip(prefixes).starmap(keyed_rows)
+    pairs = pair_copies(keyed.map(lambda k: k.key), keyed.map(lambda k: k.reason == KEYED))
+    reasons = keyed.map(lambda k: k.reason.copy())
+    for mine, theirs, paired, reason, their_prefixes in ((keyed.a, keyed.b, pairs.a, reasons.a, prefixes.b),
+                                                         (keyed.b, keyed.a, pairs.b, reasons.b, prefixes.a)):
+        left = reason == KEYED
+        left[paired] = False
+        has_key = np.isin(mine.key[left], theirs.key[theirs.reason == KEYED])
+        knows = np.isin(mine.prefix[left], their_prefixes.ids)
+        reason[left] = np.where(has_key, CODE["unpaired_copy"],
+                                np.where(knows, CODE["not_recorded"], CODE["outside_shared_prefix"]))
+    feed = _feed_status(rows.a, pairs.a, prefixes.a, fed)
+    reasons.a[pairs.a], reasons.b[pairs.b] = feed, feed
+    same = feed == KEYED
+    return Matched(rows=pairs.map(lambda p: p[same]), skipped=reasons.map(_counts))
+
+
+def match_by_step(rows: Pair[RowKeys], every: Pair[int]) -> Matched:
+    """``--align step``: the i-th row of a step, position and depth on one side pairs with the i-th row
+    of the same step, position and depth on the other (same producer, same batching: before vs after
+    a change)."""
+    keys = rows.map(lambda r: key_of(r.step, r.position, r.depth))
+    usable = rows.map(lambda r: r.position >= 0)
+    pairs = pair_copies(keys, usable)
+    reasons = usable.map(lambda u: np.where(u, KEYED, CODE["padding"]).astype(np.int8))
+    for mine, theirs, paired, reason, their_every in (
+            (rows.a, keys.b, pairs.a, reasons.a, every.b), (rows.b, keys.a, pairs.b, reasons.b, every.a)):
+        left = reason == KEYED
+        left[paired] = False
+        own = key_of(mine.step, mine.position, mine.depth)
+        filtered = (their_every > 1) & (mine.step % max(their_every, 1) != 0)
+        reason[left] = np.where(np.isin(own[left], theirs), CODE["unpaired_copy"],
+                                np.where(filtered[left], CODE["filtered_step"], CODE["not_recorded"]))
+    return Matched(rows=pairs, skipped=reasons.map(_counts))
+
+
+def pair_copies(keys: Pair[np.ndarray], usable: Pair[np.ndarray]) -> Pair[np.ndarray]:
+    """Row indices of pairs, in baseline row order: the k-th usable row (in row order) of a key on
+    one side pairs with the k-th usable row of the same key on the other."""
+    copies = keys.zip(usable).starmap(_copy_keys)
+    _, at_a, at_b = np.intersect1d(copies.a[1], copies.b[1], return_indices=True)
+    a_idx, b_idx = copies.a[0][at_a], copies.b[0][at_b]
     order = np.argsort(a_idx, kind="stable")
-    a_idx, b_idx = a_idx[order], b_idx[order]
-    skipped = 0
-    if fed is not None:
-        same = _same_feed(rows.a, a_idx, prefixes.a, fed)
-        skipped = int((~same).sum())
-        a_idx, b_idx = a_idx[same], b_idx[same]
-    return Matched(rows=Pair(a_idx, b_idx), not_comparable=skipped)
+    return Pair(a_idx[order], b_idx[order])
 
 
-def match_by_step(rows: Pair[RowKeys]) -> Matched:
-    """``--align step``: the i-th row of a step and depth on one side pairs with the i-th row of the
-    same step and depth on the other (same producer, same batching: before vs after a change)."""
-    def keyed(r: RowKeys) -> dict[tuple, int]:
-        seen: dict[tuple, int] = {}
-        out: dict[tuple, int] = {}
-        for i, (step, depth) in enumerate(zip(r.step.tolist(), r.depth.tolist())):
-            n = seen.get((step, depth), 0)
-            seen[(step, depth)] = n + 1
-            out[(step, depth, n)] = i
-        return out
+def _copy_keys(keys: np.ndarray, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(rows, key of (row key, copy number)) of the usable rows; the copy number counts earlier
+    rows with the same key."""
+    rows = np.flatnonzero(usable)
+    k = keys[rows]
+    order = np.lexsort((rows, k))
+    start = _group_starts(k[order])
+    rank = np.arange(len(rows)) - np.repeat(start, np.diff(np.r_[start, len(rows)]))
+    copy = np.empty(len(rows), np.uint64)
+    copy[order] = k[order] ^ _scramble(rank.astype(np.uint64))
+    return rows, copy
 
-    keys = rows.map(keyed)
-    common = [k for k in keys.a if k in keys.b]
-    return Matched(rows=Pair(np.array([keys.a[k] for k in common], dtype=np.int64),
-                             np.array([keys.b[k] for k in common], dtype=np.int64)), not_comparable=0)
+
+def _counts(reason: np.ndarray) -> dict[str, int]:
+    codes, n = np.unique(reason[reason != KEYED], return_counts=True)
+    return {REASONS[c]: int(k) for c, k in zip(codes.tolist(), n.tolist())}
 
 
 @dataclass
@@ -157,36 +245,49 @@ def fed_tokens(trace: Trace, keys: RowKeys | None, prefixes: Prefixes) -> FedTok
     return FedTokens(RowIndex.of(keys, prefixes), values)
 
 
-def first_token_difference(prefixes: Pair[Prefixes]) -> dict | None:
+def first_token_difference(prefixes: Pair[Prefixes], request_b: str | None = None) -> TokenMismatch | None:
     """Where a target request's tokens first leave every baseline request (a different chat
-    template, say): the request, the position and both tokens there. None when every target
-    request is a prefix of, or extends, some baseline request."""
+    template, say): the request (``request_b`` if given), the position and both tokens there, and
+    how many target requests leave somewhere. None when every target request is a prefix of, or
+    extends, some baseline request."""
     a, b = prefixes.a, prefixes.b
     known = np.isin(b.ids, a.ids)
     # a's token after each of its prefixes: parent id (0 for the empty prefix) -> next token
     parent_a = _parents(a)
     order = np.argsort(parent_a, kind="stable")
-    parents_sorted, next_sorted = parent_a[order], a.tokens[order]
-    at, found = _find_sorted(parents_sorted, _parents(b))
-    for i in np.flatnonzero(~known & found).tolist():
-        code, position = divmod(int(b.where[i]), b.stride)
-        if not position or known[i - 1]:  # the first prefix of its request that a lacks
-            return {"request_b": b.names[code], "position": position, "a": int(next_sorted[at[i]]),
-                    "b": int(b.tokens[i])}
-    return None
+    at, found = _find_sorted(parent_a[order], _parents(b))
+    position_b = b.where % b.stride
+    previous_known = np.r_[False, known[:-1]] & (position_b > 0)
+    leaves = np.flatnonzero(~known & found & ((position_b == 0) | previous_known))
+    codes = b.where[leaves] // b.stride
+    mine_only = leaves if request_b is None else leaves[[b.names.get(int(c)) == request_b for c in codes]]
+    if not len(mine_only):
+        return None
+    i = int(mine_only[0])
+    mine = int(order[at[i]])  # the baseline entry with the same parent
+    return TokenMismatch(request_a=a.names[int(a.where[mine] // a.stride)],
+                         request_b=b.names[int(b.where[i] // b.stride)], position=int(position_b[i]),
+                         token_a=int(a.tokens[mine]), token_b=int(b.tokens[i]),
+                         requests_differing=len(np.unique(codes)))
 
 
-def _same_feed(rows: RowKeys, picked: np.ndarray, prefixes: Prefixes, fed: Pair[FedTokens]) -> np.ndarray:
-    """For picked rows: every depth 1..d of the row's chain was fed the same token on both sides."""
+def _feed_status(rows: RowKeys, picked: np.ndarray, prefixes: Prefixes, fed: Pair[FedTokens]) -> np.ndarray:
+    """For picked rows: ``KEYED`` where every depth 1..d of the row's chain was fed the same token on
+    both sides, else the code of ``fed_differs`` (some depth fed other tokens) or ``fed_unknown``
+    (a side did not record what it fed)."""
     depth = rows.depth[picked]
-    same = np.ones(len(picked), bool)
-    ids, _ = prefixes.lookup(rows.request_code[picked], rows.position[picked])
+    differs, unknown = np.zeros(len(picked), bool), np.zeros(len(picked), bool)
+    ids, _, _ = prefixes.lookup(rows.request_code[picked], rows.position[picked])
     for d in range(1, int(depth.max(initial=0)) + 1):
         deep = depth >= d
         keys = key_of(ids[deep], rows.position[picked][deep], np.full(int(deep.sum()), d))
         (tok_a, in_a), (tok_b, in_b) = fed.a.at(keys), fed.b.at(keys)
-        same[deep] &= in_a & in_b & (tok_a == tok_b)
-    return same
+        differs[deep] |= in_a & in_b & (tok_a != tok_b)
+        unknown[deep] |= ~(in_a & in_b)
+    status = np.full(len(picked), KEYED, np.int8)
+    status[unknown] = CODE["fed_unknown"]
+    status[differs] = CODE["fed_differs"]
+    return status
 
 
 def _find_sorted(sorted_keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -6,16 +6,18 @@ the plan's order holds the first divergence; tensors failing later are downstrea
 from __future__ import annotations
 
 import operator
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from tracediff.diff.align import first_token_difference
-from tracediff.diff.metrics import measure_mapped, measure_rows
+from tracediff.diff.contract import contract_diff
+from tracediff.diff.metrics import Engine, engine_for
 from tracediff.diff.pair import Pair
-from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, make_plan
+from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, SideKeys, make_plan
+from tracediff.diff.results import ContractDiff, Coverage, RowRef, TensorResult, TokenMismatch
 from tracediff.diff.tolerance import Tolerances, failing_rows
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
 from tracediff.trace.reader import RowKeys, Trace
@@ -23,18 +25,7 @@ from tracediff.trace.reader import RowKeys, Trace
 SAMPLE = 64  # failing rows kept per tensor for the diagnoses
 WINDOWS_AHEAD = 2  # windows read ahead of the one being measured
 LARGER_IS_WORSE = ("max_abs", "mean_abs", "rel_l2", "max_rel", "kl")
-
-
-@dataclass
-class TensorResult:
-    name: str
-    status: str  # match | diverged | downstream | unchecked | not_comparable | missing_in_a | missing_in_b
-    dtypes: tuple[str, str] | None = None
-    rows: int = 0
-    failed: int = 0
-    not_comparable: int = 0
-    worst: dict[str, float] = field(default_factory=dict)
-    first_bad: dict | None = None  # row keys on both sides and the metrics of that row
+Progress = Callable[[int, int], None]  # (bytes compared so far, bytes to compare)
 
 
 @dataclass
@@ -54,13 +45,13 @@ class Tally:
 
 @dataclass
 class Comparison:
-    """Everything compare found, as plain data for the diagnoses and the reports."""
+    """Everything compare found, as plain data for the diagnoses and the report."""
 
     paths: Pair[list[str]]
+    plan: Plan = field(repr=False)
     tensors: list[TensorResult]
-    contract: list[dict]
-    token_mismatch: dict | None
-    plan: Plan | None = field(default=None, repr=False)
+    contract: ContractDiff
+    token_mismatch: TokenMismatch | None
     tallies: dict[str, Tally] = field(default_factory=dict, repr=False)
     first_non_finite: dict[str, str] = field(default_factory=dict)  # side -> tensor met first with NaN/Inf
     tolerances: Tolerances = field(default_factory=Tolerances, repr=False)
@@ -69,54 +60,40 @@ class Comparison:
     def first_divergence(self) -> TensorResult | None:
         return next((t for t in self.tensors if t.status == "diverged"), None)
 
-    @property
-    def verdict(self) -> str:
-        if self.first_divergence is not None:
-            return "diverged"
-        return "match" if any(t.status == "match" for t in self.tensors) else "incomparable"
-
-
-def contract_diff(traces: Pair[Trace]) -> list[dict]:
-    """Keys of the run contract whose values differ (final contract updates included)."""
-    def merged(trace: Trace) -> dict:
-        contract = dict(trace.meta.get("contract") or {})
-        for final in trace.finals:
-            contract.update((final or {}).get("contract") or {})
-        return contract
-
-    a, b = merged(traces.a), merged(traces.b)
-    keys = sorted(a.keys() | b.keys())
-    return [{"key": k, "a": a.get(k), "b": b.get(k)} for k in keys if a.get(k) != b.get(k)]
-
 
 def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
                    rename: dict[str, str] | None = None, align: str = "prefix",
                    stop_at_first: bool = False, chunk_bytes: int = CHUNK_BYTES,
-                   keys: Pair[dict[str, RowKeys]] | None = None) -> Comparison:
+                   keys: Pair[SideKeys] | None = None, progress: Progress | None = None) -> Comparison:
     """Plan from key columns (``keys``: each side's ``tensor_keys`` if already read), then measure
     every chunk (or only up to the first failing one when ``stop_at_first``: tensors not fully
-    read are then reported as ``unchecked``)."""
+    read are then reported as ``unchecked``). ``progress`` hears of every chunk measured."""
     tolerances = tolerances or Tolerances()
     plan = make_plan(traces, rename, align, chunk_bytes, keys)
-    results = {t.name: TensorResult(t.name, "not_comparable", (t.keys.a.dtype, t.keys.b.dtype),
-                                    not_comparable=t.matched.not_comparable) for t in plan.tensors}
-    comparison = Comparison(paths=traces.map(lambda t: [str(p) for p in t.paths]), tensors=[],
+    results = {t.name: _initial(t) for t in plan.tensors}
+    comparison = Comparison(paths=traces.map(lambda t: [str(p) for p in t.paths]), plan=plan, tensors=[],
                             contract=contract_diff(traces),
-                            token_mismatch=first_token_difference(plan.prefixes), plan=plan,
+                            token_mismatch=first_token_difference(plan.prefixes),
                             tallies={t.name: Tally() for t in plan.tensors}, tolerances=tolerances)
     first_failure: dict[str, tuple[int, int]] = {}  # name -> (baseline step of its first failing row, order)
-    done = 0
+    done, total, read = 0, plan.nbytes, 0
+    engine = engine_for(total)  # small compares never wait for the compiled kernels to build
     for chunk, values in read_ahead(traces, plan.chunks):
         if stop_at_first and first_failure and chunk.window > plan.chunks[done - 1].window:
             break  # every chunk of the window with the first failure is measured: it is settled
         done += 1
         name = chunk.tensor.name
-        bad = _measure(traces, chunk, values, results[name], comparison, tolerances)
+        bad = _measure(traces, chunk, values, results[name], comparison, tolerances, engine)
         if bad is not None and name not in first_failure:
             first_failure[name] = (int(chunk.tensor.keys.a.step[chunk.rows.a[bad]]), chunk.order)
-    failing = sorted(first_failure, key=first_failure.get)
+        if progress is not None:
+            read += chunk.nbytes.a + chunk.nbytes.b
+            progress(read, total)
+    failing = sorted(first_failure, key=lambda n: first_failure[n])
     unread = {c.tensor.name for c in plan.chunks[done:]}
     for name, result in results.items():
+        if result.status != "not_comparable":
+            continue  # a problem found while planning
         if name in failing:
             result.status = "diverged" if name == failing[0] else "downstream"
         elif name in unread:
@@ -124,9 +101,21 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
         elif result.rows:
             result.status = "match"
     comparison.tensors = ([results[t.name] for t in plan.tensors]
+                          + [TensorResult(n, "mixed_records", note="; ".join(filter(None, (m.a, m.b))))
+                             for n, m in plan.mixed.items()]
                           + [TensorResult(n, "missing_in_b") for n in plan.missing_in_b]
                           + [TensorResult(n, "missing_in_a") for n in plan.missing_in_a])
     return comparison
+
+
+def _initial(tensor) -> TensorResult:
+    """A tensor's result before any row is read: what the plan knows (coverage, problems)."""
+    keys, matched = tensor.keys, tensor.matched
+    skipped = matched.skipped
+    coverage = Coverage.of(len(keys.a), len(keys.b), len(matched.rows.a), skipped.a, skipped.b)
+    return TensorResult(tensor.name, tensor.problem or "not_comparable", dtypes=(keys.a.dtype, keys.b.dtype),
+                        shapes=(list(keys.a.row_shape), list(keys.b.row_shape)), coverage=coverage,
+                        note=tensor.note)
 
 
 @dataclass
@@ -207,32 +196,27 @@ def _byte_ranges(parts: list[tuple[RowKeys, np.ndarray]]) -> tuple[np.ndarray, n
 
 
 def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorResult, comparison: Comparison,
-             tolerances: Tolerances) -> int | None:
+             tolerances: Tolerances, engine: Engine) -> int | None:
     """Fold one chunk into the tensor's result; the index in the chunk of its first failing row."""
-    n = len(chunk.rows.a)
-    result.rows += n
+    result.rows += len(chunk.rows.a)
     tally = comparison.tallies[result.name]
-    shapes = chunk.tensor.keys.map(lambda k: list(k.row_shape))
-    if shapes.a != shapes.b:
-        result.failed += n
-        result.worst = {"shape_a": shapes.a, "shape_b": shapes.b}
-        _note_failures(result, tally, chunk, np.ones(n, dtype=bool), {})
-        return 0
+    dtypes = (chunk.tensor.keys.a.dtype, chunk.tensor.keys.b.dtype)
     if rows.at is not None:
-        metrics = measure_mapped(result.name, traces.map(lambda t: t.mapped()), rows.at,
-                                 int(np.prod(shapes.a, dtype=np.int64)))
+        metrics = engine.measure_mapped(result.name, traces.map(lambda t: t.mapped()), rows.at,
+                                 int(np.prod(chunk.tensor.keys.a.row_shape, dtype=np.int64)))
     else:
-        metrics = measure_rows(result.name, result.dtypes, rows.raw.a, rows.raw.b)
-    if result.dtypes[0] in FLOAT_TAGS and result.dtypes[1] in FLOAT_TAGS:
+        metrics = engine.measure_rows(result.name, dtypes, rows.raw.a, rows.raw.b)
+    if dtypes[0] in FLOAT_TAGS and dtypes[1] in FLOAT_TAGS:
         _note_non_finite(traces, metrics["max_abs"], chunk, tally, comparison)
     for k, v in metrics.items():
-        worst = np.nanmax(v) if k in LARGER_IS_WORSE else np.nanmin(v)
-        if np.isnan(worst):
+        v = v[~np.isnan(v)]  # NaN rows (NaN/Inf on a side) fail; they have no worst value
+        if not len(v):
             continue
+        worst = v.max() if k in LARGER_IS_WORSE else v.min()
         old = result.worst.get(k)
         better = old is not None and (old >= worst if k in LARGER_IS_WORSE else old <= worst)
         result.worst[k] = old if better else float(worst)
-    bad = failing_rows(metrics, tolerances.bounds(result.name, result.dtypes))
+    bad = failing_rows(metrics, tolerances.bounds(result.name, dtypes))
     if not bad.any():
         return None
     result.failed += int(bad.sum())
@@ -250,12 +234,12 @@ def _note_failures(result: TensorResult, tally: Tally, chunk: Chunk, bad: np.nda
         return
     i = int(where[0])
     keys, ra, rb = chunk.tensor.keys, int(chunk.rows.a[i]), int(chunk.rows.b[i])
-    result.first_bad = {
-        "request": {"a": str(keys.a.request[ra]), "b": str(keys.b.request[rb])},
-        "position": int(keys.a.position[ra]), "depth": int(keys.a.depth[ra]),
-        "step": {"a": int(keys.a.step[ra]), "b": int(keys.b.step[rb])},
-        "metrics": {k: float(v[i]) for k, v in metrics.items()},
-    }
+    result.first_bad = RowRef(
+        request_a=str(keys.a.request[ra]), request_b=str(keys.b.request[rb]),
+        position=int(keys.a.position[ra]), depth=int(keys.a.depth[ra]),
+        step_a=int(keys.a.step[ra]), step_b=int(keys.b.step[rb]),
+        metrics={k: float(v[i]) for k, v in metrics.items()},
+    )
 
 
 def _note_non_finite(traces: Pair[Trace], max_abs: np.ndarray, chunk: Chunk, tally: Tally,

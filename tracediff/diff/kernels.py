@@ -8,7 +8,8 @@ bfloat16's own rounding (wider inputs sum in float64 throughout). A row whose fi
 off (NaN/Inf anywhere, values too large or too small to square in float32) is measured again in
 float64 with infinities handled.
 
-Compiled on first use and cached next to this file (``cache=True``). Fast-math is limited to
+Compiled on first use and cached next to this file (``cache=True``); ``numpy_kernels`` computes the
+same tables without compiling, for inputs too small to repay it. Fast-math is limited to
 reassociation, contraction and approximate functions: NaN and Inf keep their IEEE meaning, so a
 row holding one is always seen.
 """
@@ -21,6 +22,8 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import overload
 
+from tracediff.diff.numpy_kernels import COLUMNS as COLUMNS  # the table's columns, for callers
+
 FAST = {"reassoc", "contract", "afn"}
 BLOCK = 256  # elements summed in float32 before the partial sums move to float64
 TOP_BLOCK = 64  # elements per block maximum in the top-k search
@@ -28,6 +31,7 @@ TOP_BLOCK = 64  # elements per block maximum in the top-k search
 # and squared differences of such values stay normal floats, far from overflow.
 F32_RANGE = (1e-6, 1e15)
 LOG2E = 1.4426950408889634
+TINY = np.finfo(np.float64).tiny
 
 
 def _exp2_polynomial(degree: int = 5) -> tuple[np.float32, ...]:
@@ -39,8 +43,6 @@ def _exp2_polynomial(degree: int = 5) -> tuple[np.float32, ...]:
 
 
 EXP2_TERMS = _exp2_polynomial()
-COLUMNS = ("max_abs", "mean_abs", "rel_l2", "cosine", "max_rel", "argmax_agree", "topk_overlap", "kl")
-TINY = np.finfo(np.float64).tiny
 
 
 def element(x):
@@ -148,7 +150,8 @@ def compare_mapped_bf16(file_a: np.ndarray, at_a: np.ndarray, file_b: np.ndarray
 def _row_metrics(a: np.ndarray, b: np.ndarray, logits: bool, k: int, out: np.ndarray) -> None:
     """One row pair into ``out`` (8 values, NaN-filled). A NaN/Inf difference leaves all NaN; the
     same infinity on both sides (a masked logit) agrees. Cosine comes from the norms as
-    1 - (|a-b|^2 - (|a|-|b|)^2) / (2|a||b|), exact near 1."""
+    1 - (|a-b|^2 - (|a|-|b|)^2) / (2|a||b|), exact near 1; with a side all zero it is 1 if both
+    are, 0 otherwise."""
     width = len(a)
     sums = _sums(a, b, False, accumulator(a))
     if not _sums_hold(sums):
@@ -160,7 +163,8 @@ def _row_metrics(a: np.ndarray, b: np.ndarray, logits: bool, k: int, out: np.nda
     out[0] = max_abs
     out[1] = sum_abs / width if width else 0.0
     out[2] = norm_d / max(norm_a, TINY)
-    out[3] = 1.0 - (dd - (norm_a - norm_b) ** 2) / max(2.0 * norm_a * norm_b, TINY)
+    span = 2.0 * norm_a * norm_b  # 0 when a side is all zero: the formula would divide noise by 0
+    out[3] = 1.0 - (dd - (norm_a - norm_b) ** 2) / span if span > 0.0 else (1.0 if dd == 0.0 else 0.0)
     out[4] = max_abs / max(peak, TINY)
     if logits and width:
         maxima_a, maxima_b = _block_maxima(a, b)
@@ -232,40 +236,42 @@ def _block_maxima(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 @njit(cache=True, nogil=True)
 def _top(row: np.ndarray, maxima: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k largest values of a row, descending, and their indices (ties: the earlier index).
-    Only blocks whose maximum reaches the k-th largest block maximum t are scanned: every block
-    holding one of the k largest values has its maximum >= the k-th largest value >= t, and every
-    other block holds values below t only."""
+    """The k largest values of a row, descending, and their indices (ties: the earlier index; -inf
+    is a value like any other). Only blocks whose maximum reaches the k-th largest block maximum t
+    are scanned: every block holding one of the k largest values has its maximum >= the k-th
+    largest value >= t, and every other block holds values below t only."""
     values, where = np.full(k, -np.inf), np.full(k, -1)
-    kth = -np.inf
+    filled = 0
     for block in range(len(maxima)):
-        if maxima[block] > kth:
-            kth = _insert(values, where, maxima[block], block)
-    threshold = kth if len(maxima) >= k else -np.inf
-    values[:], where[:], kth = -np.inf, -1, -np.inf
+        if filled < k or maxima[block] > values[k - 1]:
+            filled = _insert(values, where, filled, maxima[block], block)
+    threshold = values[k - 1] if filled == k else -np.inf
+    values[:], where[:], filled, kth = -np.inf, -1, 0, -np.inf
     for block in range(len(maxima)):
         if maxima[block] < threshold:
             continue
         for j in range(block * TOP_BLOCK, min((block + 1) * TOP_BLOCK, len(row))):
             x = np.float64(element(row[j]))
-            if x > kth:
-                kth = _insert(values, where, x, j)
+            if x > kth or filled < k:
+                filled = _insert(values, where, filled, x, j)
+                kth = values[k - 1]
     return values, where
 
 
 @njit(cache=True, nogil=True)
-def _insert(values: np.ndarray, where: np.ndarray, x: float, j: int) -> float:
-    """Insert x (larger than the k-th) into the k largest, kept descending with their indices
-    (ties keep the earlier index); the new k-th largest."""
+def _insert(values: np.ndarray, where: np.ndarray, filled: int, x: float, j: int) -> int:
+    """Insert x into the k largest so far (the first ``filled`` slots; x larger than the k-th once
+    all k are filled), kept descending with their indices (ties keep the earlier index); the number
+    of slots filled now. Counting them, not testing x against the empty slots' -inf, lets -inf in."""
     k = len(values)
-    p = k - 1
+    p = min(filled, k - 1)
     while p > 0 and x > values[p - 1]:
         values[p] = values[p - 1]
         where[p] = where[p - 1]
         p -= 1
     values[p] = x
     where[p] = j
-    return values[k - 1]
+    return min(filled + 1, k)
 
 
 @njit(cache=True, nogil=True, fastmath=FAST)

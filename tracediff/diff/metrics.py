@@ -2,32 +2,89 @@
 
 Floats: ``max_abs``, ``mean_abs``, ``rel_l2`` (|a-b| / |a|), ``cosine`` and ``max_rel``
 (max|a-b| / max|a|); for logits also ``argmax_agree``, ``topk_overlap`` (top ``TOP_K``) and ``kl``
-(KL(a || b) of the softmaxes). Integers: ``equal``. The numbers come from ``kernels``.
+(KL(a || b) of the softmaxes). Integers: ``equal``.
+
+Two engines give the same numbers: ``numpy`` (``numpy_kernels``, nothing to compile) and
+``compiled`` (numba, ``kernels``: 3-10x faster, but its first use on a machine compiles for seconds
+per dtype, ~20 s on slow machines). ``engine_for`` picks by the bytes a compare will measure; the
+module-level functions use numpy, as they serve small inputs (diagnoses' samples). numba is
+imported only by the compiled engine's first call: a compare that never needs it never pays its
+import either.
 """
 
 from __future__ import annotations
 
+import importlib
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Literal
+
 import numpy as np
 
-from tracediff.diff.kernels import COLUMNS, compare_mapped_bf16, compare_rows
+from tracediff.diff import numpy_kernels
+from tracediff.diff.numpy_kernels import COLUMNS
 from tracediff.diff.pair import Pair
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
 
 TOP_K = 5
+# Below this many bytes to measure (both sides together) numpy is used. Measured on a 2-core box: a
+# 256 MiB bfloat16 compare takes 1.4-2.1 s with numpy, 1.05 s compiled from numba's cache and 6.6 s
+# compiling first (3-5 s per dtype there, ~20 s on slower machines); hidden states measure at
+# 0.8-1.7 GB/s in numpy, bfloat16 logits at ~0.15. Below it, numpy costs at most ~1 s more than a
+# warm cache and never the compile.
+COMPILE_BYTES = 256 << 20
 
 
-def _flat(x: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(x.reshape(len(x), -1))
+@dataclass(frozen=True)
+class Engine:
+    """One implementation of the row tables: ``"numpy"`` or ``"compiled"``."""
+
+    name: Literal["numpy", "compiled"]
+
+    def kernels(self) -> ModuleType:
+        """The module computing the tables; importing ``kernels`` imports (and may compile) numba."""
+        return importlib.import_module("tracediff.diff.kernels") if self.name == "compiled" else numpy_kernels
+
+    def float_metrics(self, a: np.ndarray, b: np.ndarray, logits: bool = False) -> dict[str, np.ndarray]:
+        """The float metrics of decoded rows (or of two uint16 arrays of bfloat16 bit patterns);
+        with ``logits``, the logit metrics too."""
+        if not a.dtype == b.dtype == np.uint16:
+            wide = np.float64 if np.float64 in (a.dtype, b.dtype) else np.float32
+            a, b = a.astype(wide, copy=False), b.astype(wide, copy=False)
+        a, b = _flat(a), _flat(b)
+        return _named(self.kernels().compare_rows(a, b, logits, _top_k(a.shape[1])), logits)
+
+    def measure_rows(self, name: str, dtypes: tuple[str, str], raw_a: np.ndarray,
+                     raw_b: np.ndarray) -> dict[str, np.ndarray]:
+        """``metrics_for`` over raw stored rows; bfloat16 on both sides is decoded inside the kernel."""
+        if not all(d in FLOAT_TAGS for d in dtypes):
+            return token_metrics(raw_a, raw_b)
+        logits = name.endswith("logits")
+        if dtypes == ("bfloat16", "bfloat16"):
+            return self.float_metrics(raw_a, raw_b, logits)
+        return self.float_metrics(decode(raw_a, dtypes[0]), decode(raw_b, dtypes[1]), logits)
+
+    def measure_mapped(self, name: str, files: Pair[np.ndarray], at: Pair[np.ndarray],
+                       width: int) -> dict[str, np.ndarray]:
+        """``measure_rows`` of bfloat16 rows of ``width`` elements read from memory-mapped trace files
+        (uint8) at byte offsets ``at``."""
+        logits = name.endswith("logits")
+        table = self.kernels().compare_mapped_bf16(files.a, at.a, files.b, at.b, width, logits, _top_k(width))
+        return _named(table, logits)
+
+
+NUMPY, COMPILED = Engine("numpy"), Engine("compiled")
+
+
+def engine_for(total_bytes: int) -> Engine:
+    """The engine for a compare measuring ``total_bytes`` of stored rows (both sides together):
+    numpy below ``COMPILE_BYTES``, where a compile would cost more than it saves; compiled above."""
+    return COMPILED if total_bytes >= COMPILE_BYTES else NUMPY
 
 
 def float_metrics(a: np.ndarray, b: np.ndarray, logits: bool = False) -> dict[str, np.ndarray]:
-    """The float metrics of decoded rows (or of two uint16 arrays of bfloat16 bit patterns); with
-    ``logits``, the logit metrics too."""
-    if not a.dtype == b.dtype == np.uint16:
-        wide = np.float64 if np.float64 in (a.dtype, b.dtype) else np.float32
-        a, b = a.astype(wide, copy=False), b.astype(wide, copy=False)
-    a, b = _flat(a), _flat(b)
-    return _named(compare_rows(a, b, logits, _top_k(a.shape[1])), logits)
+    """``Engine.float_metrics`` with numpy."""
+    return NUMPY.float_metrics(a, b, logits)
 
 
 def token_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
@@ -45,19 +102,19 @@ def metrics_for(name: str, dtypes: tuple[str, str], a: np.ndarray, b: np.ndarray
 
 def measure_rows(name: str, dtypes: tuple[str, str], raw_a: np.ndarray,
                  raw_b: np.ndarray) -> dict[str, np.ndarray]:
-    """``metrics_for`` over raw stored rows; bfloat16 on both sides is decoded inside the kernel."""
-    if not all(d in FLOAT_TAGS for d in dtypes):
-        return token_metrics(raw_a, raw_b)
-    if dtypes == ("bfloat16", "bfloat16"):
-        return float_metrics(raw_a, raw_b, logits=name.endswith("logits"))
-    return float_metrics(decode(raw_a, dtypes[0]), decode(raw_b, dtypes[1]), logits=name.endswith("logits"))
+    """``Engine.measure_rows`` with numpy (large compares use ``engine_for``)."""
+    return NUMPY.measure_rows(name, dtypes, raw_a, raw_b)
 
 
 def measure_mapped(name: str, files: Pair[np.ndarray], at: Pair[np.ndarray],
                    width: int) -> dict[str, np.ndarray]:
-    """``measure_rows`` of bfloat16 rows read in place from memory-mapped trace files."""
-    logits = name.endswith("logits")
-    return _named(compare_mapped_bf16(files.a, at.a, files.b, at.b, width, logits, _top_k(width)), logits)
+    """``Engine.measure_mapped`` with numpy (large compares use ``engine_for``)."""
+    return NUMPY.measure_mapped(name, files, at, width)
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    """[rows, elements per row]; also for no rows (``reshape(n, -1)`` refuses size 0)."""
+    return np.ascontiguousarray(x.reshape(len(x), int(np.prod(x.shape[1:], dtype=np.int64))))
 
 
 def _top_k(width: int) -> int:
@@ -65,5 +122,5 @@ def _top_k(width: int) -> int:
 
 
 def _named(table: np.ndarray, logits: bool) -> dict[str, np.ndarray]:
-    """The kernel's [rows, 8] table as metric name -> per-row values."""
+    """The engine's [rows, 8] table as metric name -> per-row values."""
     return {column: table[:, i] for i, column in enumerate(COLUMNS[: 8 if logits else 5])}

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracediff.diff.align import FED, Matched, Prefixes, fed_tokens, match, match_by_step
+from tracediff.diff.align import FED, Declared, Matched, Prefixes, fed_tokens, match, match_by_step
 from tracediff.diff.pair import Pair
+from tracediff.diff.results import Status
+from tracediff.diff.shapes import mismatch
 from tracediff.errors import TraceError
 from tracediff.trace.reader import RowKeys, Trace
 
@@ -25,12 +27,26 @@ ALIGNMENTS = ("prefix", "step")
 
 
 @dataclass
+class SideKeys:
+    """What alignment reads of one trace, before any tensor byte: the key columns of every per-row
+    tensor name, the names whose records cannot form one tensor, and the request token table."""
+
+    tensors: dict[str, RowKeys]
+    mixed: dict[str, str]  # name -> what differs between its records
+    declared: Declared
+    every: int  # the recorder kept every N-th step
+
+
+@dataclass
 class TensorPlan:
-    """One tensor name present on both sides: its rows and the ones that correspond."""
+    """One tensor name present on both sides: its rows, the ones that correspond, and why it cannot
+    be compared at all (``problem``) if so."""
 
     name: str  # as the baseline (a) calls it
     keys: Pair[RowKeys]
     matched: Matched
+    problem: Status | None = None
+    note: str = ""
 
 
 @dataclass
@@ -51,44 +67,71 @@ class Plan:
     tensors: list[TensorPlan]  # in a's dataflow order
     missing_in_a: list[str]
     missing_in_b: list[str]
+    mixed: dict[str, Pair[str]]  # names on both sides whose records on a side cannot form one tensor
     chunks: list[Chunk]
     prefixes: Pair[Prefixes]
     keys: Pair[dict[str, RowKeys]]  # every non-static name of each side, for the diagnoses
 
+    @property
+    def nbytes(self) -> int:
+        """Raw bytes the chunks read, both sides."""
+        return sum(c.nbytes.a + c.nbytes.b for c in self.chunks)
 
-def tensor_keys(trace: Trace) -> dict[str, RowKeys]:
+
+def tensor_keys(trace: Trace) -> SideKeys:
     """Key columns of every name that has per-row records (static weights, d2t are left out)."""
-    out = {}
+    out, mixed = {}, {}
     for name in trace.names():
-        if not trace.index.static[trace.select(name=name)].all():
+        if trace.index.static[trace.select(name=name)].all():
+            continue
+        try:
             out[name] = trace.keys(name)
-    if not out:
+        except ValueError as exc:  # records of mixed dtype or row shape: reported, not compared
+            mixed[name] = str(exc)
+    if not out and not mixed:
         raise TraceError(trace.paths[0], "the trace holds no tensor rows")
-    return out
+    table = trace.request_tokens()
+    declared = Declared(trace.request_codes(table.request), table.position, table.token_id)
+    declared.names = dict(zip(declared.code.tolist(), table.request.tolist()))
+    every = int(((trace.meta.get("filters") or {}).get("every")) or 1)
+    return SideKeys(out, mixed, declared, every)
 
 
 def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: str = "prefix",
-              chunk_bytes: int = CHUNK_BYTES, keys: Pair[dict[str, RowKeys]] | None = None) -> Plan:
+              chunk_bytes: int = CHUNK_BYTES, keys: Pair[SideKeys] | None = None) -> Plan:
     """``rename`` maps names in b to names in a (``--map NAME_IN_B=NAME_IN_A``); ``align`` is
     ``prefix`` (rows by token content) or ``step`` (rows by step and order, same producer);
     ``keys``: each side's ``tensor_keys`` if already read."""
     if align not in ALIGNMENTS:
         raise ValueError(f"--align takes 'prefix' or 'step', not {align!r}")
     rename = rename or {}
-    keys = keys or traces.map(tensor_keys)
-    keys = Pair(keys.a, {rename.get(n, n): k for n, k in keys.b.items()})
-    prefixes = keys.map(lambda k: Prefixes.of(list(k.values())))
-    fed = Pair(fed_tokens(traces.a, keys.a.get(FED), prefixes.a),
-               fed_tokens(traces.b, keys.b.get(FED), prefixes.b))
+    side = keys or traces.map(tensor_keys)
+    tensors_by_name = Pair(side.a.tensors, {rename.get(n, n): k for n, k in side.b.tensors.items()})
+    mixed_by_name = Pair(side.a.mixed, {rename.get(n, n): m for n, m in side.b.mixed.items()})
+    prefixes = side.zip(tensors_by_name).starmap(lambda s, t: Prefixes.of(list(t.values()), s.declared))
+    fed = Pair(fed_tokens(traces.a, tensors_by_name.a.get(FED), prefixes.a),
+               fed_tokens(traces.b, tensors_by_name.b.get(FED), prefixes.b))
+    every = side.map(lambda s: s.every)
     tensors = []
-    for name in keys.a:
-        if name in keys.b:
-            both = Pair(keys.a[name], keys.b[name])
-            matched = match(both, prefixes, fed) if align == "prefix" else match_by_step(both)
-            tensors.append(TensorPlan(name, both, matched))
-    return Plan(tensors=tensors, missing_in_a=[n for n in keys.b if n not in keys.a],
-                missing_in_b=[n for n in keys.a if n not in keys.b],
-                chunks=chunks_of(tensors, chunk_bytes), prefixes=prefixes, keys=keys)
+    for name, keys_a in tensors_by_name.a.items():
+        if name not in tensors_by_name.b:
+            continue
+        both = Pair(keys_a, tensors_by_name.b[name])
+        problem = mismatch(name, both.map(lambda k: k.dtype), both.map(lambda k: k.row_shape))
+        if problem is not None:
+            skipped = both.map(lambda k, status=problem[0]: {status: len(k)})
+            matched = Matched(both.map(lambda k: np.zeros(0, np.int64)), skipped)
+            tensors.append(TensorPlan(name, both, matched, problem[0], problem[1]))
+            continue
+        matched = match(both, prefixes, fed) if align == "prefix" else match_by_step(both, every)
+        tensors.append(TensorPlan(name, both, matched))
+    names = Pair([*tensors_by_name.a, *mixed_by_name.a], [*tensors_by_name.b, *mixed_by_name.b])
+    mixed = {n: Pair(mixed_by_name.a.get(n, ""), mixed_by_name.b.get(n, ""))
+             for n in [*mixed_by_name.a, *mixed_by_name.b] if n in names.a and n in names.b}
+    comparable = [t for t in tensors if t.problem is None]
+    return Plan(tensors=tensors, missing_in_a=[n for n in names.b if n not in names.a],
+                missing_in_b=[n for n in names.a if n not in names.b], mixed=mixed,
+                chunks=chunks_of(comparable, chunk_bytes), prefixes=prefixes, keys=tensors_by_name)
 
 
 def chunks_of(tensors: list[TensorPlan], chunk_bytes: int) -> list[Chunk]:

@@ -2,7 +2,11 @@
 
 Rules it keeps for the host (training job or server): memory is bounded by ``queue_bytes``;
 a full queue drops (and counts) or blocks for at most ``block_timeout``; any failure is logged
-once, stops recording and never raises into the caller.
+once, stops recording and never raises into the caller. Strict mode (``strict=True`` or
+``TRACEDIFF_STRICT=1``), for people writing an integration, raises misuse in the caller instead.
+
+Every ``log`` call, recorded or filtered out, also teaches the writer its (request, position,
+token_id) keys: the trace's token table (``__tokens__`` records) knows every request's tokens.
 """
 
 from __future__ import annotations
@@ -31,15 +35,18 @@ except ImportError:  # not on Windows
     resource = None
 
 from tracediff.record.filters import RecordFilter
-from tracediff.record.host import HostCopy
-from tracediff.record.rowkeys import RowContext, RowKeys, resolve_rows
-from tracediff.trace.schema import FORMAT_NAME, FORMAT_VERSION, Record, dumps_meta
+from tracediff.record.host import HostCopy, tag_of_tensor
+from tracediff.record.rowkeys import RowContext, RowKeys, resolve_keys, resolve_rows, sequence_keys
+from tracediff.record.tokens import TokenBook
+from tracediff.trace.schema import FORMAT_NAME, FORMAT_VERSION, Record, dumps_meta, tokens_record
 from tracediff.trace.writer import TraceWriter, format_for, open_writer
 
 logger = logging.getLogger("tracediff")
 
 MiB = 1 << 20
 ROOM_MARGIN = 8 * MiB  # room kept free for the format's own metadata and a clean close
+TOKEN_ROW_BYTES = 24  # what one row's keys cost while queued for the token book
+STRICT_ENV = "TRACEDIFF_STRICT"
 
 
 @dataclass
@@ -54,6 +61,15 @@ class _Pending:
     nbytes: int
     keys: RowKeys | None  # None for a static record
     row_mask: np.ndarray | None
+
+
+@dataclass
+class _Learn:
+    """Row keys for the writer's token book (from a log call, or declared by request_tokens)."""
+
+    keys: RowKeys
+    declared: bool
+    nbytes: int
 
 
 class Recorder:
@@ -80,6 +96,7 @@ class Recorder:
         rank: int | None = None,
         world_size: int | None = None,
         enabled: bool = True,
+        strict: bool | None = None,
     ) -> None:
         if on_full not in ("drop", "block"):
             raise ValueError(f"on_full must be 'drop' or 'block', got {on_full!r}")
@@ -92,6 +109,7 @@ class Recorder:
         self.block_timeout = block_timeout
         self.flush_interval = flush_interval
         self.flush_bytes = min(flush_bytes, max(1, queue_bytes // 2))
+        self.strict = _strict_from_env() if strict is None else bool(strict)
         self.dropped: Counter[str] = Counter()
         self.stopped: str | None = None
         self.records_written = 0
@@ -101,22 +119,35 @@ class Recorder:
         self._seq = itertools.count()
         self._admitted = 0
         self._queued = 0
-        self._queue: deque[_Pending] = deque()
+        self._queue: deque[_Pending | _Learn] = deque()
         self._cv = threading.Condition()
         self._closing = False
-        self._flush_now = False  # set by flush(): write what is pending without waiting for the interval
+        self._flush_requests = 0  # flush() asks the writer to write now without waiting for the interval
+        self._flush_done = 0  # the last request the writer has honoured
         self._active = False
         self._static_once: set[str] = set()
+        self._book = TokenBook()
+        self._token_queued = 0  # bytes of row keys queued for the book (bounded apart from tensors)
+        self._token_limit = max(MiB, queue_bytes // 16)
+        self.token_calls_dropped = 0  # calls whose keys were not learned: the book's queue was full
+        self._last_learned: tuple | None = None  # (token_ids, positions, request, mask, step) last learned
+        self._strict_layouts: dict[str, tuple] = {}  # host side, strict mode only
+        self._layouts: dict[str, tuple] = {}  # writer side: (static, dtype, row shape) first seen per name
+        self._mixed: set[str] = set()
         self._thread: threading.Thread | None = None
         self._writer: TraceWriter | None = None
         if not enabled:
             return
         try:
             format_for(self.path, format)
+            if not self.path.parent.is_dir():
+                raise FileNotFoundError(f"output directory {self.path.parent} does not exist")
             run_meta = _run_meta(source, meta or {}, self.rank, self.world_size, self.filter)
             dumps_meta(run_meta)
             self._writer = open_writer(self.path, run_meta, format, compression)
         except Exception as exc:  # a recorder that cannot start must not stop the host
+            if self.strict:
+                raise
             self._fail("open", exc)
             return
         self._active = True
@@ -132,26 +163,17 @@ class Recorder:
         return self._active
 
     def log(self, name: str, tensor: Any, *, step: int | None = None, request: Any = None,
-            positions: Any = None, token_ids: Any = None, depth: int | None = None) -> None:
-        """Record a per-token tensor. Omitted keys come from the current context."""
+            positions: Any = None, token_ids: Any = None, depth: int | None = None,
+            attention_mask: Any = None) -> None:
+        """Record a per-token tensor. Omitted keys come from the current context; ``attention_mask``
+        (shaped like token_ids, 0 = padding) gives padded rows position -1."""
         if not self._active:
             return
         try:
-            ctx = self._ctx
-            step = ctx.step if step is None else step
-            if not (self.filter.keep_name(name) and self.filter.keep_step(step)):
-                return
-            keys = resolve_rows(
-                tuple(tensor.shape), step,
-                ctx.token_ids if token_ids is None else token_ids,
-                ctx.positions if positions is None and token_ids is None else positions,
-                ctx.request if request is None else request,
-            )
-            mask = None if self.filter.requests is None else self.filter.row_mask(keys.requests())
-            if mask is not None and not mask.any():
-                return
-            self._submit(name, tensor, step, ctx.depth if depth is None else depth, keys, mask)
+            self._log(name, tensor, step, request, positions, token_ids, depth, attention_mask)
         except Exception as exc:
+            if self.strict:
+                raise
             self._fail(f"log({name!r})", exc)
 
     def log_static(self, name: str, tensor: Any, *, step: int | None = None, once: bool = False) -> None:
@@ -163,19 +185,37 @@ class Recorder:
             if once:
                 self._static_once.add(name)
             if self.filter.keep_name(name):
+                if self.strict:
+                    self._check_layout(name, (True, tag_of_tensor(tensor), None))
                 self._submit(name, tensor, self._ctx.step if step is None else step, 0, None, None)
         except Exception as exc:
+            if self.strict:
+                raise
             self._fail(f"log_static({name!r})", exc)
 
+    def request_tokens(self, request: Any, token_ids: Any, start: int = 0) -> None:
+        """Declare a request's tokens (prompt + generated ids), whole or in pieces: ``token_ids[0]``
+        sits at position ``start``. Compare then knows the request's full sequence even where no
+        tensor of it was recorded."""
+        if not self._active:
+            return
+        try:
+            self._learn(sequence_keys(request, token_ids, start), None, declared=True)
+        except Exception as exc:
+            if self.strict:
+                raise
+            self._fail(f"request_tokens({request!r})", exc)
+
     def set_context(self, **fields: Any) -> None:
-        """Set row keys (step, depth, request, positions, token_ids) for hooks and later logs."""
-        self._ctx = replace(self._ctx, **fields)
+        """Set row keys (step, depth, request, positions, token_ids, attention_mask) for hooks and
+        later logs. New token_ids drop the positions and mask of the old ones unless given too."""
+        self._ctx = replace(self._ctx, **_context_fields(fields))
 
     @contextmanager
     def context(self, **fields: Any) -> Iterator[None]:
         """Row keys for the duration of a block (e.g. one forward pass), then the old ones."""
         saved = self._ctx
-        self._ctx = replace(saved, **fields)
+        self._ctx = replace(saved, **_context_fields(fields))
         try:
             yield
         finally:
@@ -198,14 +238,16 @@ class Recorder:
         return watch_modules(self, root, pattern, template)
 
     def flush(self, timeout: float = 30.0) -> bool:
-        """Wait until everything logged so far is written; False on timeout or when not active."""
+        """Wait until everything logged so far is written (token table included); False on timeout
+        or when not active."""
         deadline = time.monotonic() + timeout
         with self._cv:
-            self._flush_now = True
+            self._flush_requests += 1
+            target = self._flush_requests
             self._cv.notify_all()
-            while self._active and self._queued and time.monotonic() < deadline:
+            while self._active and self._flush_done < target and time.monotonic() < deadline:
                 self._cv.wait(0.01)
-            return self._active and not self._queued
+            return self._active and self._flush_done >= target
 
     def close(self, timeout: float = 60.0) -> None:
         """Write what is queued, then the end-of-run metadata. Safe to call twice."""
@@ -228,6 +270,58 @@ class Recorder:
         self.close()
 
     # ---- internals ------------------------------------------------------------------------
+
+    def _log(self, name: str, tensor: Any, step: int | None, request: Any, positions: Any, token_ids: Any,
+             depth: int | None, attention_mask: Any) -> None:
+        ctx = self._ctx
+        step = ctx.step if step is None else step
+        if token_ids is None:  # keys from the context (hooks)
+            token_ids = ctx.token_ids
+            positions = ctx.positions if positions is None else positions
+            attention_mask = ctx.attention_mask if attention_mask is None else attention_mask
+        request = ctx.request if request is None else request
+        keep = self.filter.keep_name(name) and self.filter.keep_step(step)
+        seen = (token_ids, positions, request, attention_mask, step)
+        learned = _same_keys(seen, self._last_learned)
+        if not keep:  # filtered out: its keys still teach the token table
+            if not learned and token_ids is not None:
+                self._learn(resolve_keys(step, token_ids, positions, request, attention_mask), seen)
+            return
+        keys = resolve_rows(tuple(tensor.shape), step, token_ids, positions, request, attention_mask)
+        if self.strict:
+            self._check_layout(name, (False, tag_of_tensor(tensor), tuple(tensor.shape[keys.lead_ndim:])))
+        if not learned:
+            self._learn(keys, seen)
+        mask = None if self.filter.requests is None else self.filter.row_mask(keys.requests())
+        if mask is not None and not mask.any():
+            return
+        self._submit(name, tensor, step, ctx.depth if depth is None else depth, keys, mask)
+
+    def _learn(self, keys: RowKeys, seen: tuple | None, declared: bool = False) -> None:
+        """Hand row keys to the token book: queued for the writer thread, or at once in strict mode
+        (where a conflict must raise in the caller)."""
+        if self.strict:
+            self._book.learn(*keys.expand(), declared=declared, strict=True)
+        else:
+            nbytes = keys.n_rows * TOKEN_ROW_BYTES
+            with self._cv:
+                if self._token_queued + nbytes > self._token_limit and self._token_queued > 0:
+                    self.token_calls_dropped += 1
+                    return
+                self._token_queued += nbytes
+                self._queued += nbytes
+                self._queue.append(_Learn(keys, declared, nbytes))
+                if self._token_queued > self._token_limit // 2:  # else they wait for the next wake-up
+                    self._cv.notify_all()
+        if seen is not None:
+            self._last_learned = seen
+
+    def _check_layout(self, name: str, layout: tuple) -> None:
+        """Strict mode: a name keeps one dtype and row shape (compare cannot align mixed records)."""
+        known = self._strict_layouts.setdefault(name, layout)
+        if known != layout:
+            raise ValueError(f"{name}: {_describe(layout)} differs from its earlier records "
+                             f"({_describe(known)})")
 
     def _submit(self, name: str, tensor: Any, step: int, depth: int, keys: RowKeys | None,
                 mask: np.ndarray | None) -> None:
@@ -280,11 +374,12 @@ class Recorder:
 
     def _write_loop(self) -> None:
         pending: list[Record] = []
-        pending_bytes = 0
+        pending_bytes = 0  # queue bytes held by what was taken and is not yet written
         deadline = time.monotonic() + self.flush_interval
         while True:
             with self._cv:
-                while not (self._queue or self._closing or self._flush_now or self.stopped):
+                while not (self._queue or self._closing or self._flush_requests > self._flush_done
+                           or self.stopped):
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
@@ -292,24 +387,25 @@ class Recorder:
                 items = list(self._queue)
                 self._queue.clear()
                 done = self._closing or self.stopped is not None
-                flush_now, self._flush_now = self._flush_now, False
+                flush_to = self._flush_requests
             try:
-                for item in items:
-                    pending.append(self._materialize(item))
-                    pending_bytes += item.nbytes
+                pending_bytes += self._take(items, pending)
                 now = time.monotonic()
-                if pending and (done or flush_now or now >= deadline or pending_bytes >= self.flush_bytes):
+                due = (done or flush_to > self._flush_done or now >= deadline
+                       or pending_bytes >= self.flush_bytes)
+                if due and (pending or pending_bytes or self._book.has_new()):
                     if not self._room_for(pending_bytes):
                         self._stop(f"disk nearly full: less than {pending_bytes + ROOM_MARGIN} bytes left",
                                    logging.WARNING)
                         self._release(pending_bytes + sum(i.nbytes for i in self._drain()))
                         pending, pending_bytes = [], 0
                         break
-                    self._writer.write(pending)
-                    self.records_written += len(pending)
-                    self.bytes_written += sum(r.nbytes for r in pending)
+                    self._write(pending)
                     self._release(pending_bytes)
                     pending, pending_bytes = [], 0
+                with self._cv:
+                    self._flush_done = max(self._flush_done, flush_to)
+                    self._cv.notify_all()
                 if now >= deadline:
                     deadline = now + self.flush_interval
             except Exception as exc:
@@ -319,6 +415,42 @@ class Recorder:
             if done:
                 break
         self._finish()
+
+    def _take(self, items: list[_Pending | _Learn], pending: list[Record]) -> int:
+        """Materialize queued tensors into ``pending`` and teach the book queued keys; returns the
+        queue bytes they held."""
+        held, learn = 0, []
+        for item in items:
+            held += item.nbytes
+            if isinstance(item, _Learn):
+                learn.append(item)
+            else:
+                pending.append(self._materialize(item))
+        if learn:
+            self._learn_all(learn)
+            with self._cv:
+                self._token_queued -= sum(item.nbytes for item in learn)
+        return held
+
+    def _learn_all(self, items: list[_Learn]) -> None:
+        """One book update per run of declared / logged items (in order: first seen wins), not one
+        per item: a wake-up may bring hundreds of small ones."""
+        start = 0
+        for end in range(1, len(items) + 1):
+            if end == len(items) or items[end].declared != items[start].declared:
+                keys = [item.keys.expand() for item in items[start:end]]
+                self._book.learn(*(np.concatenate(column) for column in zip(*keys)),
+                                 declared=items[start].declared)
+                start = end
+
+    def _write(self, pending: list[Record]) -> None:
+        """Write tensors, then the token table's new entries as one ``__tokens__`` record."""
+        tokens = self._book.take_new()
+        records = pending if tokens is None else [*pending, tokens_record(*tokens, rank=self.rank)]
+        if records:
+            self._writer.write(records)
+        self.records_written += len(pending)
+        self.bytes_written += sum(r.nbytes for r in pending)
 
     def _room_for(self, nbytes: int) -> bool:
         """Whether the disk and the process's file size limit leave room for nbytes and a margin.
@@ -361,6 +493,11 @@ class Recorder:
             "dropped": dict(self.dropped),
             "stopped": self.stopped,
             "contract": self._contract_updates,
+            "tokens": self._book.written,
+            "token_conflicts": self._book.conflicts,
+            "token_calls_dropped": self.token_calls_dropped,
+            "token_positions_ignored": self._book.out_of_range,
+            "mixed_records": sorted(self._mixed),
         }
         try:
             self._writer.close(final)
@@ -370,11 +507,13 @@ class Recorder:
     def _materialize(self, item: _Pending) -> Record:
         data = item.data.numpy()
         if item.keys is None:
+            self._note_layout(item.name, (True, item.data.tag, None))
             return Record(name=item.name, data=data, dtype=item.data.tag, seq_no=item.seq_no,
                           step=item.step, rank=self.rank, depth=item.depth, static=True)
         keys = item.keys
         data = data.reshape((keys.n_rows, *data.shape[keys.lead_ndim:]))
-        position, token_id, request = keys.positions(), keys.token_ids(), keys.requests()
+        self._note_layout(item.name, (False, item.data.tag, data.shape[1:]))
+        request, position, token_id = keys.expand()
         if item.row_mask is not None:
             data, request = data[item.row_mask], request[item.row_mask]
             position, token_id = position[item.row_mask], token_id[item.row_mask]
@@ -382,10 +521,37 @@ class Recorder:
                       rank=self.rank, depth=item.depth, request=request, position=position,
                       token_id=token_id)
 
+    def _note_layout(self, name: str, layout: tuple) -> None:
+        """Names whose records differ in dtype or row shape, for the final metadata."""
+        if self._layouts.setdefault(name, layout) != layout:
+            self._mixed.add(name)
+
 
 def record(path: str | Path, **options: Any) -> Recorder:
     """Start recording to ``path`` (.h5 or .arrow). Options: see ``Recorder``."""
     return Recorder(path, **options)
+
+
+def _strict_from_env() -> bool:
+    return os.environ.get(STRICT_ENV, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _context_fields(fields: dict) -> dict:
+    """Positions and attention mask describe one set of token ids: new ids come without the old ones'."""
+    if "token_ids" in fields:
+        return {"positions": None, "attention_mask": None, **fields}
+    return fields
+
+
+def _same_keys(seen: tuple, last: tuple | None) -> bool:
+    """The very same key objects (and step) as the last learned call: hooks of one forward share
+    the context's, so their keys are learned once."""
+    return last is not None and seen[4] == last[4] and all(a is b for a, b in zip(seen[:4], last[:4]))
+
+
+def _describe(layout: tuple) -> str:
+    static, dtype, row_shape = layout
+    return f"static {dtype}" if static else f"{dtype} rows of shape {row_shape}"
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:

@@ -1,101 +1,161 @@
-"""compare's report: terminal (rich), JSON (docs/REPORT.md) and Markdown from the same data."""
+"""compare's report for people: terminal (rich) and Markdown, both rendered from the typed ``Report``
+(JSON is ``Report.to_json``). Text that came from a trace (names, requests, contract values) is data:
+it goes into rich ``Text`` objects, never into markup, and control characters are shown escaped."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+from typing import Any
 
 from rich.console import Console
-from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
-from tracediff.diff.diagnose import Diagnosis
-from tracediff.diff.differ import Comparison, TensorResult
+from tracediff.diff.results import REASON_TEXT, Coverage, Report, RowRef, TensorResult, TraceInfo
 
-REPORT_VERSION = 1
 SHOWN = ("max_rel", "cosine", "argmax_agree", "kl", "equal")
 NO_EXPLANATION = "no known explanation holds"
+COLOR = {"match": "green", "diverged": "bold red", "incomplete": "yellow", "incomparable": "yellow"}
+STATUS_STYLE = {"match": "green", "diverged": "bold red", "downstream": "red", "unchecked": "dim",
+                "shape_mismatch": "yellow", "dtype_mismatch": "yellow", "mixed_records": "yellow",
+                "not_comparable": "yellow"}
 
 
-def to_dict(c: Comparison, diagnoses: list[Diagnosis]) -> dict:
-    first = c.first_divergence
-    return {
-        "report_version": REPORT_VERSION,
-        "verdict": c.verdict,
-        "a": c.paths.a,
-        "b": c.paths.b,
-        "first_divergence": None if first is None else {"name": first.name, **(first.first_bad or {})},
-        "diagnoses": [asdict(d) for d in diagnoses],
-        "tensors": [asdict(t) for t in c.tensors],
-        "contract": c.contract,
-        "token_mismatch": c.token_mismatch,
-    }
+def safe(text: Any) -> str:
+    """Trace text with control characters (terminal escapes, newlines) shown as escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
-def to_json(c: Comparison, diagnoses: list[Diagnosis]) -> str:
-    return json.dumps(to_dict(c, diagnoses), indent=1, default=str)
+def coverage_line(c: Coverage) -> str:
+    pct = "" if c.fraction is None else f" ({100 * c.fraction:.0f}% of the comparable rows)"
+    return f"{c.aligned} rows aligned of {c.rows_a} in a / {c.rows_b} in b{pct}"
+
+
+def skipped_lines(c: Coverage) -> list[str]:
+    """'a: 21 outside the shared token prefix, 3 padding' per side that left rows out."""
+    return [f"{side}: " + ", ".join(f"{n} {REASON_TEXT.get(r, r)}" for r, n in reasons.items())
+            for side, reasons in (("a", c.skipped_a), ("b", c.skipped_b)) if reasons]
+
+
+def skipped_by_tensor(report: Report) -> list[tuple[list[str], str]]:
+    """(tensor names, what was left out of each) for tensors that left rows out; tensors that left
+    out the same rows for the same reasons share a line."""
+    groups: dict[str, list[str]] = {}
+    for t in report.tensors:
+        if t.coverage is not None and (lines := skipped_lines(t.coverage)):
+            groups.setdefault("; ".join(lines), []).append(t.name)
+    return [(names, line) for line, names in groups.items()]
+
+
+def where(row: RowRef) -> str:
+    return (f"request {safe(row.request_a)} / {safe(row.request_b)}, position {row.position}, "
+            f"depth {row.depth}, "
+            f"step {row.step_a} / {row.step_b}")
+
+
+def headline(report: Report) -> str:
+    """The first line: the verdict, what it rests on, and where it went wrong (or why not judged)."""
+    first = report.first_divergence
+    c = report.coverage
+    pct = "" if c.fraction is None else f", {100 * c.fraction:.0f}% of the comparable rows"
+    text = f"{report.verdict} ({c.aligned} rows compared{pct})"
+    if first is not None:
+        text += f": first diverging tensor {safe(first.name)} ({where(first.row)})"
+    elif report.reasons:
+        text += f": {safe(report.reasons[0])}"
+    return text
+
+
+def producer(info: TraceInfo) -> str:
+    made = f"{info.producer} {info.producer_version}".strip() or "unknown producer"
+    torch = f"torch {info.torch} on {info.device}" if info.torch else ""
+    run = ", ".join(filter(None, (info.source, f"format v{info.format_version}", torch, info.created)))
+    return f"{' '.join(info.paths)}: {made} ({run})"
 
 
 def _worst(t: TensorResult) -> str:
     return " ".join(f"{k} {t.worst[k]:.3g}" for k in SHOWN if k in t.worst)
 
 
-def _numbers(t: TensorResult) -> str:
+def _numbers(row: RowRef) -> str:
     """The first failing row's metrics, for when no diagnosis explains them."""
-    metrics = (t.first_bad or {}).get("metrics") or {}
-    return "first failing row: " + ", ".join(f"{k} {v:.4g}" for k, v in metrics.items())
+    return "first failing row: " + ", ".join(f"{k} {v:.4g}" for k, v in row.metrics.items())
 
 
-def _where(t: TensorResult) -> str:
-    bad = t.first_bad
-    if not bad:
-        return ""
-    return (f"request {bad['request']['a']} / {bad['request']['b']}, position {bad['position']}, "
-            f"depth {bad['depth']}, step {bad['step']['a']} / {bad['step']['b']}")
+def _json(value: Any) -> str:
+    return safe(json.dumps(value))
 
 
-def render(console: Console, c: Comparison, diagnoses: list[Diagnosis]) -> None:
-    color = {"match": "green", "diverged": "bold red", "incomparable": "yellow"}[c.verdict]
-    first = c.first_divergence
-    headline = f"[{color}]{c.verdict}[/]"
-    if first is not None:
-        headline += f": first diverging tensor [bold]{first.name}[/bold] ({_where(first)})"
-    console.print(headline, highlight=False)
-    for d in diagnoses:
-        console.print(f"  why: [bold]{d.kind}[/bold]: {escape(d.message)}", highlight=False)
-    if first is not None and not diagnoses:
-        console.print(f"  why: {NO_EXPLANATION}; {escape(_numbers(first))}", highlight=False)
-    if c.token_mismatch:
-        m = c.token_mismatch
-        console.print(f"[yellow]token sequences differ: request {escape(m['request_b'])} of b at position "
-                      f"{m['position']} holds {m['b']}, a holds {m['a']}; only the shared prefix is "
-                      "compared[/]")
-    if c.contract:
+def render(console: Console, report: Report) -> None:
+    console.print(Text(headline(report), style=COLOR[report.verdict]))
+    console.print(Text(f"compared: {coverage_line(report.coverage)}"))
+    for line in skipped_lines(report.coverage):
+        console.print(Text(f"  not compared, {line}"))
+    for d in report.diagnoses:
+        console.print(Text.assemble("  why: ", (d.kind, "bold"), f": {safe(d.message)}"))
+    first = report.first_divergence
+    if first is not None and not [d for d in report.diagnoses if d.severity == "error"]:
+        console.print(Text(f"  why: {NO_EXPLANATION}; {_numbers(first.row)}"))
+    for reason in report.reasons[1 if first is None else 0:]:
+        label = report.verdict if first is None else "also"
+        console.print(Text(f"  {label}: {safe(reason)}", style="yellow"))
+    if report.contract.differing:
         console.print("contract differences:")
-        for item in c.contract:
-            console.print(escape(f"  {item['key']}: a={json.dumps(item['a'])} b={json.dumps(item['b'])}"),
-                          highlight=False, soft_wrap=True)
+        for e in report.contract.differing:
+            console.print(Text(f"  {safe(e.key)}: a={_json(e.a)} b={_json(e.b)}"), soft_wrap=True)
+    for side, keys in (("a", report.contract.only_a), ("b", report.contract.only_b)):
+        if not keys:
+            continue
+        console.print(Text(f"contract keys only {side} states: {safe(', '.join(keys))}"), soft_wrap=True)
     table = Table(show_edge=False, header_style="bold")
-    for column in ("tensor", "status", "rows", "failed", "not comparable", "worst"):
+    for column in ("tensor", "status", "aligned", "rows a / b", "failed", "worst"):
         table.add_column(column, no_wrap=column == "tensor")
-    style = {"match": "green", "diverged": "bold red", "downstream": "red", "unchecked": "dim"}
-    for t in c.tensors:
-        status = f"[{style[t.status]}]{t.status}[/]" if t.status in style else t.status
-        table.add_row(t.name, status, str(t.rows), str(t.failed), str(t.not_comparable), _worst(t))
+    for t in report.tensors:
+        c = t.coverage
+        table.add_row(Text(safe(t.name)), Text(t.status, style=STATUS_STYLE.get(t.status, "")),
+                      "" if c is None else str(c.aligned), "" if c is None else f"{c.rows_a} / {c.rows_b}",
+                      str(t.failed), Text(_worst(t) or safe(t.note)))
     console.print(table)
+    grouped = skipped_by_tensor(report)
+    if grouped:
+        console.print("rows not compared:")
+        for names, line in grouped:
+            console.print(Text(f"  {safe(', '.join(names))}: {line}"), soft_wrap=True)
     if first is not None:
-        console.print(f"next: tracediff show {c.paths.b[0]} --name {first.name}", highlight=False)
+        console.print(Text(f"next: tracediff show {safe(report.b.paths[0])} --name {safe(first.name)}"))
 
 
-def to_markdown(c: Comparison, diagnoses: list[Diagnosis]) -> str:
-    first = c.first_divergence
-    a, b = " ".join(c.paths.a), " ".join(c.paths.b)
-    lines = [f"**tracediff compare**: `{a}` vs `{b}` — **{c.verdict}**", ""]
+def to_markdown(report: Report) -> str:
+    first = report.first_divergence
+    a, b = (" ".join(f"`{safe(p)}`" for p in info.paths) for info in (report.a, report.b))
+    lines = [f"**tracediff compare**: {a} vs {b}: **{report.verdict}**", ""]
     if first is not None:
-        lines += [f"First diverging tensor: `{first.name}` ({_where(first)})", ""]
-    lines += [f"- **{d.kind}**: {d.message}" for d in diagnoses]
-    if first is not None and not diagnoses:
-        lines += [f"- {NO_EXPLANATION}; {_numbers(first)}"]
-    lines += ["", "| tensor | status | rows | failed | worst |", "|---|---|---|---|---|"]
-    lines += [f"| `{t.name}` | {t.status} | {t.rows} | {t.failed} | {_worst(t)} |" for t in c.tensors]
+        lines += [f"First diverging tensor: `{safe(first.name)}` ({where(first.row)})", ""]
+    lines += [f"Compared: {coverage_line(report.coverage)}."]
+    lines += [f"Not compared, {line}." for line in skipped_lines(report.coverage)]
+    lines += [""]
+    lines += [f"- **{d.kind}** ({d.severity}): {safe(d.message)}" for d in report.diagnoses]
+    if first is not None and not [d for d in report.diagnoses if d.severity == "error"]:
+        lines += [f"- {NO_EXPLANATION}; {_numbers(first.row)}"]
+    lines += [f"- {report.verdict if first is None else 'also'}: {safe(r)}" for r in report.reasons]
+    lines += ["", "| tensor | status | aligned | rows a / b | failed | worst |", "|---|---|---|---|---|---|"]
+    for t in report.tensors:
+        c = t.coverage
+        lines.append(f"| `{safe(t.name)}` | {t.status} | {'' if c is None else c.aligned} | "
+                     f"{'' if c is None else f'{c.rows_a} / {c.rows_b}'} | {t.failed} | "
+                     f"{_worst(t) or safe(t.note)} |")
+    grouped = skipped_by_tensor(report)
+    if grouped:
+        lines += ["", "<details><summary>Rows not compared, per tensor</summary>", ""]
+        lines += [f"- {', '.join(f'`{safe(n)}`' for n in names)}: {line}" for names, line in grouped]
+        lines += ["", "</details>"]
+    if report.contract.differing or report.contract.only_a or report.contract.only_b:
+        lines += ["", "<details><summary>Run contracts</summary>", ""]
+        lines += [f"- differs: `{safe(e.key)}`: a = `{_json(e.a)}`, b = `{_json(e.b)}`"
+                  for e in report.contract.differing]
+        lines += [f"- only {side} states `{safe(k)}` = `{_json(v)}`" for side, keys in
+                  (("a", report.contract.only_a), ("b", report.contract.only_b)) for k, v in keys.items()]
+        lines += ["", "</details>"]
+    lines += ["", "<details><summary>Producers</summary>", "", f"- a: {producer(report.a)}",
+              f"- b: {producer(report.b)}", "", "</details>"]
     return "\n".join(lines) + "\n"

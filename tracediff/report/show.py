@@ -45,7 +45,16 @@ def _run_lines(summary: TraceSummary) -> list[str]:
         if final.get("stopped"):
             note += f", [yellow]stopped: {final['stopped']}[/yellow]"
         lines.append(f"{path}: {note}" if len(summary.paths) > 1 else note)
+    lines.append(_token_line(summary))
     return lines
+
+
+def _token_line(summary: TraceSummary) -> str:
+    if not summary.tokens and int(summary.meta.get("format_version") or 0) < 2:
+        return "token table: none (a format v1 trace)"
+    conflicts = sum((final or {}).get("token_conflicts", 0) for final in summary.finals)
+    line = f"token table: {summary.tokens} tokens of {summary.token_requests} requests"
+    return line + (f", [yellow]{conflicts} conflicting[/yellow]" if conflicts else "")
 
 
 def render_summary(console: Console, summary: TraceSummary) -> None:

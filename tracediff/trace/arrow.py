@@ -20,11 +20,11 @@ from tracediff.errors import TraceError
 from tracediff.trace.dtypes import storage_dtype
 from tracediff.trace.fileio import pread_into, prefetch
 from tracediff.trace.schema import (
+    CLOSING_RECORDS,
     FINAL_RECORD,
     FORMAT_NAME,
     FORMAT_VERSION,
     INDEX_RECORD,
-    RESERVED_PREFIX,
     Record,
     RecordIndex,
     check_version,
@@ -96,11 +96,12 @@ def records_to_batch(records: Sequence[Record]) -> pa.RecordBatch:
 
 
 def key_columns(batch: pa.RecordBatch, batch_no: int) -> dict[str, list]:
-    """The index entries of one batch (every row but the format's own), with where they live."""
+    """The index entries of one batch (every record, ``__tokens__`` ones included, but not the
+    closing ``__index__`` / ``__final__`` rows), with where they live."""
     if batch.schema.names[: len(KEY_COLUMNS)] != list(KEY_COLUMNS):
         raise ValueError("Arrow columns do not match the tracediff schema")
     names = batch.column("name").to_pylist()
-    rows = [i for i, name in enumerate(names) if not name.startswith(RESERVED_PREFIX)]
+    rows = [i for i, name in enumerate(names) if name not in CLOSING_RECORDS]
     taken = pa.array(rows, pa.int64())
     cols = {key: batch.column(key).take(taken).to_pylist() for key in KEY_COLUMNS}
     cols["batch"] = [batch_no] * len(rows)
@@ -196,7 +197,7 @@ class ArrowTraceFile:
         check_version(path, self.version, close=self.close)
         self.final: dict | None = None
         try:
-            self.index = self._load_index(part)
+            self.index, self.token_slots = self._load_index(part)
         except (ValueError, KeyError) as exc:
             raise TraceError(path, f"Arrow trace with a malformed index: {exc}") from None
 
@@ -234,8 +235,9 @@ class ArrowTraceFile:
             self._batches[b] = self._reader.get_batch(b)
         return self._batches[b]
 
-    def _load_index(self, part: int) -> RecordIndex:
-        """From the closing ``__index__`` row when present (two reads), else by visiting every batch."""
+    def _load_index(self, part: int) -> tuple[RecordIndex, np.ndarray]:
+        """From the closing ``__index__`` row when present (two reads), else by visiting every batch;
+        the tensor records' index and the slots of the ``__tokens__`` records."""
         n = self._n_batches
         last = self._batch(n - 1) if n else None
         blob = _reserved(last, INDEX_RECORD) if last is not None else None
@@ -252,7 +254,7 @@ class ArrowTraceFile:
         cols["n_rows"] = [0 if st else (sh[0] if sh else 0) for st, sh in zip(cols["static"], cols["shape"])]
         cols["nbytes"] = [math.prod(shape) * storage_dtype(dtype).itemsize
                           for shape, dtype in zip(cols["shape"], cols["dtype"])]
-        return RecordIndex.from_columns(part, cols)
+        return RecordIndex.tensors_of(part, cols)
 
     def _row(self, slot: int) -> tuple[pa.RecordBatch, int]:
         b, row = self._locations[slot]

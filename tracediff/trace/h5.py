@@ -192,9 +192,10 @@ class H5TraceFile:
         final = f["final"][:] if "final" in f else np.empty(0, np.uint8)
         self.final = json.loads(final.tobytes()) if len(final) else None
         self.complete = self.final is not None
-        self.index = self._build_index(part)
+        self.index, self.token_slots = self._build_index(part)
 
-    def _build_index(self, part: int) -> RecordIndex:
+    def _build_index(self, part: int) -> tuple[RecordIndex, np.ndarray]:
+        """The tensor records' index and the slots of the ``__tokens__`` records."""
         f = self._file
         try:
             cols = {key: f[f"records/{key}"][:] for key in RECORD_COLUMNS}
@@ -222,7 +223,7 @@ class H5TraceFile:
         self._chunk_at: dict[int, int | None] = {}
         self._all_chunks = False
         self._key_columns: dict[str, np.ndarray] | None = None
-        return RecordIndex.from_columns(part, {
+        return RecordIndex.tensors_of(part, {
             **{k: cols[k] for k in ("seq_no", "step", "rank", "depth")},
             "name": [strings[i] for i in cols["name"]],
             "dtype": [strings[i] for i in cols["dtype"]],

@@ -16,7 +16,7 @@ from tracediff.trace.arrow import ArrowTraceFile
 from tracediff.trace.dtypes import decode, storage_dtype
 from tracediff.trace.fileio import MADV_POPULATE_READ, advise
 from tracediff.trace.h5 import H5TraceFile
-from tracediff.trace.schema import Record, RecordIndex
+from tracediff.trace.schema import Record, RecordIndex, tokens_record
 
 PREFETCH = 16  # records read ahead by rows()
 SPAN_GAP = 1 << 20
@@ -67,6 +67,54 @@ class RowKeys(KeyColumns):
 
     def take(self, rows: np.ndarray) -> RowKeys:
         return RowKeys(**{k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in vars(self).items()})
+
+
+class MixedRecords(ValueError):
+    """The records of one name differ in dtype or row shape: they cannot form one tensor (compare
+    reports the name instead of comparing it)."""
+
+    def __init__(self, name: str, dtypes: list[str], row_shapes: list[tuple]) -> None:
+        super().__init__(f"{name}: records differ in dtype or row shape (dtypes {dtypes}, "
+                         f"row shapes {row_shapes})")
+        self.name, self.dtypes, self.row_shapes = name, dtypes, row_shapes
+
+
+@dataclass
+class TokenTable:
+    """The tokens a trace knows of each request (declared or learned from any log call), one
+    entry per (request, position), sorted by request (first appearance) then position."""
+
+    request: np.ndarray  # object (str)
+    position: np.ndarray  # int64
+    token_id: np.ndarray  # int64
+
+    def __len__(self) -> int:
+        return len(self.position)
+
+    @classmethod
+    def empty(cls) -> TokenTable:
+        return cls(np.empty(0, dtype=object), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64))
+
+    @classmethod
+    def first_seen(cls, request: np.ndarray, position: np.ndarray, token_id: np.ndarray) -> TokenTable:
+        """One entry per (request, position): the first in the order given wins."""
+        if not len(position):
+            return cls.empty()
+        codes = pa.array(request, type=pa.string()).dictionary_encode().indices.to_numpy(zero_copy_only=False)
+        order = np.lexsort((np.arange(len(position)), position, codes))
+        c, p = codes[order], position[order]
+        keep = order[np.r_[True, (c[1:] != c[:-1]) | (p[1:] != p[:-1])]]
+        return cls(request[keep].astype(object), position[keep].astype(np.int64),
+                   token_id[keep].astype(np.int64))
+
+    def requests(self) -> list[str]:
+        """The requests with known tokens, in table order."""
+        return list(dict.fromkeys(self.request.tolist()))
+
+    def sequence(self, request: str) -> tuple[np.ndarray, np.ndarray]:
+        """(positions, token ids) known for one request, by position."""
+        rows = self.request == request
+        return self.position[rows], self.token_id[rows]
 
 
 def detect_format(path: Path) -> str:
@@ -143,7 +191,8 @@ class Trace:
         return all(f.complete for f in self.files)
 
     def names(self) -> list[str]:
-        """Tensor names in execution order (first seq_no of each name)."""
+        """Tensor names in execution order (first seq_no of each name); reserved ``__`` records
+        never enter the index, so never appear here."""
         idx = self.index
         return list(dict.fromkeys(idx.name[np.lexsort((idx.seq_no, idx.part))].tolist()))
 
@@ -188,7 +237,7 @@ class Trace:
         dtypes = set(idx.dtype[hits].tolist())
         row_shapes = {idx.shape[i][1:] for i in hits.tolist()}
         if len(dtypes) > 1 or len(row_shapes) > 1:
-            raise ValueError(f"{name}: records differ in dtype or row shape ({dtypes}, {row_shapes})")
+            raise MixedRecords(name, sorted(dtypes), sorted(row_shapes))
         request, position, token_id = self.key_columns(hits)
         per_record = idx.n_rows[hits]
         record_start = np.repeat(np.cumsum(per_record) - per_record, per_record)
@@ -232,6 +281,30 @@ class Trace:
             return np.empty(0, dtype=object), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         request, position, token_id = (np.concatenate(c) for c in columns)
         return request.astype(object), position, token_id
+
+    def request_tokens(self) -> TokenTable:
+        """The token table: every ``__tokens__`` entry of every rank file, the first seen winning
+        where two disagree; empty for a version 1 trace."""
+        parts = [self.token_keys(part) for part in range(len(self.files))]
+        parts = [p for p in parts if len(p[1])]
+        if not parts:
+            return TokenTable.empty()
+        request, position, token_id = (np.concatenate(column) for column in zip(*parts))
+        return TokenTable.first_seen(request.astype(object), position, token_id)
+
+    def token_keys(self, part: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(request, position, token_id) of one rank file's ``__tokens__`` entries, in file order."""
+        file = self.files[part]
+        if not len(file.token_slots):
+            return np.empty(0, dtype=object), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        return file.read_keys_many(file.token_slots)
+
+    def tokens_record(self, part: int) -> Record | None:
+        """One rank file's token table entries as one ``__tokens__`` record (for convert)."""
+        request, position, token_id = self.token_keys(part)
+        if not len(position):
+            return None
+        return tokens_record(request, position, token_id, rank=int(self.files[part].meta.get("rank", 0)))
 
     def request_codes(self, requests: np.ndarray) -> np.ndarray:
         """The trace-wide code of each request id (new ids get the next free codes). Arrow's

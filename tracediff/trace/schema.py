@@ -2,7 +2,8 @@
 
 A trace is run metadata plus an ordered stream of records; a record is one logged tensor with
 its place in the run (name, seq_no, step, rank, depth) and, unless it is static, one
-(request, position, token_id) key per row of its first axis.
+(request, position, token_id) key per row of its first axis (position -1: a padding row).
+Version 2 adds the token table: reserved ``__tokens__`` records whose rows are its entries.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tracediff.errors import TraceError
 from tracediff.trace.dtypes import decode
 
 FORMAT_NAME = "tracediff"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 # Names that tracediff's EAGLE-3 tooling understands; any other dotted name may be recorded too.
 CANONICAL_NAMES: dict[str, str] = {
@@ -45,6 +46,9 @@ CANONICAL_NAMES: dict[str, str] = {
 RESERVED_PREFIX = "__"
 FINAL_RECORD = "__final__"
 INDEX_RECORD = "__index__"
+TOKENS_RECORD = "__tokens__"  # rows are token table entries (request, position, token_id); no data
+CLOSING_RECORDS = frozenset({FINAL_RECORD, INDEX_RECORD})  # Arrow's closing batch, not records
+PADDING_POSITION = -1
 
 _EMPTY_STR = np.empty(0, dtype=object)
 _EMPTY_INT = np.empty(0, dtype=np.int64)
@@ -109,7 +113,8 @@ class RecordIndex:
         return len(self.seq_no)
 
     @classmethod
-    def from_columns(cls, part: int, columns: dict) -> RecordIndex:
+    def from_columns(cls, part: int, columns: dict, slot: np.ndarray | None = None) -> RecordIndex:
+        """``slot``: where each entry sits in its file (default 0..n-1)."""
         n = len(columns["seq_no"])
         return cls(
             name=np.asarray(columns["name"], dtype=object),
@@ -123,8 +128,22 @@ class RecordIndex:
             nbytes=np.asarray(columns["nbytes"], dtype=np.int64),
             shape=[tuple(s) for s in columns["shape"]],  # python ints: callers pass lists of int
             part=np.full(n, part, dtype=np.int64),
-            slot=np.arange(n, dtype=np.int64),
+            slot=np.arange(n, dtype=np.int64) if slot is None else np.asarray(slot, dtype=np.int64),
         )
+
+    @classmethod
+    def tensors_of(cls, part: int, columns: dict) -> tuple[RecordIndex, np.ndarray]:
+        """The index of a file's tensor records (reserved ``__`` names left out, so nothing that
+        lists tensors sees them) and the file slots of its ``__tokens__`` records."""
+        names = columns["name"]
+        reserved = np.fromiter((n.startswith(RESERVED_PREFIX) for n in names), dtype=bool, count=len(names))
+        tokens = np.flatnonzero([n == TOKENS_RECORD for n in names]).astype(np.int64)
+        if not reserved.any():
+            return cls.from_columns(part, columns), tokens
+        keep = np.flatnonzero(~reserved)
+        subset = {key: values[keep] if isinstance(values, np.ndarray) else [values[i] for i in keep]
+                  for key, values in columns.items()}
+        return cls.from_columns(part, subset, slot=keep), tokens
 
     @classmethod
     def concat(cls, parts: list[RecordIndex]) -> RecordIndex:
@@ -136,6 +155,14 @@ class RecordIndex:
                         "nbytes", "part", "slot")
         }
         return cls(shape=[s for p in parts for s in p.shape], **arrays)
+
+
+def tokens_record(request: np.ndarray, position: np.ndarray, token_id: np.ndarray, rank: int = 0) -> Record:
+    """A ``__tokens__`` record: token table entries as rows of a zero-width uint8 tensor."""
+    return Record(name=TOKENS_RECORD, data=np.empty((len(position), 0), dtype=np.uint8), dtype="uint8",
+                  seq_no=-1, step=-1, rank=rank, request=np.asarray(request, dtype=object),
+                  position=np.asarray(position, dtype=np.int64),
+                  token_id=np.asarray(token_id, dtype=np.int64))
 
 
 def check_version(path: str | Path, version: int, close: Callable[[], None]) -> None:

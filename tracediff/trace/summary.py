@@ -28,7 +28,9 @@ class TraceSummary:
     complete: bool
     meta: dict
     finals: list[dict | None]
-    tensors: list[NameSummary]
+    tensors: list[NameSummary]  # reserved ``__`` records are not tensors: never listed
+    tokens: int = 0  # entries of the token table (declared or learned)
+    token_requests: int = 0  # requests with known tokens
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,8 +73,10 @@ def summarize(trace: Trace) -> TraceSummary:
             requests=len(requests),
             bytes=int(idx.nbytes[hits].sum()),
         ))
+    table = trace.request_tokens()
     return TraceSummary(paths=[str(p) for p in trace.paths], complete=trace.complete, meta=trace.meta,
-                        finals=trace.finals, tensors=tensors)
+                        finals=trace.finals, tensors=tensors, tokens=len(table),
+                        token_requests=len(table.requests()))
 
 
 def tensor_stats(rows: Rows, head: int = 8) -> TensorStats:

@@ -1,5 +1,6 @@
 """Explanations of a divergence. Each module has one function (Comparison, traces) -> findings;
-``DIAGNOSES`` runs them in order. A new explanation is one new module added here. ``precision``
+``DIAGNOSES`` runs them in order, after the token check. A new explanation is one new module added
+here. ``precision``
 runs last and only when nothing else explains the divergence."""
 
 from __future__ import annotations
@@ -9,9 +10,10 @@ from tracediff.diff.diagnose.nan_inf import nan_inf
 from tracediff.diff.diagnose.precision import precision
 from tracediff.diff.diagnose.scale import scale_or_norm
 from tracediff.diff.diagnose.shift import position_shift
-from tracediff.diff.diagnose.types import Diagnosis
+from tracediff.diff.diagnose.tokens import token_mismatch
 from tracediff.diff.diagnose.vocab import vocab_map
 from tracediff.diff.differ import Comparison
+from tracediff.diff.findings import Diagnosis
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import Trace
 
@@ -19,8 +21,13 @@ DIAGNOSES = (nan_inf, aux_slots, vocab_map, position_shift, scale_or_norm)
 
 
 def diagnose(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
+    """Token differences first (a cause upstream of every tensor; when the first divergence consumed
+    the differing token, nothing else is looked for), then the explanations of the divergence."""
+    tokens = token_mismatch(comparison, traces)
+    if any(d.severity == "error" for d in tokens) or comparison.first_divergence is None:
+        return tokens
     found = [d for explain in DIAGNOSES for d in explain(comparison, traces)]
-    return found or precision(comparison, traces)
+    return tokens + (found or precision(comparison, traces))
 
 
 __all__ = ["DIAGNOSES", "Diagnosis", "diagnose"]

@@ -1,17 +1,23 @@
 """Concatenated inputs (target.aux, draft.fc_in): which recorded target state fills each slot.
 
 Each side's slots are matched against that side's own target.embed / target.layer.i at the same
-rows, so the answer does not depend on the other side being right.
+rows, so the answer does not depend on the other side being right. A slot equal to none of them is
+tried as a norm of each (norms.py: RMSNorm or LayerNorm with a recorded, unit or fitted weight),
+since real bugs feed a normed state: the last layer after the final norm (HF's
+``hidden_states[-1]``), fc_norm on one side only. Such a slot is named ``norm(target.layer.i)``.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from tracediff.diff.diagnose.evidence import failing_sample, side_labels
 from tracediff.diff.diagnose.evidence import values as evidence_values
-from tracediff.diff.diagnose.types import Diagnosis
+from tracediff.diff.diagnose.norms import FINAL_NORMS, LAYER, RMS, Affine, NormFit, norm_fit, recorded_weights
 from tracediff.diff.differ import Comparison
+from tracediff.diff.findings import Diagnosis, SlotNormEvidence, SlotsEvidence
 from tracediff.diff.metrics import float_metrics
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import RowKeys, Trace
@@ -19,6 +25,7 @@ from tracediff.trace.reader import RowKeys, Trace
 CONCATENATED = ("target.aux", "draft.fc_in")
 SAMPLE_ROWS = 32
 SAME = 1e-4  # max_rel below which a slot is taken to be that state
+NORM_LABELS = {RMS: "RMSNorm", LAYER: "LayerNorm"}
 
 
 def layer_number(name: str) -> int:
@@ -26,65 +33,147 @@ def layer_number(name: str) -> int:
     return -1 if name == "target.embed" else int(name.rsplit(".", 1)[1])
 
 
-def label(name: str | None) -> str:
-    if name is None:
-        return "?"
-    return "embed" if name == "target.embed" else f"layer {layer_number(name)}"
+@dataclass(frozen=True)
+class Slot:
+    """What one slot holds: a recorded target state (None: none found), maybe after a norm."""
+
+    source: str | None = None
+    norm: NormFit | None = None
+
+    @property
+    def name(self) -> str | None:
+        """Canonical name for the evidence: ``target.layer.5``, ``norm(target.layer.5)`` or None."""
+        return f"norm({self.source})" if self.norm and self.source else self.source
+
+    @property
+    def label(self) -> str:
+        """For people: ``layer 5``, ``RMSNorm(layer 5)``, ``embed``, ``?``."""
+        if self.source is None:
+            return "?"
+        state = "embed" if self.source == "target.embed" else f"layer {layer_number(self.source)}"
+        return f"{NORM_LABELS[self.norm.norm]}({state})" if self.norm else state
 
 
-def slot_sources(trace: Trace, keys: RowKeys, picked: np.ndarray,
-                 known: dict[str, RowKeys]) -> list[str | None]:
+def slot_sources(trace: Trace, keys: RowKeys, picked: np.ndarray, known: dict[str, RowKeys],
+                 weights: dict[str, Affine] | None = None) -> list[Slot]:
     """For each slot of the concatenated rows ``picked``, the target state (embed or layer output)
-    of the same trace at the same (request, position) that it equals, or None."""
-    at = list(zip(keys.request[picked].tolist(), keys.position[picked].tolist()))
+    of the same trace at the same (request, position) that it equals, else the one it is a norm of
+    (``weights``: recorded norm weights to try first); [] when the slots cannot be cut."""
     values = evidence_values(trace, keys, picked)
-    candidates = {}  # name -> its values at the same rows
+    candidates = _states_at(trace, keys, picked, known)
+    widths = {c.shape[1] for c in candidates.values()}
+    if len(widths) != 1 or values.shape[1] % (width := widths.pop()):
+        return []
+    slots = (values[:, k * width : (k + 1) * width] for k in range(values.shape[1] // width))
+    return [_equal(slot, candidates) or _normed(slot, candidates, weights or {}) for slot in slots]
+
+
+def _states_at(trace: Trace, keys: RowKeys, picked: np.ndarray,
+               known: dict[str, RowKeys]) -> dict[str, np.ndarray]:
+    """Every target.embed / target.layer.i of the trace at the (request, position) of ``picked``
+    (depth 0), by name; states missing any of those rows are left out."""
+    at = list(zip(keys.request[picked].tolist(), keys.position[picked].tolist()))
+    candidates = {}
     for name, state in known.items():
         if name != "target.embed" and not name.startswith("target.layer."):
             continue
-        where = {}
+        where: dict[tuple, int] = {}
         for i, key in enumerate(zip(state.request.tolist(), state.position.tolist())):
             if state.depth[i] == 0:
                 where.setdefault(key, i)
         found = [where.get(key) for key in at]
         if None not in found:
             candidates[name] = evidence_values(trace, state, np.array(found))
-    widths = {c.shape[1] for c in candidates.values()}
-    if len(widths) != 1 or values.shape[1] % (width := widths.pop()):
-        return []
-    sources: list[str | None] = []
-    for k in range(values.shape[1] // width):
-        slot = values[:, k * width : (k + 1) * width]
-        sources.append(next((name for name, state in candidates.items()
-                             if (float_metrics(state, slot)["max_rel"] < SAME).all()), None))
-    return sources
+    return candidates
+
+
+def _equal(slot: np.ndarray, candidates: dict[str, np.ndarray]) -> Slot | None:
+    name = next((name for name, state in candidates.items()
+                 if (float_metrics(state, slot)["max_rel"] < SAME).all()), None)
+    return None if name is None else Slot(name)
+
+
+def _normed(slot: np.ndarray, candidates: dict[str, np.ndarray], weights: dict[str, Affine]) -> Slot:
+    """The candidate whose norm fits the slot best, or an unknown slot."""
+    fits = [(fit.rel_l2, name, fit) for name, state in candidates.items()
+            if (fit := norm_fit(state, slot, weights)) is not None]
+    if not fits:
+        return Slot()
+    _, name, fit = min(fits, key=lambda f: f[0])
+    return Slot(name, fit)
 
 
 def aux_slots(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     first = comparison.first_divergence
     failing = ("diverged", "downstream")
     names = [t.name for t in comparison.tensors if t.name in CONCATENATED and t.status in failing]
-    if first is None or not names or comparison.plan is None:
+    if first is None or not names:
         return []
     name = names[0]
     plan = comparison.plan
     tensor = next(t for t in plan.tensors if t.name == name)
     picked = failing_sample(comparison, name).map(lambda rows: rows[:SAMPLE_ROWS])
-    sources = Pair(slot_sources(traces.a, tensor.keys.a, picked.a, plan.keys.a),
-                   slot_sources(traces.b, tensor.keys.b, picked.b, plan.keys.b))
-    if not sources.a or not sources.b or sources.a == sources.b:
+    weights = traces.map(recorded_weights)  # the same model's norms: either side's record will do
+    weights = Pair({**weights.b, **weights.a}, {**weights.a, **weights.b})
+    slots = Pair(slot_sources(traces.a, tensor.keys.a, picked.a, plan.keys.a, weights.a),
+                 slot_sources(traces.b, tensor.keys.b, picked.b, plan.keys.b, weights.b))
+    if not slots.a or not slots.b or slots.a == slots.b:
         return []
+    held = slots.map(lambda s: [slot.name for slot in s])
+    evidence = SlotsEvidence(tensor=name, slots_a=held.a, slots_b=held.b, rows_checked=len(picked.a))
+    last = max((layer_number(n) for n in {*plan.keys.a, *plan.keys.b} if n.startswith("target.layer.")),
+                default=None)
     side = side_labels(traces)
-    said = sources.map(lambda s: "[" + ", ".join(label(n) for n in s) + "]")
-    evidence = {"tensor": name, "slots_a": sources.a, "slots_b": sources.b, "rows_checked": len(picked.a)}
+    return [*_layer_change(name, slots, side, evidence),
+            *(_norm_change(name, *change, side, evidence, last) for change in _norm_only(slots))]
+
+
+def _layer_change(name: str, slots: Pair[list[Slot]], side: Pair[str],
+                  evidence: SlotsEvidence) -> list[Diagnosis]:
+    """aux_layer_set / aux_order / layer_offset from the slots' source states (a norm aside)."""
+    sources = slots.map(lambda s: [slot.source for slot in s])
+    if sources.a == sources.b:
+        return []
+    said = slots.map(lambda s: "[" + ", ".join(slot.label for slot in s) + "]")
+    fed = f"{side.b} fed {said.b}, {side.a} fed {said.a}"
     if None not in sources.a and None not in sources.b:
-        layers = sources.map(lambda s: [layer_number(n) for n in s])
+        layers = sources.map(lambda s: [layer_number(n) for n in s if n is not None])
         shift = {b - a for a, b in zip(layers.a, layers.b)}
-        fed = f"{side.b} fed {said.b}, {side.a} fed {said.a}"
         if len(layers.a) == len(layers.b) and len(shift) == 1 and abs(shift.pop()) == 1:
             return [Diagnosis("layer_offset", f"every {name} slot is one layer apart: {fed} "
                               "(output-of-layer vs input-to-layer convention)", evidence)]
         if sorted(layers.a) == sorted(layers.b):
             return [Diagnosis("aux_order", f"same aux layers, other order: {fed}", evidence)]
-    return [Diagnosis("aux_layer_set", f"aux layer set differs: {side.b} fed {said.b}, {side.a} fed {said.a}",
-                      evidence)]
+    return [Diagnosis("aux_layer_set", f"aux layer set differs: {fed}", evidence)]
+
+
+def _norm_only(slots: Pair[list[Slot]]) -> list[tuple[int, str, Pair[Slot], NormFit]]:
+    """Slots holding the same state on both sides, normed differently: (slot, state, slots, a norm)."""
+    return [(k, a.source, Pair(a, b), fit) for k, (a, b) in enumerate(zip(slots.a, slots.b))
+            if a.source is not None and a.source == b.source and a != b and (fit := b.norm or a.norm)]
+
+
+def _norm_change(name: str, k: int, source: str, slot: Pair[Slot], fit: NormFit, side: Pair[str],
+                 evidence: SlotsEvidence, last: int | None) -> Diagnosis:
+    """One slot normed on one side only (or differently on both)."""
+    normed_side = "both" if slot.a.norm and slot.b.norm else "b" if slot.b.norm else "a"
+    layer = layer_number(source)
+    said = slot.map(lambda s: s.label + (f" ({s.norm.weight} weight)" if s.norm else ""))
+    if normed_side != "both":
+        said = slot.map(lambda s: s.label + (f" ({_why(fit, layer, last)})" if s.norm else ""))
+    fed = Pair(f"{side.a} fed {said.a}", f"{side.b} fed {said.b}")
+    first, then = (fed.a, fed.b) if normed_side == "a" else (fed.b, fed.a)
+    return Diagnosis("norm", f"{name} slot {k}: {first}, {then}", SlotNormEvidence(
+        tensor=name, slot=k, layer=layer, norm=fit.norm, weight=fit.weight, weight_name=fit.weight_name,
+        fit_rel_l2=fit.rel_l2, normed_side=normed_side, slots_a=evidence.slots_a, slots_b=evidence.slots_b,
+        rows_checked=evidence.rows_checked))
+
+
+def _why(fit: NormFit, layer: int, last: int | None) -> str:
+    """The likely cause, from the weight that fit and the layer."""
+    weight = f"{fit.weight} weight" + (f" {fit.weight_name}" if fit.weight_name else "")
+    if fit.weight_name in FINAL_NORMS or (fit.weight_name is None and layer == last):
+        return f"final norm applied, {weight}: HF's hidden_states[-1] is the last layer after the final norm"
+    if fit.weight_name and "fc_norm" in fit.weight_name:
+        return f"fc_norm applied on one side only, {weight}"
+    return f"a norm applied on one side only, {weight}"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from tracediff.diff.diagnose.types import Diagnosis
 from tracediff.diff.differ import Comparison
+from tracediff.diff.findings import Diagnosis, PrecisionEvidence
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import Trace
 
@@ -24,4 +24,4 @@ def precision(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     return [Diagnosis("precision", f"{first.name}: worst rel_l2 {worst:.3g} is within {coarse} rounding "
                       f"({ROUNDINGS} x eps = {limit:.3g}); the sides differ in precision, not in what they "
                       "compute: loosen --tol if that is expected",
-                      {"tensor": first.name, "dtype": coarse, "worst_rel_l2": worst, "limit": limit})]
+                      PrecisionEvidence(first.name, coarse, worst, limit))]

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from tracediff.diff.diagnose.aux import CONCATENATED
 from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
-from tracediff.diff.diagnose.types import Diagnosis
+from tracediff.diff.diagnose.norms import rms_norm_fit
 from tracediff.diff.differ import Comparison
+from tracediff.diff.findings import Diagnosis, NormFitEvidence, ScaleEvidence
 from tracediff.diff.pair import Pair
 from tracediff.trace.dtypes import FLOAT_TAGS
 from tracediff.trace.reader import Trace
@@ -21,8 +23,8 @@ FITS = 1e-2  # rel_l2 of an RMSNorm fit below this: it is that norm
 
 def scale_or_norm(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     first = comparison.first_divergence
-    if first is None or comparison.plan is None or not all(d in FLOAT_TAGS for d in first.dtypes or ()):
-        return []
+    if first is None or first.name in CONCATENATED or not all(d in FLOAT_TAGS for d in first.dtypes or ()):
+        return []  # concatenated inputs: a normed slot is the aux diagnosis's to name, per slot
     tensor = next(t for t in comparison.plan.tensors if t.name == first.name)
     rows = failing_sample(comparison, first.name).map(lambda r: r[:SAMPLE_ROWS])
     x = Pair(values(traces.a, tensor.keys.a, rows.a), values(traces.b, tensor.keys.b, rows.b))
@@ -35,8 +37,8 @@ def scale_or_norm(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis
     cosine = (x.a * x.b).sum(axis=1) / (norms.a * norms.b)
     ratio = norms.b / norms.a
     spread = float(ratio.std() / ratio.mean())
-    evidence = {"tensor": first.name, "rows_checked": len(ratio), "min_cosine": float(cosine.min()),
-                "norm_ratio_b_over_a": float(ratio.mean()), "ratio_spread": spread}
+    evidence = ScaleEvidence(tensor=first.name, rows_checked=len(ratio), min_cosine=float(cosine.min()),
+                             norm_ratio_b_over_a=float(ratio.mean()), ratio_spread=spread)
     if (1 - cosine).max() < ALIGNED and spread < STEADY and abs(ratio.mean() - 1) > STEADY:
         return [Diagnosis("scale", f"{first.name}: {labels.b} = {ratio.mean():.6g} x {labels.a} on every row "
                           f"(cosine >= {cosine.min():.6f}): one side is scaled", evidence)]
@@ -49,15 +51,6 @@ def scale_or_norm(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis
             raw_label = labels.a if name == "b" else labels.b
             return [Diagnosis("norm", f"{first.name}: {normed_label} equals RMSNorm({raw_label}) "
                               f"(fit rel_l2 {fit:.2g} over {len(ratio)} rows): a norm is applied on one side "
-                              "only", {**evidence, "normed_side": name, "fit_rel_l2": fit,
-                                       "weight_mean": float(weight.mean())})]
+                              "only", NormFitEvidence(**vars(evidence), normed_side=name, fit_rel_l2=fit,
+                                                      weight_mean=float(weight.mean())))]
     return []
-
-
-def rms_norm_fit(raw: np.ndarray, normed: np.ndarray) -> tuple[np.ndarray, float]:
-    """The per-channel weight w that best makes ``normed`` = w * raw / rms(raw), and the worst
-    row's relative L2 error of that fit."""
-    unit = raw / np.sqrt((raw**2).mean(axis=1, keepdims=True))
-    weight = (unit * normed).sum(axis=0) / np.maximum((unit**2).sum(axis=0), np.finfo(float).tiny)
-    error = np.linalg.norm(normed - unit * weight, axis=1) / np.linalg.norm(normed, axis=1)
-    return weight, float(error.max())

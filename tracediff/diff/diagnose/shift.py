@@ -8,8 +8,8 @@ import numpy as np
 
 from tracediff.diff.align import RowIndex, key_of
 from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
-from tracediff.diff.diagnose.types import Diagnosis
 from tracediff.diff.differ import Comparison
+from tracediff.diff.findings import Diagnosis, RowShiftEvidence, ValueOffsetEvidence
 from tracediff.diff.metrics import metrics_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.tolerance import failing_rows
@@ -21,7 +21,7 @@ SAMPLE_ROWS = 32
 
 def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     first = comparison.first_divergence
-    if first is None or comparison.plan is None:
+    if first is None:
         return []
     plan = comparison.plan
     tensor = next(t for t in plan.tensors if t.name == first.name)
@@ -36,11 +36,11 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
         if offset:
             return [Diagnosis("position_shift", f"{first.name}: {labels.b} = {labels.a} {offset:+d} on every "
                               f"checked row ({len(rows_a)}): positions are off by {abs(offset)}",
-                              {"tensor": first.name, "value_offset": offset, "rows_checked": len(rows_a)})]
+                              ValueOffsetEvidence(first.name, offset, len(rows_a)))]
     bounds = comparison.tolerances.bounds(first.name, first.dtypes)
     for k in SHIFTS:
         shifted = keys.a.position[rows_a] + k
-        ids, known = plan.prefixes.a.lookup(keys.a.request_code[rows_a], shifted)
+        ids, known, _ = plan.prefixes.a.lookup(keys.a.request_code[rows_a], shifted)
         theirs = np.where(known, index_b.find(key_of(ids, shifted, keys.a.depth[rows_a])), -1)
         mine = np.flatnonzero(theirs >= 0)
         theirs = theirs[mine]
@@ -52,8 +52,8 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
         message = (f"{first.name}: {labels.b} at position p{k:+d} equals {labels.a} at position p "
                    f"({len(mine)} of {len(rows_a)} failing rows checked): positions are off by {abs(k)}")
         return [Diagnosis("position_shift", message,
-                          {"tensor": first.name, "shift": k, "rows_checked": len(mine),
-                           "rows_sampled": len(rows_a)})]
+                          RowShiftEvidence(first.name, shift=k, rows_checked=len(mine),
+                                           rows_sampled=len(rows_a)))]
     return []
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
-from tracediff.diff.diagnose.types import Diagnosis
 from tracediff.diff.differ import Comparison
+from tracediff.diff.findings import D2tEntriesEvidence, D2tSizeEvidence, Diagnosis, DirectMapEvidence
 from tracediff.diff.pair import Pair
 from tracediff.trace.dtypes import decode
 from tracediff.trace.reader import RowKeys, Trace
@@ -25,7 +25,7 @@ def static_value(trace: Trace, name: str) -> np.ndarray | None:
 
 
 def vocab_map(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
-    if comparison.first_divergence is None or comparison.plan is None:
+    if comparison.first_divergence is None:
         return []
     return [*_d2t_differs(traces), *_read_differently(comparison, traces)]
 
@@ -37,14 +37,14 @@ def _d2t_differs(traces: Pair[Trace]) -> list[Diagnosis]:
     labels = side_labels(traces)
     if d2t.a.shape != d2t.b.shape:
         return [Diagnosis("vocab_map", f"d2t differs: {labels.a} maps {len(d2t.a)} draft ids, {labels.b} "
-                          f"{len(d2t.b)}", {"size_a": len(d2t.a), "size_b": len(d2t.b)})]
+                          f"{len(d2t.b)}", D2tSizeEvidence(len(d2t.a), len(d2t.b)))]
     differ = np.flatnonzero(d2t.a != d2t.b)
     i = int(differ[0])
     return [Diagnosis("vocab_map", f"d2t differs between the sides in {len(differ)} of {len(d2t.a)} draft "
                       f"ids (draft id {i}: {labels.a} maps it to target {i + int(d2t.a[i])}, {labels.b} to "
                       f"{i + int(d2t.b[i])}): the draft was paired with another vocab map",
-                      {"entries_differing": len(differ), "first_draft_id": i,
-                       "target_a": i + int(d2t.a[i]), "target_b": i + int(d2t.b[i])})]
+                      D2tEntriesEvidence(entries_differing=len(differ), first_draft_id=i,
+                                         target_a=i + int(d2t.a[i]), target_b=i + int(d2t.b[i])))]
 
 
 def _read_differently(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
@@ -65,13 +65,12 @@ def _read_differently(comparison: Comparison, traces: Pair[Trace]) -> list[Diagn
     if not np.array_equal(ids.a, ids.b):
         return []
     labels = side_labels(traces)
-    evidence = {"rows_checked": len(ids.a)}
     for direct, offset in (("b", "a"), ("a", "b")):
         if np.array_equal(getattr(mapped, offset) - getattr(mapped, direct), ids.a):
             return [Diagnosis("vocab_map", f"{getattr(labels, direct)} reads d2t as a direct map (target = "
                               f"d2t[draft id]); {getattr(labels, offset)} adds offsets (target = draft id + "
                               f"d2t[draft id]), as EAGLE-3 checkpoints mean",
-                              {**evidence, "direct_side": direct})]
+                              DirectMapEvidence(rows_checked=len(ids.a), direct_side=direct))]
     return []
 
 

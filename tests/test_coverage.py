@@ -1,0 +1,188 @@
+"""Every verdict says what it compared: the cases where compare used to claim `match` on a fraction of
+the rows, or crashed, on traces shaped like real serving. Each builds real trace files with the
+recorder and compares them in-process with ``td.compare``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tracediff as td
+from tracediff.diff.results import Report
+
+H = 8
+
+
+def rows(n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((n, H)).astype(np.float32)
+
+
+def per_token(tokens, seed: int = 0) -> np.ndarray:
+    """A hidden state that depends only on the token prefix, as a causal model's would."""
+    out, state = [], np.zeros(H)
+    for t in np.asarray(tokens).reshape(-1).tolist():
+        state = np.tanh(state * 0.5 + np.random.default_rng(t + 1000 * seed).standard_normal(H))
+        out.append(state.copy())
+    return np.array(out, dtype=np.float32)
+
+
+def tensor(report: Report, name: str):
+    return next(t for t in report.tensors if t.name == name)
+
+
+def test_every_copy_of_a_repeated_prompt_is_compared(tmp_path) -> None:
+    batch = np.array([[5, 6, 7], [5, 6, 7]])
+    x = np.stack([per_token(batch[0]), per_token(batch[1])])
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", x, token_ids=batch, request=["p", "q"])
+    y = x.copy()
+    y[1] += 1000
+    with td.record(tmp_path / "b.h5") as rec:
+        rec.log("h", y, token_ids=batch, request=["u", "v"])
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "diverged" and report.exit_code == 1
+    assert report.first_divergence.row.request_a == "q" and report.first_divergence.row.request_b == "v"
+    assert tensor(report, "h").coverage.aligned == 6 and tensor(report, "h").rows == 6
+    with td.record(tmp_path / "c.h5") as rec:  # a third copy on one side only: counted, not hidden
+        rec.log("h", np.concatenate([x, x[:1]]), token_ids=np.concatenate([batch, batch[:1]]))
+    report = td.compare(tmp_path / "a.h5", tmp_path / "c.h5", min_coverage=1.0)
+    h = tensor(report, "h").coverage
+    assert report.verdict == "match" and h.aligned == 6 and h.skipped_b == {"unpaired_copy": 3}
+
+
+def test_depth_rows_without_fed_tokens_are_counted_not_a_crash(tmp_path) -> None:
+    tokens = np.arange(4)
+    for name in ("a", "b"):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.log("draft.hidden", per_token(tokens), token_ids=tokens, depth=0)
+            rec.log("draft.hidden", per_token(tokens, seed=1), token_ids=tokens, depth=1)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    hidden = tensor(report, "draft.hidden").coverage
+    assert hidden.aligned == 4 and hidden.skipped_a == hidden.skipped_b == {"fed_unknown": 4}
+    assert report.verdict == "incomplete" and report.exit_code == 3
+    assert "fed tokens unknown" in report.reasons[0]
+
+
+def test_padding_is_counted_and_never_compared(tmp_path) -> None:
+    prompts = [[3, 4, 5, 6], [8, 9]]
+    with td.record(tmp_path / "one_by_one.h5") as rec:
+        for i, p in enumerate(prompts):
+            rec.log("h", per_token(p), token_ids=p, request=f"r{i}")
+    padded = np.array([[3, 4, 5, 6], [0, 0, 8, 9]])
+    mask = np.array([[1, 1, 1, 1], [0, 0, 1, 1]])
+    x = np.stack([per_token(prompts[0]), np.concatenate([rows(2, 5), per_token(prompts[1])])])
+    with td.record(tmp_path / "batch.h5") as rec:
+        rec.log("h", x, token_ids=padded, attention_mask=mask, request=["x", "y"])
+    report = td.compare(tmp_path / "one_by_one.h5", tmp_path / "batch.h5")
+    h = tensor(report, "h").coverage
+    assert report.verdict == "match", report.reasons
+    assert h.aligned == 6 and h.skipped_b == {"padding": 2} and h.fraction == 1.0
+    with td.record(tmp_path / "unmarked.h5") as rec:  # the same batch, padding not marked
+        rec.log("h", x, token_ids=padded, request=["x", "y"])
+    report = td.compare(tmp_path / "one_by_one.h5", tmp_path / "unmarked.h5")
+    assert report.verdict == "incomplete" and tensor(report, "h").coverage.aligned == 4
+    assert "outside the shared token prefix" in report.reasons[0]
+
+
+def test_sampled_decode_steps_align_by_the_learned_tokens(tmp_path) -> None:
+    tokens = np.array([11, 12, 13, 14, 15, 16, 17, 18, 19, 20])
+    for name in ("a", "b"):
+        with td.record(tmp_path / f"{name}.h5", every=2) as rec:
+            for step, t in enumerate(tokens):
+                rec.log("h", per_token(tokens[: step + 1])[-1:], step=step, request="r", positions=[step],
+                        token_ids=[t])
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "match" and tensor(report, "h").coverage.aligned == 5
+
+
+def test_rows_after_a_gap_with_unknown_tokens_are_reported(tmp_path) -> None:
+    tokens = np.arange(20, 30)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", per_token(tokens), token_ids=tokens, request="r")
+    with td.record(tmp_path / "b.h5") as rec:  # positions 3..5 never seen: later rows' prefix unknown
+        keep = np.r_[0:3, 6:10]
+        rec.log("h", per_token(tokens)[keep], token_ids=tokens[keep], positions=keep, request="r")
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    h = tensor(report, "h").coverage
+    assert report.verdict == "incomplete" and h.aligned == 3 and h.skipped_b == {"prefix_unknown": 4}
+
+
+def test_a_prefix_cache_hit_aligns_by_the_declared_tokens(tmp_path) -> None:
+    tokens = np.array([7, 8, 9, 10, 11, 12])
+    with td.record(tmp_path / "train.h5") as rec:
+        rec.log("h", per_token(tokens), token_ids=tokens, request="sample")
+    with td.record(tmp_path / "serve.h5") as rec:  # positions 0-2 came from the prefix cache
+        rec.request_tokens("req", tokens)
+        rec.log("h", per_token(tokens)[3:], token_ids=tokens[3:], positions=np.arange(3, 6), request="req")
+    report = td.compare(tmp_path / "train.h5", tmp_path / "serve.h5")
+    assert report.verdict == "match" and tensor(report, "h").coverage.aligned == 3
+    with td.record(tmp_path / "undeclared.h5") as rec:
+        rec.log("h", per_token(tokens)[3:], token_ids=tokens[3:], positions=np.arange(3, 6), request="req")
+    report = td.compare(tmp_path / "train.h5", tmp_path / "undeclared.h5")
+    assert report.verdict == "incomplete" and tensor(report, "h").coverage.skipped_b == {"prefix_unknown": 3}
+    report = td.compare(tmp_path / "train.h5", tmp_path / "undeclared.h5", align="step")  # by step, position
+    assert report.verdict == "match" and tensor(report, "h").coverage.aligned == 3
+
+
+def test_a_shape_mismatch_is_its_own_status_with_a_likely_cause(tmp_path) -> None:
+    tokens = np.arange(4)
+    for name, width in (("a", 8), ("b", 4)):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.log("h", rows(4)[:, :width], token_ids=tokens)
+            rec.log("g", per_token(tokens), token_ids=tokens)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    h = tensor(report, "h")
+    assert h.status == "shape_mismatch" and h.shapes == ([8], [4])
+    assert "tensor-parallel shard (1/2 of the row)" in h.note
+    assert report.verdict == "incomplete" and report.reasons[0].startswith("h: shape mismatch")
+
+
+def test_a_dtype_changing_between_steps_is_reported(tmp_path) -> None:
+    tokens = np.arange(4)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", per_token(tokens), token_ids=tokens, step=0)
+        rec.log("h", per_token(tokens).astype(np.float16), token_ids=tokens, step=1)
+        rec.log("g", per_token(tokens), token_ids=tokens)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "a.h5")
+    assert tensor(report, "h").status == "mixed_records" and report.verdict == "incomplete"
+
+
+def test_unrelated_traces_are_incomparable_in_both_alignments(tmp_path) -> None:
+    for name, first, model in (("a", 100, "llama-a"), ("b", 500, "llama-b")):
+        with td.record(tmp_path / f"{name}.h5", meta={"target_model": model}) as rec:
+            rec.log("h", rows(6), token_ids=np.arange(first, first + 6))
+    for align in ("prefix", "step"):
+        report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5", align=align)
+        assert report.verdict == "incomparable" and report.exit_code == 2
+        assert "different target models" in report.reasons[0]
+        assert "share no token prefix" in report.reasons[1]
+
+
+def test_a_differing_token_is_the_cause_of_the_draft_row_that_embeds_it(tmp_path) -> None:
+    a_tokens, b_tokens = np.array([1, 2, 3, 4, 5]), np.array([1, 2, 3, 9, 5])
+    for name, tokens in (("a", a_tokens), ("b", b_tokens)):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.log("target.layer.0", per_token(tokens), token_ids=tokens, request=name)
+            # draft row t embeds token t + 1
+            rec.log("draft.embed", per_token(np.r_[tokens[1:], 0], seed=2), token_ids=tokens, request=name)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "diverged"
+    assert report.first_divergence.name == "draft.embed" and report.first_divergence.row.position == 2
+    (d,) = report.diagnoses
+    assert d.kind == "token_mismatch" and d.severity == "error"
+    assert d.evidence.position == 3 and (d.evidence.token_a, d.evidence.token_b) == (4, 9)
+    assert d.evidence.linked_to_first_divergence is True
+
+
+def test_the_report_round_trips_through_json(tmp_path) -> None:
+    tokens = np.arange(6)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", per_token(tokens), token_ids=tokens)
+    with td.record(tmp_path / "b.h5") as rec:
+        rec.log("h", per_token(tokens) * 1.5, token_ids=tokens[:5].tolist() + [77])
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.diagnoses and report.token_mismatch is not None and report.first_divergence is not None
+    again = Report.from_json(report.to_json())
+    assert again == report and again.to_json() == report.to_json()
+    with pytest.raises(ValueError):
+        Report.from_json(report.to_json().replace('"diverged"', '"maybe"', 1))

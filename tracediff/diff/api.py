@@ -1,0 +1,47 @@
+"""``tracediff.compare``: everything the ``compare`` command does, as one library call that returns
+a typed ``Report`` (read keys, warm the page cache, plan, compare, diagnose, judge)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from contextlib import ExitStack
+from pathlib import Path
+
+from tracediff.diff.differ import Progress, compare_traces
+from tracediff.diff.pair import Pair
+from tracediff.diff.plan import CHUNK_BYTES, tensor_keys
+from tracediff.diff.results import Report
+from tracediff.diff.tolerance import Tolerances
+from tracediff.diff.verdict import MIN_COVERAGE, build_report
+from tracediff.trace.reader import Trace, open_trace
+from tracediff.trace.warm import Warmer
+
+TraceLike = str | Path | Trace
+
+
+def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | None = None,
+            rename: dict[str, str] | None = None, align: str = "prefix", stop_at_first: bool = False,
+            min_coverage: float = MIN_COVERAGE, chunk_bytes: int = CHUNK_BYTES,
+            progress: Progress | None = None, warm: bool = True) -> Report:
+    """Compare trace ``b`` against baseline ``a`` (paths or open traces).
+
+    ``tol``: a ``Tolerances`` or ``--tol`` strings; ``rename``: name in b -> name in a; ``align``:
+    ``prefix`` (rows by token content) or ``step`` (same producer); ``min_coverage``: the share of
+    comparable rows every tensor must align for a ``match``; ``progress(done, total)`` hears bytes
+    compared; ``warm`` reads the files into the page cache meanwhile (not when stopping early).
+    Raises ``InputError`` for unreadable traces, ValueError for bad options."""
+    from tracediff.diff.diagnose import diagnose
+
+    if not 0 <= min_coverage <= 1:
+        raise ValueError(f"min_coverage must be within 0..1, got {min_coverage}")
+    tolerances = tol if isinstance(tol, Tolerances) else Tolerances.parse(list(tol or []))
+    with ExitStack() as stack:
+        traces = Pair(*(t if isinstance(t, Trace) else stack.enter_context(open_trace(t)) for t in (a, b)))
+        keys = traces.map(tensor_keys)  # small reads, done before the disk gets busy with tensor data
+        warmer = Warmer([*traces.a.paths, *traces.b.paths], budget=0 if stop_at_first or not warm else None)
+        try:
+            comparison = compare_traces(traces, tolerances, rename, align, stop_at_first, chunk_bytes, keys,
+                                        progress)
+        finally:
+            warmer.stop()
+        return build_report(comparison, diagnose(comparison, traces), traces, align, min_coverage)

@@ -1,0 +1,54 @@
+"""The run contracts of two traces: which stated conventions differ, and whether the traces can be
+compared at all (different target models, tokenizers or vocabularies make every row meaningless)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracediff.diff.align import Prefixes
+from tracediff.diff.pair import Pair
+from tracediff.diff.results import ContractDiff, ContractEntry
+from tracediff.trace.reader import Trace
+
+# Contract keys that, when both sides state them and they differ, make the traces incomparable.
+IDENTITY = {"target_model": "target models", "tokenizer_sha256": "tokenizers", "vocab_size": "vocab sizes",
+            "target_vocab_size": "target vocab sizes"}
+
+
+def contract(trace: Trace) -> dict:
+    """The contract as the run opened it, updated by what it learned before closing (per file)."""
+    merged = dict(trace.meta.get("contract") or {})
+    for final in trace.finals:
+        merged.update((final or {}).get("contract") or {})
+    return merged
+
+
+def contract_diff(traces: Pair[Trace]) -> ContractDiff:
+    """Keys whose values differ, apart from keys only one side states."""
+    a, b = traces.map(contract).a, traces.map(contract).b
+    return ContractDiff(
+        differing=[ContractEntry(k, a[k], b[k]) for k in sorted(a.keys() & b.keys()) if a[k] != b[k]],
+        only_a={k: a[k] for k in sorted(a.keys() - b.keys())},
+        only_b={k: b[k] for k in sorted(b.keys() - a.keys())},
+    )
+
+
+def incomparable(diff: ContractDiff, prefixes: Pair[Prefixes]) -> list[str]:
+    """Why no row of one trace can stand for a row of the other, one line each (empty when they can)."""
+    reasons = [f"the contracts name different {IDENTITY[e.key]}: a {e.a!r}, b {e.b!r}"
+               for e in diff.differing if e.key in IDENTITY]
+    if not shares_tokens(prefixes):
+        reasons.append("the traces share no token prefix: their requests' tokens differ from the start")
+    return reasons
+
+
+def shares_tokens(prefixes: Pair[Prefixes]) -> bool:
+    """Whether some request of one side starts like a request of the other beyond a common first
+    token (a BOS token alone does not make two texts alike). True when a side knows no tokens."""
+    if not len(prefixes.a.ids) or not len(prefixes.b.ids):
+        return True
+    shared = np.isin(prefixes.a.ids, prefixes.b.ids)
+    positions = prefixes.map(lambda p: p.where % p.stride)
+    if (positions.a[shared] > 0).any():
+        return True
+    return shared.any() and (positions.a.max() == 0 or positions.b.max() == 0)

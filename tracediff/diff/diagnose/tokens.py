@@ -1,0 +1,38 @@
+"""Token mismatch: the sides' token sequences differ at some position (another chat template, a
+different prompt). Rows past that position are not aligned; a draft row just before it embeds the
+differing token, so when the first divergence is that row, the differing token is the cause."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from tracediff.diff.align import first_token_difference
+from tracediff.diff.diagnose.evidence import side_labels
+from tracediff.diff.differ import Comparison
+from tracediff.diff.findings import Diagnosis, TokenMismatchEvidence
+from tracediff.diff.pair import Pair
+from tracediff.trace.reader import Trace
+
+
+def token_mismatch(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
+    m = comparison.token_mismatch
+    if m is None:
+        return []
+    labels = side_labels(traces)
+    first = comparison.first_divergence
+    row = first.first_bad if first is not None else None
+    if row is not None and first.name.startswith("draft."):
+        # the draft row at p embeds token p + 1: did its request's tokens differ there?
+        own = first_token_difference(comparison.plan.prefixes, request_b=row.request_b)
+        m = m if own is None else replace(own, requests_differing=m.requests_differing)
+    linked = (row is not None and first.name.startswith("draft.") and row.request_b == m.request_b
+              and row.position + 1 + row.depth >= m.position)
+    message = (f"token sequences differ: request {m.request_b} ({labels.b}) holds {m.token_b} at position "
+               f"{m.position} where {m.request_a} ({labels.a}) holds {m.token_a}"
+               + (f" ({m.requests_differing} requests differ)" if m.requests_differing > 1 else ""))
+    if linked:
+        message += f"; {first.name} at position {row.position} consumed that token"
+    else:
+        message += "; rows past it are not aligned"
+    evidence = TokenMismatchEvidence(**vars(m), linked_to_first_divergence=linked)
+    return [Diagnosis("token_mismatch", message, evidence, severity="error" if linked else "warning")]

@@ -1,0 +1,214 @@
+"""What ``compare`` returns: the typed report every renderer (terminal, JSON, Markdown, bundles)
+reads. Plain dataclasses and Literals, so that ``Report.to_json`` / ``Report.from_json``
+round-trip exactly and docs/REPORT.md can be checked against the code.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tracediff.diff.findings import Diagnosis
+from tracediff.diff.jsonio import from_plain, to_plain
+
+REPORT_VERSION = 2
+
+Verdict = Literal["match", "diverged", "incomplete", "incomparable"]
+EXIT_CODES: dict[str, int] = {"match": 0, "diverged": 1, "incomparable": 2, "incomplete": 3}
+
+Status = Literal[
+    "match",  # every aligned row within tolerance
+    "diverged",  # holds the first divergence
+    "downstream",  # fails too, after the first divergence
+    "unchecked",  # --stop-at-first stopped before its last rows
+    "not_comparable",  # no row could be compared (see coverage)
+    "shape_mismatch",  # row shapes differ between the sides
+    "dtype_mismatch",  # integer on one side, float on the other
+    "mixed_records",  # one side's records of this name differ in dtype or row shape
+    "missing_in_a",
+    "missing_in_b",
+]
+# Statuses that leave rows of a tensor present on both sides uncompared.
+UNCOMPARED_STATUSES = ("not_comparable", "shape_mismatch", "dtype_mismatch", "mixed_records")
+
+Reason = Literal[
+    "padding",  # a padded row (position -1): never compared
+    "prefix_unknown",  # the tokens before the row's position are not in the trace
+    "token_conflict",  # the row's token differs from its request's known token there
+    "outside_shared_prefix",  # the other side never saw this token prefix
+    "not_recorded",  # the other side knows the tokens but recorded no such row
+    "filtered_step",  # the other side's recorder kept only every N-th step (--align step)
+    "unpaired_copy",  # the same row key more often on this side than on the other
+    "fed_differs",  # depth > 0: the draft was fed other tokens on the two sides
+    "fed_unknown",  # depth > 0: a side did not record draft.input_ids
+    "shape_mismatch",
+    "dtype_mismatch",
+    "mixed_records",
+]
+# Rows left out by design, not for want of data: they do not count against coverage.
+EXCUSED: tuple[str, ...] = ("padding", "fed_differs")
+REASON_TEXT: dict[str, str] = {
+    "padding": "padding",
+    "prefix_unknown": "prefix unknown",
+    "token_conflict": "token differs from the request's known token",
+    "outside_shared_prefix": "outside the shared token prefix",
+    "not_recorded": "not recorded on the other side",
+    "filtered_step": "step filtered out on the other side",
+    "unpaired_copy": "extra copies of a row key",
+    "fed_differs": "not comparable at depth > 0 (fed other tokens)",
+    "fed_unknown": "fed tokens unknown at depth > 0 (no draft.input_ids)",
+    "shape_mismatch": "shape mismatch",
+    "dtype_mismatch": "dtype mismatch",
+    "mixed_records": "records of mixed dtype or shape",
+}
+
+@dataclass
+class Coverage:
+    """Rows of one tensor (or of all tensors) on each side, how many were aligned, and why the others
+    were not compared. ``fraction`` = aligned / the smaller side's rows that could be compared
+    (rows minus ``EXCUSED`` reasons); None when that side has none."""
+
+    rows_a: int = 0
+    rows_b: int = 0
+    aligned: int = 0
+    skipped_a: dict[str, int] = field(default_factory=dict)
+    skipped_b: dict[str, int] = field(default_factory=dict)
+    fraction: float | None = None
+
+    @classmethod
+    def of(cls, rows_a: int, rows_b: int, aligned: int, skipped_a: dict[str, int],
+           skipped_b: dict[str, int]) -> Coverage:
+        def eligible(rows: int, skipped: dict[str, int]) -> int:
+            return rows - sum(skipped.get(r, 0) for r in EXCUSED)
+
+        base = min(eligible(rows_a, skipped_a), eligible(rows_b, skipped_b))
+        return cls(rows_a, rows_b, aligned, _nonzero(skipped_a), _nonzero(skipped_b),
+                   None if base <= 0 else min(1.0, aligned / base))
+
+    @classmethod
+    def total(cls, parts: list[Coverage]) -> Coverage:
+        def summed(side: str) -> dict[str, int]:
+            out: dict[str, int] = {}
+            for p in parts:
+                for reason, n in getattr(p, side).items():
+                    out[reason] = out.get(reason, 0) + n
+            return out
+
+        return cls.of(sum(p.rows_a for p in parts), sum(p.rows_b for p in parts),
+                      sum(p.aligned for p in parts), summed("skipped_a"), summed("skipped_b"))
+
+    def describe(self) -> str:
+        """One line: '12 of 33 rows aligned (36%); not compared: a 21 outside the shared prefix'."""
+        pct = "" if self.fraction is None else f" ({100 * self.fraction:.0f}%)"
+        line = f"{self.aligned} aligned of {self.rows_a} / {self.rows_b} rows{pct}"
+        skipped = [f"{side} {n} {REASON_TEXT.get(r, r)}" for side, reasons in
+                   (("a", self.skipped_a), ("b", self.skipped_b)) for r, n in reasons.items()]
+        return line + ("; not compared: " + ", ".join(skipped) if skipped else "")
+
+
+@dataclass
+class RowRef:
+    """One row on both sides: where it is and (for a failing row) its metrics."""
+
+    request_a: str
+    request_b: str
+    position: int
+    depth: int
+    step_a: int
+    step_b: int
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class TensorResult:
+    name: str  # as the baseline (a) calls it
+    status: Status
+    dtypes: tuple[str, str] | None = None
+    shapes: tuple[list[int], list[int]] | None = None  # row shapes
+    rows: int = 0  # rows compared
+    failed: int = 0
+    coverage: Coverage | None = None
+    worst: dict[str, float] = field(default_factory=dict)
+    first_bad: RowRef | None = None
+    note: str = ""  # e.g. the likely cause of a shape mismatch
+
+
+@dataclass
+class FirstDivergence:
+    name: str
+    row: RowRef
+
+
+@dataclass
+class TokenMismatch:
+    """Where a target request's tokens first leave every baseline request."""
+
+    request_a: str
+    request_b: str
+    position: int
+    token_a: int
+    token_b: int
+    requests_differing: int  # requests of b whose tokens leave a somewhere
+
+
+@dataclass
+class ContractEntry:
+    key: str
+    a: Any
+    b: Any
+
+
+@dataclass
+class ContractDiff:
+    """Run-contract keys whose values differ, and keys only one side states (not a difference)."""
+
+    differing: list[ContractEntry] = field(default_factory=list)
+    only_a: dict[str, Any] = field(default_factory=dict)
+    only_b: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TraceInfo:
+    """Who produced a trace, for the report's reader and the bug report."""
+
+    paths: list[str]
+    source: str = ""
+    producer: str = ""
+    producer_version: str = ""
+    format_version: int = 0
+    created: str = ""
+    torch: str = ""
+    device: str = ""
+
+
+@dataclass(kw_only=True)
+class Report:
+    report_version: int = REPORT_VERSION
+    verdict: Verdict
+    reasons: list[str]  # why the verdict is incomplete / incomparable, one line each
+    a: TraceInfo
+    b: TraceInfo
+    align: Literal["prefix", "step"]
+    min_coverage: float
+    coverage: Coverage
+    first_divergence: FirstDivergence | None
+    diagnoses: list[Diagnosis]
+    tensors: list[TensorResult]
+    contract: ContractDiff
+    token_mismatch: TokenMismatch | None
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.verdict]
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(to_plain(self), indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> Report:
+        return from_plain(cls, json.loads(text))
+
+
+def _nonzero(counts: dict[str, int]) -> dict[str, int]:
+    return {k: int(v) for k, v in counts.items() if v}

@@ -1,0 +1,81 @@
+"""From what was compared to what may be claimed: the verdict and its reasons, and the typed
+``Report``. A verdict never claims more than was compared: ``match`` needs every tensor present on
+both sides aligned on at least ``min_coverage`` of its comparable rows."""
+
+from __future__ import annotations
+
+from tracediff.diff.contract import incomparable
+from tracediff.diff.differ import Comparison
+from tracediff.diff.pair import Pair
+from tracediff.diff.results import (
+    EXCUSED,
+    UNCOMPARED_STATUSES,
+    Coverage,
+    Diagnosis,
+    FirstDivergence,
+    Report,
+    TensorResult,
+    TraceInfo,
+    Verdict,
+)
+from tracediff.trace.reader import Trace
+
+MIN_COVERAGE = 0.95
+
+
+def trace_info(trace: Trace) -> TraceInfo:
+    meta = trace.meta
+    torch = meta.get("torch") or {}
+    text = {key: str(meta.get(key) or "") for key in ("source", "producer", "producer_version", "created")}
+    return TraceInfo(paths=[str(p) for p in trace.paths], format_version=int(meta.get("format_version") or 0),
+                     torch=str(torch.get("version") or ""), device=str(torch.get("device") or ""), **text)
+
+
+def shortfalls(tensors: list[TensorResult], min_coverage: float) -> list[str]:
+    """One line per tensor present on both sides that was not compared well enough."""
+    lines = []
+    for t in tensors:
+        if t.status in UNCOMPARED_STATUSES[1:]:
+            lines.append(f"{t.name}: {t.status.replace('_', ' ')}: {t.note}")
+        elif t.coverage is not None and (t.coverage.fraction or 0.0) < min_coverage \
+                and t.coverage.fraction is not None:
+            lines.append(f"{t.name}: {t.coverage.describe()}")
+    return lines
+
+
+def nothing_shared(tensors: list[TensorResult]) -> bool:
+    """No row aligned, and not for want of knowledge (unknown prefixes, unrecorded fed tokens): what
+    was left out lies outside the tokens the sides share."""
+    total = Coverage.total([t.coverage for t in tensors if t.coverage is not None])
+    known = {"outside_shared_prefix", *EXCUSED}
+    return not total.aligned and set(total.skipped_a) | set(total.skipped_b) <= known
+
+
+def judge(comparison: Comparison, min_coverage: float) -> tuple[Verdict, list[str]]:
+    reasons = incomparable(comparison.contract, comparison.plan.prefixes)
+    on_both = [t for t in comparison.tensors if t.coverage is not None or t.status == "mixed_records"]
+    if not on_both:
+        reasons.append("no tensor name is in both traces (see --map)")
+    elif not reasons and nothing_shared(on_both):
+        reasons.append("no row of one trace corresponds to a row of the other (different tokens?)")
+    if reasons:
+        return "incomparable", reasons
+    if comparison.first_divergence is not None:
+        return "diverged", shortfalls(comparison.tensors, min_coverage)
+    lines = shortfalls(comparison.tensors, min_coverage)
+    return ("incomplete", lines) if lines else ("match", [])
+
+
+def build_report(comparison: Comparison, diagnoses: list[Diagnosis], traces: Pair[Trace], align: str,
+                 min_coverage: float) -> Report:
+    verdict, reasons = judge(comparison, min_coverage)
+    first = comparison.first_divergence
+    return Report(
+        verdict=verdict, reasons=reasons, a=trace_info(traces.a), b=trace_info(traces.b),
+        align="step" if align == "step" else "prefix", min_coverage=min_coverage,
+        coverage=Coverage.total([t.coverage for t in comparison.tensors if t.coverage is not None]),
+        first_divergence=None if first is None or first.first_bad is None else FirstDivergence(first.name,
+                                                                                               first.first_bad),
+        diagnoses=diagnoses, tensors=comparison.tensors, contract=comparison.contract,
+        token_mismatch=comparison.token_mismatch,
+    )
