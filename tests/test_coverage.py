@@ -186,3 +186,37 @@ def test_the_report_round_trips_through_json(tmp_path) -> None:
     assert again == report and again.to_json() == report.to_json()
     with pytest.raises(ValueError):
         Report.from_json(report.to_json().replace('"diverged"', '"maybe"', 1))
+
+
+def test_progress_hears_every_byte_compared(tmp_path) -> None:
+    tokens = np.arange(40)
+    for name in ("a", "b"):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            for step in range(4):
+                at = slice(step * 10, step * 10 + 10)
+                rec.log("h", per_token(tokens)[at], step=step, request="r", positions=np.arange(40)[at],
+                        token_ids=tokens[at])
+    heard: list[tuple[int, int]] = []
+    td.compare(tmp_path / "a.h5", tmp_path / "b.h5", chunk_bytes=H * 4 * 10,
+               progress=lambda *p: heard.append(p))
+    assert len(heard) == 4 and heard[-1] == (2 * 40 * H * 4, 2 * 40 * H * 4)
+    assert [done for done, _ in heard] == sorted(done for done, _ in heard)
+
+
+def test_the_command_says_incomplete_with_exit_3_and_what_it_left_out(tmp_path) -> None:
+    from tests.conftest import run_cli
+
+    kept = np.r_[0:3, 6:10]
+    tokens = np.arange(20, 30)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", per_token(tokens), token_ids=tokens, request="r")
+    with td.record(tmp_path / "b.h5") as rec:
+        rec.log("h", per_token(tokens)[kept], token_ids=tokens[kept], positions=kept, request="r")
+    text = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
+    assert text.returncode == 3, text.stderr
+    assert text.stdout.splitlines()[0] == (
+        "incomplete (3 rows compared, 43% of the comparable rows): h: 3 aligned of 10 / 7 rows (43%); "
+        "not compared: a 7 not recorded on the other side, b 4 prefix unknown")
+    md = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--markdown")
+    assert md.returncode == 3 and "- incomplete: h: 3 aligned of 10 / 7 rows (43%)" in md.stdout
+    assert "Not compared, b: 4 prefix unknown." in md.stdout

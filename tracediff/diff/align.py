@@ -118,16 +118,18 @@ class Keyed:
 
     key: np.ndarray
     prefix: np.ndarray
+    entry: np.ndarray  # the row's (request, position) entry in the prefixes, where found
     reason: np.ndarray  # int8
 
 
 def keyed_rows(rows: KeyColumns, prefixes: Prefixes) -> Keyed:
     ids, found, tokens = prefixes.lookup(rows.request_code, rows.position)
+    entry, _ = _find_sorted(prefixes.where, rows.request_code * prefixes.stride + rows.position)
     reason = np.full(len(rows), KEYED, np.int8)
     reason[~found] = CODE["prefix_unknown"]
     reason[found & (tokens != rows.token_id)] = CODE["token_conflict"]
     reason[rows.position < 0] = CODE["padding"]
-    return Keyed(key_of(ids, rows.position, rows.depth), ids, reason)
+    return Keyed(key_of(ids, rows.position, rows.depth), ids, entry, reason)
 
 
 def row_keys(rows: KeyColumns, prefixes: Prefixes) -> tuple[np.ndarray, np.ndarray]:
@@ -161,14 +163,15 @@ def match(rows: Pair[RowKeys], prefixes: Pair[Prefixes], fed: Pair[FedTokens]) -
     keyed = rows.zip(prefixes).starmap(keyed_rows)
     pairs = pair_copies(keyed.map(lambda k: k.key), keyed.map(lambda k: k.reason == KEYED))
     reasons = keyed.map(lambda k: k.reason.copy())
-    for mine, theirs, paired, reason, their_prefixes in ((keyed.a, keyed.b, pairs.a, reasons.a, prefixes.b),
-                                                         (keyed.b, keyed.a, pairs.b, reasons.b, prefixes.a)):
+    departed = Pair(departures(prefixes.a, prefixes.b), departures(prefixes.b, prefixes.a))
+    for mine, theirs, paired, reason, gone in ((keyed.a, keyed.b, pairs.a, reasons.a, departed.a),
+                                               (keyed.b, keyed.a, pairs.b, reasons.b, departed.b)):
         left = reason == KEYED
         left[paired] = False
         has_key = np.isin(mine.key[left], theirs.key[theirs.reason == KEYED])
-        knows = np.isin(mine.prefix[left], their_prefixes.ids)
+        outside = gone[mine.entry[left]] if len(gone) else np.zeros(int(left.sum()), bool)
         reason[left] = np.where(has_key, CODE["unpaired_copy"],
-                                np.where(knows, CODE["not_recorded"], CODE["outside_shared_prefix"]))
+                                np.where(outside, CODE["outside_shared_prefix"], CODE["not_recorded"]))
     feed = _feed_status(rows.a, pairs.a, prefixes.a, fed)
     reasons.a[pairs.a], reasons.b[pairs.b] = feed, feed
     same = feed == KEYED
@@ -243,6 +246,22 @@ def fed_tokens(trace: Trace, keys: RowKeys | None, prefixes: Prefixes) -> FedTok
         return FedTokens(RowIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64)), np.zeros(0, np.int64))
     values = trace.gather(keys).reshape(len(keys), -1)[:, 0].astype(np.int64)
     return FedTokens(RowIndex.of(keys, prefixes), values)
+
+
+def departures(mine: Prefixes, other: Prefixes) -> np.ndarray:
+    """Per (request, position) entry of ``mine``: whether the request's tokens have left every
+    request of ``other`` at or before this position (``other`` continued the same tokens with a
+    different one). A request ``other`` merely knows less of (it stopped, or has a gap) has not
+    left it: rows there are not recorded on the other side, not outside the shared prefix."""
+    known = np.isin(mine.ids, other.ids)
+    _, continued = _find_sorted(np.sort(_parents(other)), _parents(mine))
+    leaves = (~known & continued).astype(np.int64)
+    if not len(leaves):
+        return np.zeros(0, bool)
+    start = _group_starts(mine.where // mine.stride)
+    so_far = np.cumsum(leaves)
+    before = np.repeat(so_far[start] - leaves[start], np.diff(np.r_[start, len(leaves)]))
+    return so_far - before > 0
 
 
 def first_token_difference(prefixes: Pair[Prefixes], request_b: str | None = None) -> TokenMismatch | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import typing
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 Kind = Literal["nan_inf", "aux_layer_set", "aux_order", "layer_offset", "vocab_map", "position_shift",
                "scale", "norm", "precision", "token_mismatch"]
@@ -151,7 +151,7 @@ class PrecisionEvidence:
 Evidence = (TokenMismatchEvidence | NonFiniteEvidence | SlotsEvidence | SlotNormEvidence | D2tSizeEvidence
             | D2tEntriesEvidence | DirectMapEvidence | ValueOffsetEvidence | RowShiftEvidence | ScaleEvidence
             | NormFitEvidence | PrecisionEvidence)
-VARIANTS: tuple[type, ...] = typing.get_args(Evidence)
+VARIANTS: tuple[type[Any], ...] = typing.get_args(Evidence)
 
 
 @dataclass

@@ -65,7 +65,7 @@ def _read(tp: Any, data: Any, where: str) -> Any:
     if origin is dict:
         _, value_type = typing.get_args(tp)
         return {k: _read(value_type, v, f"{where}.{k}") for k, v in _expect(data, dict, where).items()}
-    if dataclasses.is_dataclass(tp):
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
         fields = _expect(data, dict, where)
         hints = typing.get_type_hints(tp)
         known = {f.name for f in dataclasses.fields(tp) if f.init}

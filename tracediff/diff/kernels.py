@@ -281,7 +281,7 @@ def _kl(a: np.ndarray, b: np.ndarray, max_a: float, max_b: float) -> float:
     precision (the shifts cancel exactly). A NaN term (the same -inf both sides) counts as 0."""
     shift_a, shift_b = np.float32(max_a), np.float32(max_b)
     scale, zero = np.float32(LOG2E), np.float32(0)
-    sum_a, sum_b, weighted = 0.0, 0.0, 0.0
+    sum_a, sum_b, weighted = np.float64(0.0), np.float64(0.0), np.float64(0.0)  # float64 across blocks
     for start in range(0, len(a), BLOCK):
         sa, sb, w = zero, zero, zero
         block_a, block_b = a[start : start + BLOCK], b[start : start + BLOCK]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 U = TypeVar("U")
@@ -28,6 +28,6 @@ class Pair(Generic[T]):
         """A list of pairs as a pair of lists."""
         return Pair([p.a for p in pairs], [p.b for p in pairs])
 
-    def starmap(self, fn: Callable[..., U]) -> Pair[U]:
+    def starmap(self: Pair[tuple[Any, ...]], fn: Callable[..., U]) -> Pair[U]:
         """``map`` over a zipped pair, each side's tuple spread into the arguments."""
         return Pair(fn(*self.a), fn(*self.b))

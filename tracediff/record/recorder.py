@@ -25,10 +25,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+resource: ModuleType | None
 try:
     import resource
 except ImportError:  # not on Windows
@@ -439,8 +441,8 @@ class Recorder:
         for end in range(1, len(items) + 1):
             if end == len(items) or items[end].declared != items[start].declared:
                 keys = [item.keys.expand() for item in items[start:end]]
-                self._book.learn(*(np.concatenate(column) for column in zip(*keys)),
-                                 declared=items[start].declared)
+                request, position, token_id = (np.concatenate(column) for column in zip(*keys))
+                self._book.learn(request, position, token_id, declared=items[start].declared)
                 start = end
 
     def _write(self, pending: list[Record]) -> None:
@@ -448,6 +450,7 @@ class Recorder:
         tokens = self._book.take_new()
         records = pending if tokens is None else [*pending, tokens_record(*tokens, rank=self.rank)]
         if records:
+            assert self._writer is not None  # the writer thread starts only once the file is open
             self._writer.write(records)
         self.records_written += len(pending)
         self.bytes_written += sum(r.nbytes for r in pending)
@@ -467,7 +470,7 @@ class Recorder:
                 return False
         return True
 
-    def _drain(self) -> list[_Pending]:
+    def _drain(self) -> list[_Pending | _Learn]:
         with self._cv:
             items = list(self._queue)
             self._queue.clear()
@@ -557,11 +560,12 @@ def _describe(layout: tuple) -> str:
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
     dist = sys.modules.get("torch.distributed")
-    initialized = dist is not None and dist.is_available() and dist.is_initialized()
+    if dist is not None and not (dist.is_available() and dist.is_initialized()):
+        dist = None  # imported but not initialized: the environment says
     if rank is None:
-        rank = dist.get_rank() if initialized else int(env_rank or 0)
+        rank = dist.get_rank() if dist is not None else int(env_rank or 0)
     if world_size is None:
-        world_size = dist.get_world_size() if initialized else int(env_world or 1)
+        world_size = dist.get_world_size() if dist is not None else int(env_world or 1)
     return rank, world_size
 
 

@@ -26,6 +26,11 @@ def safe(text: Any) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
+def cell(text: Any) -> str:
+    """Trace text inside a Markdown table cell: a ``|`` would end the cell."""
+    return safe(text).replace("|", "\\|")
+
+
 def coverage_line(c: Coverage) -> str:
     pct = "" if c.fraction is None else f" ({100 * c.fraction:.0f}% of the comparable rows)"
     return f"{c.aligned} rows aligned of {c.rows_a} in a / {c.rows_b} in b{pct}"
@@ -133,17 +138,17 @@ def to_markdown(report: Report) -> str:
         lines += [f"First diverging tensor: `{safe(first.name)}` ({where(first.row)})", ""]
     lines += [f"Compared: {coverage_line(report.coverage)}."]
     lines += [f"Not compared, {line}." for line in skipped_lines(report.coverage)]
-    lines += [""]
-    lines += [f"- **{d.kind}** ({d.severity}): {safe(d.message)}" for d in report.diagnoses]
+    bullets = [f"- **{d.kind}** ({d.severity}): {safe(d.message)}" for d in report.diagnoses]
     if first is not None and not [d for d in report.diagnoses if d.severity == "error"]:
-        lines += [f"- {NO_EXPLANATION}; {_numbers(first.row)}"]
-    lines += [f"- {report.verdict if first is None else 'also'}: {safe(r)}" for r in report.reasons]
+        bullets += [f"- {NO_EXPLANATION}; {_numbers(first.row)}"]
+    bullets += [f"- {report.verdict if first is None else 'also'}: {safe(r)}" for r in report.reasons]
+    lines += ["", *bullets] if bullets else []
     lines += ["", "| tensor | status | aligned | rows a / b | failed | worst |", "|---|---|---|---|---|---|"]
     for t in report.tensors:
         c = t.coverage
-        lines.append(f"| `{safe(t.name)}` | {t.status} | {'' if c is None else c.aligned} | "
+        lines.append(f"| `{cell(t.name)}` | {t.status} | {'' if c is None else c.aligned} | "
                      f"{'' if c is None else f'{c.rows_a} / {c.rows_b}'} | {t.failed} | "
-                     f"{_worst(t) or safe(t.note)} |")
+                     f"{_worst(t) or cell(t.note)} |")
     grouped = skipped_by_tensor(report)
     if grouped:
         lines += ["", "<details><summary>Rows not compared, per tensor</summary>", ""]

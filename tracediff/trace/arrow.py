@@ -232,6 +232,8 @@ class ArrowTraceFile:
 
     def _batch(self, b: int) -> pa.RecordBatch:
         if b not in self._batches:
+            if self._reader is None:  # a recovered stream holds all its batches; or the trace is closed
+                raise IndexError(f"{self.path}: no record batch {b}")
             self._batches[b] = self._reader.get_batch(b)
         return self._batches[b]
 

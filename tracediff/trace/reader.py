@@ -375,17 +375,23 @@ class Trace:
     def populate(self, spans: list[tuple[int, int]]) -> None:
         """Map these spans of ``mapped()`` now (reading them from disk if need be), so that a kernel
         reading them in place takes no page faults; ``release`` them when done."""
-        self.mapped()
+        mapping = self._mapping()
         for start, length in spans:
-            if not advise(self._mmap, start, length, MADV_POPULATE_READ):  # kernel < 5.14
-                advise(self._mmap, start, length, mmap.MADV_WILLNEED)  # the faults read ahead
+            if not advise(mapping, start, length, MADV_POPULATE_READ):  # kernel < 5.14
+                advise(mapping, start, length, mmap.MADV_WILLNEED)  # the faults read ahead
 
     def release(self, spans: list[tuple[int, int]]) -> None:
         """Unmap populated spans (the pages stay in the page cache): resident memory stays at a
         few chunks, whatever the trace size."""
-        self.mapped()
+        mapping = self._mapping()
         for start, length in spans:
-            advise(self._mmap, start, length, mmap.MADV_DONTNEED)
+            advise(mapping, start, length, mmap.MADV_DONTNEED)
+
+    def _mapping(self) -> mmap.mmap:
+        """The mmap under ``mapped()``, mapped first if need be."""
+        self.mapped()
+        assert self._mmap is not None  # mapped() has made it
+        return self._mmap
 
     def rows(self, name: str, step: int | None = None, request: str | None = None,
              depth: int | None = None) -> Rows:

@@ -60,7 +60,9 @@ def summarize(trace: Trace) -> TraceSummary:
     for name in trace.names():
         hits = trace.select(name=name)
         static = bool(idx.static[hits[0]])
-        requests = np.unique(trace.key_columns(hits[~idx.static[hits]])[0].astype(str)) if not static else []
+        requests: np.ndarray | list[str] = (
+            np.unique(trace.key_columns(hits[~idx.static[hits]])[0].astype(str)) if not static else []
+        )
         shape = idx.shape[hits[0]]
         tensors.append(NameSummary(
             name=name,
