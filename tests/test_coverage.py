@@ -220,3 +220,15 @@ def test_the_command_says_incomplete_with_exit_3_and_what_it_left_out(tmp_path) 
     md = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--markdown")
     assert md.returncode == 3 and "- incomplete: h: 3 aligned of 10 / 7 rows (43%)" in md.stdout
     assert "Not compared, b: 4 prefix unknown." in md.stdout
+
+
+def test_steps_the_other_recorder_skipped_are_named_in_step_alignment(tmp_path) -> None:
+    tokens = np.arange(50, 58)
+    for name, every in (("a", 1), ("b", 2)):
+        with td.record(tmp_path / f"{name}.h5", every=every) as rec:
+            for step, t in enumerate(tokens):
+                rec.log("h", per_token(tokens[: step + 1])[-1:], step=step, request=name, positions=[step],
+                        token_ids=[t])
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5", align="step")
+    h = tensor(report, "h").coverage
+    assert report.verdict == "match" and h.aligned == 4 and h.skipped_a == {"filtered_step": 4}

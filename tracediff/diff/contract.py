@@ -51,4 +51,4 @@ def shares_tokens(prefixes: Pair[Prefixes]) -> bool:
     positions = prefixes.map(lambda p: p.where % p.stride)
     if (positions.a[shared] > 0).any():
         return True
-    return shared.any() and (positions.a.max() == 0 or positions.b.max() == 0)
+    return bool(shared.any() and (positions.a.max() == 0 or positions.b.max() == 0))

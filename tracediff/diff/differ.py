@@ -14,6 +14,7 @@ import numpy as np
 
 from tracediff.diff.align import first_token_difference
 from tracediff.diff.contract import contract_diff
+from tracediff.diff.findings import Side
 from tracediff.diff.metrics import Engine, engine_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, SideKeys, make_plan
@@ -53,7 +54,7 @@ class Comparison:
     contract: ContractDiff
     token_mismatch: TokenMismatch | None
     tallies: dict[str, Tally] = field(default_factory=dict, repr=False)
-    first_non_finite: dict[str, str] = field(default_factory=dict)  # side -> tensor met first with NaN/Inf
+    first_non_finite: dict[Side, str] = field(default_factory=dict)  # side -> tensor met first with NaN/Inf
     tolerances: Tolerances = field(default_factory=Tolerances, repr=False)
 
     @property
@@ -143,8 +144,9 @@ def read_ahead(traces: Pair[Trace], chunks: list[Chunk]) -> Iterator[tuple[Chunk
     def prepare(slot: int, window: int) -> tuple[dict[int, ChunkRows], Pair[list]]:
         """Rows of every chunk of a window, and the spans mapped for them (to release)."""
         offsets = {i: _row_offsets(traces, chunks[i]) for i in windows[window]}
-        rows = {i: ChunkRows(at=at) for i, at in offsets.items() if at is not None}
-        mapped = Pair.collect([chunks[i].tensor.keys.zip(rows[i].at) for i in rows])
+        in_place = {i: at for i, at in offsets.items() if at is not None}
+        rows = {i: ChunkRows(at=at) for i, at in in_place.items()}
+        mapped = Pair.collect([chunks[i].tensor.keys.zip(at) for i, at in in_place.items()])
         spans = traces.zip(mapped).starmap(lambda trace, parts: trace.spans(*_byte_ranges(parts)))
         traces.zip(spans).starmap(Trace.populate)
         copied = [i for i in windows[window] if i not in rows]
@@ -184,7 +186,7 @@ def _row_offsets(traces: Pair[Trace], chunk: Chunk) -> Pair[np.ndarray] | None:
     if not keys.a.dtype == keys.b.dtype == "bfloat16":
         return None
     at = traces.zip(keys, chunk.rows).starmap(Trace.row_offsets)
-    return None if at.a is None or at.b is None else at
+    return None if at.a is None or at.b is None else Pair(at.a, at.b)
 
 
 def _byte_ranges(parts: list[tuple[RowKeys, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -205,6 +207,7 @@ def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorR
         metrics = engine.measure_mapped(result.name, traces.map(lambda t: t.mapped()), rows.at,
                                  int(np.prod(chunk.tensor.keys.a.row_shape, dtype=np.int64)))
     else:
+        assert rows.raw is not None  # rows not mapped were read
         metrics = engine.measure_rows(result.name, dtypes, rows.raw.a, rows.raw.b)
     if dtypes[0] in FLOAT_TAGS and dtypes[1] in FLOAT_TAGS:
         _note_non_finite(traces, metrics["max_abs"], chunk, tally, comparison)
@@ -215,7 +218,8 @@ def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorR
         worst = v.max() if k in LARGER_IS_WORSE else v.min()
         old = result.worst.get(k)
         better = old is not None and (old >= worst if k in LARGER_IS_WORSE else old <= worst)
-        result.worst[k] = old if better else float(worst)
+        if not better:
+            result.worst[k] = float(worst)
     bad = failing_rows(metrics, tolerances.bounds(result.name, dtypes))
     if not bad.any():
         return None
@@ -249,7 +253,8 @@ def _note_non_finite(traces: Pair[Trace], max_abs: np.ndarray, chunk: Chunk, tal
     suspects = np.flatnonzero(~np.isfinite(max_abs))
     if not len(suspects):
         return
-    for side in ("a", "b"):
+    sides: tuple[Side, ...] = ("a", "b")
+    for side in sides:
         keys = getattr(chunk.tensor.keys, side)
         rows = decode(getattr(traces, side).gather(keys, getattr(chunk.rows, side)[suspects]), keys.dtype)
         hit = suspects[~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)]

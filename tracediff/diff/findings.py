@@ -14,6 +14,9 @@ Kind = Literal["nan_inf", "aux_layer_set", "aux_order", "layer_offset", "vocab_m
                "scale", "norm", "precision", "token_mismatch"]
 Severity = Literal["error", "warning", "info"]
 Side = Literal["a", "b"]
+NormedSide = Literal["a", "b", "both"]
+NormKind = Literal["rms", "layer"]
+WeightKind = Literal["recorded", "unit", "fitted"]
 
 
 @dataclass
@@ -60,11 +63,11 @@ class SlotNormEvidence:
     tensor: str
     slot: int
     layer: int
-    norm: Literal["rms", "layer"]
-    weight: Literal["recorded", "unit", "fitted"]
+    norm: NormKind
+    weight: WeightKind
     weight_name: str | None
     fit_rel_l2: float
-    normed_side: Literal["a", "b", "both"]
+    normed_side: NormedSide
     slots_a: list[str | None]
     slots_b: list[str | None]
     rows_checked: int

@@ -11,6 +11,7 @@ stop there reads no further window.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
 
 import numpy as np
@@ -119,7 +120,7 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
         both = Pair(keys_a, tensors_by_name.b[name])
         problem = mismatch(name, both.map(lambda k: k.dtype), both.map(lambda k: k.row_shape))
         if problem is not None:
-            skipped = both.map(lambda k, status=problem[0]: {status: len(k)})
+            skipped = both.map(_counted_as(problem[0]))
             matched = Matched(both.map(lambda k: np.zeros(0, np.int64)), skipped)
             tensors.append(TensorPlan(name, both, matched, problem[0], problem[1]))
             continue
@@ -147,8 +148,8 @@ def chunks_of(tensors: list[TensorPlan], chunk_bytes: int) -> list[Chunk]:
     step_bytes = np.zeros(len(unique))
     for s, size in zip(steps, row_bytes):
         step_bytes += np.bincount(np.searchsorted(unique, s), minlength=len(unique)) * size
-    window_of_step = (np.cumsum(step_bytes) - step_bytes) // max(chunk_bytes, 1)
-    _, window_of_step = np.unique(window_of_step, return_inverse=True)  # 0, 1, 2, ... without gaps
+    first_window = (np.cumsum(step_bytes) - step_bytes) // max(chunk_bytes, 1)
+    _, window_of_step = np.unique(first_window, return_inverse=True)  # 0, 1, 2, ... without gaps
     ordered = []
     for order, (tensor, s, size) in enumerate(zip(tensors, steps, row_bytes)):
         if not len(s):
@@ -164,6 +165,11 @@ def chunks_of(tensors: list[TensorPlan], chunk_bytes: int) -> list[Chunk]:
             ordered.append(((chunk.window, order, start), chunk))
     ordered.sort(key=lambda item: item[0])
     return [chunk for _, chunk in ordered]
+
+
+def _counted_as(status: str) -> Callable[[Sized], dict[str, int]]:
+    """Every row of a side counted under one status."""
+    return lambda rows: {status: len(rows)}
 
 
 def _runs(values: np.ndarray) -> tuple[list[int], list[int]]:

@@ -28,7 +28,7 @@ def log_vocab_map(rec: Recorder | None, d2t: torch.Tensor, t2d: torch.Tensor) ->
 class RowLogger:
     """Logs [rows, ...] tensors of one request with their keys; a no-op without a recorder."""
 
-    def __init__(self, rec: Recorder | None, request: str, tokens: Sequence[int]) -> None:
+    def __init__(self, rec: Recorder | None, request: str, tokens: Sequence[int] | np.ndarray) -> None:
         self.rec = rec
         self.request = request
         self.tokens = np.asarray(tokens, dtype=np.int64)
@@ -36,9 +36,9 @@ class RowLogger:
     def log(self, name: str, values: torch.Tensor, rows: Sequence[int], step: int, depth: int = 0) -> None:
         if self.rec is None:
             return
-        rows = np.asarray(rows, dtype=np.int64)
-        self.rec.log(name, values, step=step, depth=depth, request=self.request, positions=rows,
-                     token_ids=self.tokens[rows])
+        at = np.asarray(rows, dtype=np.int64)
+        self.rec.log(name, values, step=step, depth=depth, request=self.request, positions=at,
+                     token_ids=self.tokens[at])
 
     def target(self, states: TargetStates, rows: Sequence[int], step: int, aux: torch.Tensor,
                layers: Sequence[str] | None = None) -> None:

@@ -8,6 +8,7 @@ says which reading a producer used, so both can be turned into canonical names.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 
@@ -75,10 +76,12 @@ def run_target(model: torch.nn.Module, input_ids: torch.Tensor) -> TargetStates:
     """Forward an HF Llama-style model and keep the embedding output and each decoder layer's output
     (taken by hooks: HF's ``hidden_states[-1]`` is after the final norm, not the layer's output)."""
     captured: dict[str, torch.Tensor] = {}
-    inner = model.model
-    handles = [inner.embed_tokens.register_forward_hook(
+    inner = cast(torch.nn.Module, model.model)  # the decoder stack: a submodule mypy sees as Tensor | Module
+    embed_tokens = cast(torch.nn.Module, inner.embed_tokens)
+    layers = cast(torch.nn.ModuleList, inner.layers)
+    handles = [embed_tokens.register_forward_hook(
         lambda m, a, out: captured.__setitem__("target.embed", out))]
-    for i, layer in enumerate(inner.layers):
+    for i, layer in enumerate(layers):
         handles.append(layer.register_forward_hook(
             lambda m, a, out, i=i: captured.__setitem__(f"target.layer.{i}", out[0] if isinstance(out, tuple)
                                                         else out)))

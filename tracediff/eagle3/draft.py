@@ -86,6 +86,7 @@ class Attention(nn.Module):
             cache.v0 = v if cache.v0 is None else torch.cat([cache.v0, v], dim=2)
         else:
             cache.chain.append((k, v))
+        assert cache.k0 is not None and cache.v0 is not None, "depth 0 runs first"
         k0, v0 = self._repeat(cache.k0), self._repeat(cache.v0)
         scale = math.sqrt(self.head_dim)
         scores = torch.matmul(q, k0.transpose(2, 3)) / scale
@@ -143,6 +144,9 @@ class DepthResult:
 
 class Eagle3Draft(nn.Module):
     """Weights laid out with the SpecForge export keys, so a checkpoint loads by name."""
+
+    d2t: torch.Tensor  # buffers, registered in __init__
+    t2d: torch.Tensor
 
     def __init__(self, config: DraftConfig, embed_tokens: torch.Tensor | None = None) -> None:
         super().__init__()

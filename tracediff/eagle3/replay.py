@@ -76,7 +76,8 @@ def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
             continue
         fc_in = np.concatenate([rows.numpy()[[source_at[name][p] for p in usable]].astype(np.float32)
                                 for name, rows in sources.items()], axis=-1)
-        nxt = [int(fed.data[fed_at[p]]) if p in fed_at else tokens_at[p + 1] for p in usable]
+        nxt = [int(fed.data[fed_at[p]]) if fed is not None and p in fed_at else tokens_at[p + 1]
+               for p in usable]
         yield RequestRows(request=request, positions=np.array(usable),
                           tokens=np.array([tokens_at[p] for p in usable]), fc_in=fc_in,
                           next_tokens=np.array(nxt),

@@ -6,11 +6,14 @@ pinned memory and a CUDA event marks when it is done; the writer thread waits on
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tracediff.trace.dtypes import storage_dtype, tag_of
+
+if TYPE_CHECKING:
+    import torch
 
 _TORCH_TAGS: dict[Any, str] | None = None
 
@@ -49,7 +52,8 @@ class HostCopy:
 
     def __init__(self, x: Any) -> None:
         self.tag = tag_of_tensor(x)
-        self._event = None
+        self._buffer: np.ndarray | torch.Tensor
+        self._event: torch.cuda.Event | None = None
         if not is_torch_tensor(x):
             self._buffer = np.array(x, copy=True, order="C")
             return

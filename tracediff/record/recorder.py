@@ -30,18 +30,18 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
-resource: ModuleType | None
-try:
-    import resource
-except ImportError:  # not on Windows
-    resource = None
-
 from tracediff.record.filters import RecordFilter
 from tracediff.record.host import HostCopy, tag_of_tensor
 from tracediff.record.rowkeys import RowContext, RowKeys, resolve_keys, resolve_rows, sequence_keys
 from tracediff.record.tokens import TokenBook
 from tracediff.trace.schema import FORMAT_NAME, FORMAT_VERSION, Record, dumps_meta, tokens_record
 from tracediff.trace.writer import TraceWriter, format_for, open_writer
+
+resource: ModuleType | None
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
 
 logger = logging.getLogger("tracediff")
 

@@ -19,7 +19,7 @@ if _madvise is not None:
 
 def pread_into(fd: int, out: np.ndarray, offset: int) -> None:
     """Fill ``out`` (contiguous uint8) with the file's bytes at ``offset``; EOFError if the file ends."""
-    view = memoryview(out).cast("B")
+    view = out.data.cast("B")
     done = 0
     while done < len(view):
         n = os.preadv(fd, [view[done:]], offset + done)

@@ -17,7 +17,7 @@ from tracediff.diff.diagnose.evidence import failing_sample, side_labels
 from tracediff.diff.diagnose.evidence import values as evidence_values
 from tracediff.diff.diagnose.norms import FINAL_NORMS, LAYER, RMS, Affine, NormFit, norm_fit, recorded_weights
 from tracediff.diff.differ import Comparison
-from tracediff.diff.findings import Diagnosis, SlotNormEvidence, SlotsEvidence
+from tracediff.diff.findings import Diagnosis, NormedSide, SlotNormEvidence, SlotsEvidence
 from tracediff.diff.metrics import float_metrics
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import RowKeys, Trace
@@ -156,7 +156,7 @@ def _norm_only(slots: Pair[list[Slot]]) -> list[tuple[int, str, Pair[Slot], Norm
 def _norm_change(name: str, k: int, source: str, slot: Pair[Slot], fit: NormFit, side: Pair[str],
                  evidence: SlotsEvidence, last: int | None) -> Diagnosis:
     """One slot normed on one side only (or differently on both)."""
-    normed_side = "both" if slot.a.norm and slot.b.norm else "b" if slot.b.norm else "a"
+    normed_side: NormedSide = "both" if slot.a.norm and slot.b.norm else "b" if slot.b.norm else "a"
     layer = layer_number(source)
     said = slot.map(lambda s: s.label + (f" ({s.norm.weight} weight)" if s.norm else ""))
     if normed_side != "both":

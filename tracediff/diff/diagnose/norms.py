@@ -17,14 +17,20 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Final
 
 import numpy as np
 
+from tracediff.diff.findings import NormKind, WeightKind
 from tracediff.trace.dtypes import decode
 from tracediff.trace.reader import Trace
 
-RMS, LAYER = "rms", "layer"
-RECORDED, UNIT, FITTED = "recorded", "unit", "fitted"
+RMS: Final = "rms"
+LAYER: Final = "layer"
+NORMS: tuple[NormKind, ...] = (RMS, LAYER)
+RECORDED: Final = "recorded"
+UNIT: Final = "unit"
+FITTED: Final = "fitted"
 FITS = 1e-2  # worst row's rel_l2 below this: it is that norm
 MIN_ROWS = 8  # on fewer rows a fitted per-channel weight (and bias) could explain a state it is not
 EPS = (1e-6, 1e-5)  # the epsilons in common use (Llama-style RMSNorm, torch LayerNorm)
@@ -48,8 +54,8 @@ class NormFit:
     """Which norm turns one state into another. Equal fits are the same norm and weight kind,
     whatever the fit error or the recorded weight's name."""
 
-    norm: str  # rms | layer
-    weight: str  # recorded | unit | fitted
+    norm: NormKind
+    weight: WeightKind
     rel_l2: float = field(compare=False)  # worst row
     weight_name: str | None = field(default=None, compare=False)  # the recorded weight used
 
@@ -112,7 +118,7 @@ def norm_fit(raw: np.ndarray, normed: np.ndarray, recorded: dict[str, Affine]) -
     none fits, or when ``raw`` already equals ``normed`` (that is no norm)."""
     if worst_rel_l2(raw, normed) < FITS:
         return None
-    units = [(norm, standardize(raw, norm, eps)) for norm in (RMS, LAYER) for eps in EPS]
+    units = [(norm, standardize(raw, norm, eps)) for norm in NORMS for eps in EPS]
     for kind, name, predict in _weightings(recorded, normed):
         rel, norm = min((worst_rel_l2(predict(unit, norm), normed), norm) for norm, unit in units)
         if rel < FITS:
@@ -120,7 +126,8 @@ def norm_fit(raw: np.ndarray, normed: np.ndarray, recorded: dict[str, Affine]) -
     return None
 
 
-def _weightings(recorded: dict[str, Affine], normed: np.ndarray) -> Iterator[tuple[str, str | None, Predict]]:
+def _weightings(recorded: dict[str, Affine],
+                normed: np.ndarray) -> Iterator[tuple[WeightKind, str | None, Predict]]:
     """(weight kind, recorded name, predictor) in order of preference: the fewer free parameters,
     the stronger the evidence."""
     width = normed.shape[1]

@@ -16,7 +16,7 @@ def precision(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     first = comparison.first_divergence
     if first is None or not first.dtypes or not all(d in EPS for d in first.dtypes):
         return []
-    coarse = max(first.dtypes, key=EPS.get)
+    coarse = max(first.dtypes, key=EPS.__getitem__)
     worst = first.worst.get("rel_l2")
     limit = ROUNDINGS * EPS[coarse]
     if worst is None or worst > limit or first.worst.get("cosine", 1) < 1 - limit:

@@ -9,7 +9,7 @@ from tracediff.diff.diagnose.aux import CONCATENATED
 from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
 from tracediff.diff.diagnose.norms import rms_norm_fit
 from tracediff.diff.differ import Comparison
-from tracediff.diff.findings import Diagnosis, NormFitEvidence, ScaleEvidence
+from tracediff.diff.findings import Diagnosis, NormFitEvidence, ScaleEvidence, Side
 from tracediff.diff.pair import Pair
 from tracediff.trace.dtypes import FLOAT_TAGS
 from tracediff.trace.reader import Trace
@@ -44,7 +44,8 @@ def scale_or_norm(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis
                           f"(cosine >= {cosine.min():.6f}): one side is scaled", evidence)]
     if len(ratio) < MIN_ROWS:
         return []
-    for normed, raw, name in ((x.b, x.a, "b"), (x.a, x.b, "a")):
+    candidates: tuple[tuple[np.ndarray, np.ndarray, Side], ...] = ((x.b, x.a, "b"), (x.a, x.b, "a"))
+    for normed, raw, name in candidates:
         weight, fit = rms_norm_fit(raw, normed)
         if fit < FITS and spread >= STEADY:
             normed_label = getattr(labels, name)

@@ -21,8 +21,9 @@ SAMPLE_ROWS = 32
 
 def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     first = comparison.first_divergence
-    if first is None:
+    if first is None or first.dtypes is None:  # a divergence has rows, so dtypes
         return []
+    dtypes = first.dtypes
     plan = comparison.plan
     tensor = next(t for t in plan.tensors if t.name == first.name)
     keys = tensor.keys
@@ -37,7 +38,7 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
             return [Diagnosis("position_shift", f"{first.name}: {labels.b} = {labels.a} {offset:+d} on every "
                               f"checked row ({len(rows_a)}): positions are off by {abs(offset)}",
                               ValueOffsetEvidence(first.name, offset, len(rows_a)))]
-    bounds = comparison.tolerances.bounds(first.name, first.dtypes)
+    bounds = comparison.tolerances.bounds(first.name, dtypes)
     for k in SHIFTS:
         shifted = keys.a.position[rows_a] + k
         ids, known, _ = plan.prefixes.a.lookup(keys.a.request_code[rows_a], shifted)
@@ -46,7 +47,7 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
         theirs = theirs[mine]
         if len(mine) < max(2, len(rows_a) // 2):
             continue
-        metrics = metrics_for(first.name, first.dtypes, values_a[mine], values(traces.b, keys.b, theirs))
+        metrics = metrics_for(first.name, dtypes, values_a[mine], values(traces.b, keys.b, theirs))
         if failing_rows(metrics, bounds).any():
             continue
         message = (f"{first.name}: {labels.b} at position p{k:+d} equals {labels.a} at position p "

@@ -20,18 +20,18 @@ def token_mismatch(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
         return []
     labels = side_labels(traces)
     first = comparison.first_divergence
-    row = first.first_bad if first is not None else None
-    if row is not None and first.name.startswith("draft."):
+    name = first.name if first is not None else ""
+    row = first.first_bad if first is not None and name.startswith("draft.") else None  # a draft row
+    if row is not None:
         # the draft row at p embeds token p + 1: did its request's tokens differ there?
         own = first_token_difference(comparison.plan.prefixes, request_b=row.request_b)
         m = m if own is None else replace(own, requests_differing=m.requests_differing)
-    linked = (row is not None and first.name.startswith("draft.") and row.request_b == m.request_b
-              and row.position + 1 + row.depth >= m.position)
+    linked = row is not None and row.request_b == m.request_b and row.position + 1 + row.depth >= m.position
     message = (f"token sequences differ: request {m.request_b} ({labels.b}) holds {m.token_b} at position "
                f"{m.position} where {m.request_a} ({labels.a}) holds {m.token_a}"
                + (f" ({m.requests_differing} requests differ)" if m.requests_differing > 1 else ""))
-    if linked:
-        message += f"; {first.name} at position {row.position} consumed that token"
+    if row is not None and linked:
+        message += f"; {name} at position {row.position} consumed that token"
     else:
         message += "; rows past it are not aligned"
     evidence = TokenMismatchEvidence(**vars(m), linked_to_first_divergence=linked)

@@ -7,7 +7,7 @@ import numpy as np
 
 from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
 from tracediff.diff.differ import Comparison
-from tracediff.diff.findings import D2tEntriesEvidence, D2tSizeEvidence, Diagnosis, DirectMapEvidence
+from tracediff.diff.findings import D2tEntriesEvidence, D2tSizeEvidence, Diagnosis, DirectMapEvidence, Side
 from tracediff.diff.pair import Pair
 from tracediff.trace.dtypes import decode
 from tracediff.trace.reader import RowKeys, Trace
@@ -52,9 +52,10 @@ def _read_differently(comparison: Comparison, traces: Pair[Trace]) -> list[Diagn
     added offsets, the other did not."""
     plan = comparison.plan
     tensor = next((t for t in plan.tensors if t.name == MAPPED), None)
-    ids_keys = Pair(plan.keys.a.get(DRAFT_IDS), plan.keys.b.get(DRAFT_IDS))
-    if tensor is None or None in (ids_keys.a, ids_keys.b) or not comparison.tallies[MAPPED].bad_rows.a:
+    ids_a, ids_b = plan.keys.a.get(DRAFT_IDS), plan.keys.b.get(DRAFT_IDS)
+    if tensor is None or ids_a is None or ids_b is None or not comparison.tallies[MAPPED].bad_rows.a:
         return []
+    ids_keys = Pair(ids_a, ids_b)
     rows = failing_sample(comparison, MAPPED)
     mapped = Pair(values(traces.a, tensor.keys.a, rows.a), values(traces.b, tensor.keys.b, rows.b))
     same_rows = Pair(_same_rows(tensor.keys.a, rows.a, ids_keys.a),
@@ -65,7 +66,8 @@ def _read_differently(comparison: Comparison, traces: Pair[Trace]) -> list[Diagn
     if not np.array_equal(ids.a, ids.b):
         return []
     labels = side_labels(traces)
-    for direct, offset in (("b", "a"), ("a", "b")):
+    readings: tuple[tuple[Side, Side], ...] = (("b", "a"), ("a", "b"))  # (direct, offset)
+    for direct, offset in readings:
         if np.array_equal(getattr(mapped, offset) - getattr(mapped, direct), ids.a):
             return [Diagnosis("vocab_map", f"{getattr(labels, direct)} reads d2t as a direct map (target = "
                               f"d2t[draft id]); {getattr(labels, offset)} adds offsets (target = draft id + "
@@ -76,7 +78,7 @@ def _read_differently(comparison: Comparison, traces: Pair[Trace]) -> list[Diagn
 
 def _same_rows(keys: RowKeys, rows: np.ndarray, other: RowKeys) -> np.ndarray | None:
     """Rows of ``other`` with the same (request, position, depth, step) as ``rows`` of ``keys``."""
-    where = {}
+    where: dict[tuple[str, int, int, int], int] = {}
     for j, key in enumerate(zip(other.request.tolist(), other.position.tolist(), other.depth.tolist(),
                                 other.step.tolist())):
         where.setdefault(key, j)
