@@ -43,11 +43,15 @@ def test_every_copy_of_a_repeated_prompt_is_compared(tmp_path) -> None:
     assert report.verdict == "diverged" and report.exit_code == 1
     assert report.first_divergence.row.request_a == "q" and report.first_divergence.row.request_b == "v"
     assert tensor(report, "h").coverage.aligned == 6 and tensor(report, "h").rows == 6
-    with td.record(tmp_path / "c.h5") as rec:  # a third copy on one side only: counted, not hidden
+    with td.record(tmp_path / "c.h5") as rec:  # a third copy on one side only: compared with copy 0
         rec.log("h", np.concatenate([x, x[:1]]), token_ids=np.concatenate([batch, batch[:1]]))
     report = td.compare(tmp_path / "a.h5", tmp_path / "c.h5", min_coverage=1.0)
     h = tensor(report, "h").coverage
-    assert report.verdict == "match" and h.aligned == 6 and h.skipped_b == {"unpaired_copy": 3}
+    assert report.verdict == "match" and h.aligned == 9 and h.skipped_b == {}
+    with td.record(tmp_path / "d.h5") as rec:  # ... so a third copy that differs is found
+        rec.log("h", np.concatenate([x, x[:1] + 100]), token_ids=np.concatenate([batch, batch[:1]]))
+    report = td.compare(tmp_path / "a.h5", tmp_path / "d.h5")
+    assert report.verdict == "diverged" and report.first_divergence.row.request_b == "s0b2"
 
 
 def test_depth_rows_without_fed_tokens_are_counted_not_a_crash(tmp_path) -> None:
@@ -232,3 +236,42 @@ def test_steps_the_other_recorder_skipped_are_named_in_step_alignment(tmp_path) 
     report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5", align="step")
     h = tensor(report, "h").coverage
     assert report.verdict == "match" and h.aligned == 4 and h.skipped_a == {"filtered_step": 4}
+
+
+def test_copies_of_one_key_never_pair_with_another_tokens_rows(tmp_path) -> None:
+    """The k-th copy of token t's row and the t-th copy of token k's row must not share a pair key."""
+    x = rows(2)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", x, request=["r0", "r1"], token_ids=[0, 0], positions=[0, 0])
+    with td.record(tmp_path / "b.h5") as rec:
+        rec.log("h", x[[1, 0]], request=["q0", "q1"], token_ids=[1, 0], positions=[0, 0])
+    h = tensor(td.compare(tmp_path / "a.h5", tmp_path / "b.h5"), "h").coverage
+    assert h.aligned == 2 and h.skipped_b == {"outside_shared_prefix": 1}  # a's two copies of token 0: q1
+    with td.record(tmp_path / "c.h5") as rec:
+        rec.log("h", rows(3), request=["r0", "r1", "r2"], token_ids=[0, 1, 0], positions=[0, 0, 0])
+    report = td.compare(tmp_path / "c.h5", tmp_path / "c.h5")
+    assert report.verdict == "match" and tensor(report, "h").coverage.aligned == 3
+
+
+def test_a_tensor_with_no_comparable_row_on_one_side_is_not_a_match(tmp_path) -> None:
+    tokens = np.arange(10, 14)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", rows(4), token_ids=tokens, request="r")
+    with td.record(tmp_path / "b.h5") as rec:  # every row padding
+        rec.log("h", rows(4) + 1, token_ids=tokens, positions=[-1] * 4, request="r")
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "incomplete" and report.reasons[0].startswith("h: no row compared")
+
+
+def test_mixed_records_are_counted_and_incomplete_even_alone(tmp_path) -> None:
+    tokens = np.arange(4)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", per_token(tokens), token_ids=tokens, step=0)
+    with td.record(tmp_path / "b.h5") as rec:
+        rec.log("h", per_token(tokens), token_ids=tokens, step=0)
+        rec.log("h", per_token(tokens).astype(np.float16) + 100, token_ids=tokens, step=1)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    h = tensor(report, "h")
+    assert report.verdict == "incomplete" and h.status == "mixed_records"
+    assert h.note == "b: dtypes float16, float32" and (h.coverage.rows_a, h.coverage.rows_b) == (4, 8)
+    assert report.coverage.skipped_b == {"mixed_records": 8}

@@ -164,14 +164,12 @@ def match(rows: Pair[RowKeys], prefixes: Pair[Prefixes], fed: Pair[FedTokens]) -
     pairs = pair_copies(keyed.map(lambda k: k.key), keyed.map(lambda k: k.reason == KEYED))
     reasons = keyed.map(lambda k: k.reason.copy())
     departed = Pair(departures(prefixes.a, prefixes.b), departures(prefixes.b, prefixes.a))
-    for mine, theirs, paired, reason, gone in ((keyed.a, keyed.b, pairs.a, reasons.a, departed.a),
-                                               (keyed.b, keyed.a, pairs.b, reasons.b, departed.b)):
+    for mine, paired, reason, gone in ((keyed.a, pairs.a, reasons.a, departed.a),
+                                       (keyed.b, pairs.b, reasons.b, departed.b)):
         left = reason == KEYED
         left[paired] = False
-        has_key = np.isin(mine.key[left], theirs.key[theirs.reason == KEYED])
         outside = gone[mine.entry[left]] if len(gone) else np.zeros(int(left.sum()), bool)
-        reason[left] = np.where(has_key, CODE["unpaired_copy"],
-                                np.where(outside, CODE["outside_shared_prefix"], CODE["not_recorded"]))
+        reason[left] = np.where(outside, CODE["outside_shared_prefix"], CODE["not_recorded"])
     feed = _feed_status(rows.a, pairs.a, prefixes.a, fed)
     reasons.a[pairs.a], reasons.b[pairs.b] = feed, feed
     same = feed == KEYED
@@ -186,38 +184,58 @@ def match_by_step(rows: Pair[RowKeys], every: Pair[int]) -> Matched:
     usable = rows.map(lambda r: r.position >= 0)
     pairs = pair_copies(keys, usable)
     reasons = usable.map(lambda u: np.where(u, KEYED, CODE["padding"]).astype(np.int8))
-    for mine, theirs, paired, reason, their_every in (
-            (rows.a, keys.b, pairs.a, reasons.a, every.b), (rows.b, keys.a, pairs.b, reasons.b, every.a)):
+    for mine, paired, reason, their_every in ((rows.a, pairs.a, reasons.a, every.b),
+                                              (rows.b, pairs.b, reasons.b, every.a)):
         left = reason == KEYED
         left[paired] = False
-        own = key_of(mine.step, mine.position, mine.depth)
         filtered = (their_every > 1) & (mine.step % max(their_every, 1) != 0)
-        reason[left] = np.where(np.isin(own[left], theirs), CODE["unpaired_copy"],
-                                np.where(filtered[left], CODE["filtered_step"], CODE["not_recorded"]))
+        reason[left] = np.where(filtered[left], CODE["filtered_step"], CODE["not_recorded"])
     return Matched(rows=pairs, skipped=reasons.map(_counts))
 
 
 def pair_copies(keys: Pair[np.ndarray], usable: Pair[np.ndarray]) -> Pair[np.ndarray]:
-    """Row indices of pairs, in baseline row order: the k-th usable row (in row order) of a key on
-    one side pairs with the k-th usable row of the same key on the other."""
-    copies = keys.zip(usable).starmap(_copy_keys)
-    _, at_a, at_b = np.intersect1d(copies.a[1], copies.b[1], return_indices=True)
-    a_idx, b_idx = copies.a[0][at_a], copies.b[0][at_b]
-    order = np.argsort(a_idx, kind="stable")
+    """Row indices of pairs, in baseline row order: every usable row whose key the other side has is
+    compared. The k-th copy of a key (in row order) on one side pairs with the k-th copy on the
+    other; a side's extra copies pair with the other side's copies again, round robin (copy k with
+    copy k mod n), so no copy goes unread."""
+    groups = keys.zip(usable).starmap(_Groups.of)
+    a_rows, b_rows = _partners(groups.a, groups.b, extra_only=False)
+    b_more, a_more = _partners(groups.b, groups.a, extra_only=True)
+    a_idx, b_idx = np.r_[a_rows, a_more].astype(np.int64), np.r_[b_rows, b_more].astype(np.int64)
+    order = np.lexsort((b_idx, a_idx))
     return Pair(a_idx[order], b_idx[order])
 
 
-def _copy_keys(keys: np.ndarray, usable: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(rows, key of (row key, copy number)) of the usable rows; the copy number counts earlier
-    rows with the same key."""
-    rows = np.flatnonzero(usable)
-    k = keys[rows]
-    order = np.lexsort((rows, k))
-    start = _group_starts(k[order])
-    rank = np.arange(len(rows)) - np.repeat(start, np.diff(np.r_[start, len(rows)]))
-    copy = np.empty(len(rows), np.uint64)
-    copy[order] = k[order] ^ _scramble(rank.astype(np.uint64))
-    return rows, copy
+@dataclass
+class _Groups:
+    """One side's usable rows grouped by key: rows sorted by (key, row), each key's first place and
+    count, and each row's copy number within its key."""
+
+    rows: np.ndarray
+    keys: np.ndarray  # distinct, sorted
+    start: np.ndarray
+    count: np.ndarray
+    group: np.ndarray  # per sorted row: its key's index in ``keys``
+    rank: np.ndarray
+
+    @classmethod
+    def of(cls, keys: np.ndarray, usable: np.ndarray) -> _Groups:
+        rows = np.flatnonzero(usable)
+        rows = rows[np.lexsort((rows, keys[rows]))]
+        k = keys[rows]
+        start = _group_starts(k) if len(k) else np.zeros(0, np.int64)
+        count = np.diff(np.r_[start, len(k)]).astype(np.int64)
+        group = np.repeat(np.arange(len(start)), count)
+        return cls(rows, k[start], start, count, group, np.arange(len(k)) - start[group])
+
+
+def _partners(mine: _Groups, theirs: _Groups, extra_only: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(my rows, their rows): each of my copies with their copy (my copy number mod their count);
+    with ``extra_only``, only my copies beyond their count."""
+    at, found = _find_sorted(theirs.keys, mine.keys[mine.group])
+    count = np.where(found, theirs.count[at] if len(theirs.count) else 1, 1)
+    take = found & (mine.rank >= count) if extra_only else found
+    return mine.rows[take], theirs.rows[theirs.start[at[take]] + mine.rank[take] % count[take]]
 
 
 def _counts(reason: np.ndarray) -> dict[str, int]:

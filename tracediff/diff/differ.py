@@ -102,8 +102,8 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
         elif result.rows:
             result.status = "match"
     comparison.tensors = ([results[t.name] for t in plan.tensors]
-                          + [TensorResult(n, "mixed_records", note="; ".join(filter(None, (m.a, m.b))))
-                             for n, m in plan.mixed.items()]
+                          + [TensorResult(m.name, "mixed_records", note=m.note, coverage=m.coverage)
+                             for m in plan.mixed]
                           + [TensorResult(n, "missing_in_b") for n in plan.missing_in_b]
                           + [TensorResult(n, "missing_in_a") for n in plan.missing_in_a])
     return comparison

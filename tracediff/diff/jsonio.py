@@ -9,6 +9,7 @@ declaring class, and raises.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from typing import Any, TypeVar, Union
@@ -16,14 +17,20 @@ from typing import Any, TypeVar, Union
 T = TypeVar("T")
 
 
+NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
 def to_plain(value: Any) -> Any:
-    """A dataclass tree as JSON-ready dicts and lists (field order kept)."""
+    """A dataclass tree as JSON-ready dicts and lists (field order kept); NaN and infinities as the
+    strings "NaN", "Infinity", "-Infinity", so that the JSON is strict (any parser reads it)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):
         return [to_plain(v) for v in value]
     if isinstance(value, dict):
         return {str(k): to_plain(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
     return value
 
 
@@ -78,6 +85,8 @@ def _read(tp: Any, data: Any, where: str) -> Any:
     if tp is float:
         if isinstance(data, (int, float)) and not isinstance(data, bool):
             return float(data)
+        if isinstance(data, str) and data in NON_FINITE:
+            return NON_FINITE[data]
         raise ValueError(f"{where}: expected a number, got {data!r}")
     if tp in (int, str, bool):
         if isinstance(data, tp) and not (tp is int and isinstance(data, bool)):

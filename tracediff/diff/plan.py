@@ -18,13 +18,44 @@ import numpy as np
 
 from tracediff.diff.align import FED, Declared, Matched, Prefixes, fed_tokens, match, match_by_step
 from tracediff.diff.pair import Pair
-from tracediff.diff.results import Status
+from tracediff.diff.results import Coverage, Status
 from tracediff.diff.shapes import mismatch
 from tracediff.errors import TraceError
-from tracediff.trace.reader import RowKeys, Trace
+from tracediff.trace.reader import MixedRecords, RowKeys, Trace
 
 CHUNK_BYTES = 16 << 20  # raw bytes per side per chunk
 ALIGNMENTS = ("prefix", "step")
+
+
+@dataclass
+class Mixed:
+    """A name whose records on one side differ in dtype or row shape (a dtype that changed between
+    steps): its rows, and what differs."""
+
+    rows: int
+    note: str
+
+    @classmethod
+    def of(cls, trace: Trace, error: MixedRecords) -> Mixed:
+        hits = trace.select(name=error.name)
+        differs = [f"dtypes {', '.join(error.dtypes)}" if len(error.dtypes) > 1 else "",
+                   f"row shapes {', '.join(map(str, error.row_shapes))}" if len(error.row_shapes) > 1 else ""]
+        return cls(int(trace.index.n_rows[hits].sum()), " and ".join(filter(None, differs)))
+
+
+@dataclass
+class MixedTensor:
+    """A name on both sides that cannot be compared because a side's records are mixed."""
+
+    name: str
+    rows: Pair[int]
+    note: str
+
+    @property
+    def coverage(self) -> Coverage:
+        """None of its rows compared, on either side."""
+        return Coverage.of(self.rows.a, self.rows.b, 0, {"mixed_records": self.rows.a},
+                           {"mixed_records": self.rows.b})
 
 
 @dataclass
@@ -33,7 +64,7 @@ class SideKeys:
     tensor name, the names whose records cannot form one tensor, and the request token table."""
 
     tensors: dict[str, RowKeys]
-    mixed: dict[str, str]  # name -> what differs between its records
+    mixed: dict[str, Mixed]  # names whose records cannot form one tensor
     declared: Declared
     every: int  # the recorder kept every N-th step
 
@@ -68,7 +99,7 @@ class Plan:
     tensors: list[TensorPlan]  # in a's dataflow order
     missing_in_a: list[str]
     missing_in_b: list[str]
-    mixed: dict[str, Pair[str]]  # names on both sides whose records on a side cannot form one tensor
+    mixed: list[MixedTensor]  # names on both sides whose records on a side cannot form one tensor
     chunks: list[Chunk]
     prefixes: Pair[Prefixes]
     keys: Pair[dict[str, RowKeys]]  # every non-static name of each side, for the diagnoses
@@ -87,8 +118,8 @@ def tensor_keys(trace: Trace) -> SideKeys:
             continue
         try:
             out[name] = trace.keys(name)
-        except ValueError as exc:  # records of mixed dtype or row shape: reported, not compared
-            mixed[name] = str(exc)
+        except MixedRecords as exc:  # records of mixed dtype or row shape: reported, not compared
+            mixed[name] = Mixed.of(trace, exc)
     if not out and not mixed:
         raise TraceError(trace.paths[0], "the trace holds no tensor rows")
     table = trace.request_tokens()
@@ -127,12 +158,18 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
         matched = match(both, prefixes, fed) if align == "prefix" else match_by_step(both, every)
         tensors.append(TensorPlan(name, both, matched))
     names = Pair([*tensors_by_name.a, *mixed_by_name.a], [*tensors_by_name.b, *mixed_by_name.b])
-    mixed = {n: Pair(mixed_by_name.a.get(n, ""), mixed_by_name.b.get(n, ""))
-             for n in [*mixed_by_name.a, *mixed_by_name.b] if n in names.a and n in names.b}
+    either = dict.fromkeys([*mixed_by_name.a, *mixed_by_name.b])
+    mixed = [_mixed(n, tensors_by_name, mixed_by_name) for n in either if n in names.a and n in names.b]
     comparable = [t for t in tensors if t.problem is None]
     return Plan(tensors=tensors, missing_in_a=[n for n in names.b if n not in names.a],
                 missing_in_b=[n for n in names.a if n not in names.b], mixed=mixed,
                 chunks=chunks_of(comparable, chunk_bytes), prefixes=prefixes, keys=tensors_by_name)
+
+
+def _mixed(name: str, tensors: Pair[dict[str, RowKeys]], mixed: Pair[dict[str, Mixed]]) -> MixedTensor:
+    sides = Pair(*((m[name].rows, f"{side}: {m[name].note}") if name in m else (len(t[name]), "")
+                   for side, t, m in (("a", tensors.a, mixed.a), ("b", tensors.b, mixed.b))))
+    return MixedTensor(name, sides.map(lambda s: s[0]), "; ".join(filter(None, (sides.a[1], sides.b[1]))))
 
 
 def chunks_of(tensors: list[TensorPlan], chunk_bytes: int) -> list[Chunk]:

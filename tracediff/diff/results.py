@@ -39,7 +39,6 @@ Reason = Literal[
     "outside_shared_prefix",  # the other side never saw this token prefix
     "not_recorded",  # the other side knows the tokens but recorded no such row
     "filtered_step",  # the other side's recorder kept only every N-th step (--align step)
-    "unpaired_copy",  # the same row key more often on this side than on the other
     "fed_differs",  # depth > 0: the draft was fed other tokens on the two sides
     "fed_unknown",  # depth > 0: a side did not record draft.input_ids
     "shape_mismatch",
@@ -55,7 +54,6 @@ REASON_TEXT: dict[str, str] = {
     "outside_shared_prefix": "outside the shared token prefix",
     "not_recorded": "not recorded on the other side",
     "filtered_step": "step filtered out on the other side",
-    "unpaired_copy": "extra copies of a row key",
     "fed_differs": "not comparable at depth > 0 (fed other tokens)",
     "fed_unknown": "fed tokens unknown at depth > 0 (no draft.input_ids)",
     "shape_mismatch": "shape mismatch",
@@ -203,7 +201,7 @@ class Report:
         return EXIT_CODES[self.verdict]
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(to_plain(self), indent=indent)
+        return json.dumps(to_plain(self), indent=indent, allow_nan=False)
 
     @classmethod
     def from_json(cls, text: str) -> Report:

@@ -37,8 +37,9 @@ def shortfalls(tensors: list[TensorResult], min_coverage: float) -> list[str]:
     for t in tensors:
         if t.status in UNCOMPARED_STATUSES[1:]:
             lines.append(f"{t.name}: {t.status.replace('_', ' ')}: {t.note}")
-        elif t.coverage is not None and (t.coverage.fraction or 0.0) < min_coverage \
-                and t.coverage.fraction is not None:
+        elif t.coverage is not None and not t.coverage.aligned:
+            lines.append(f"{t.name}: no row compared: {t.coverage.describe()}")
+        elif t.coverage is not None and (t.coverage.fraction or 0.0) < min_coverage:
             lines.append(f"{t.name}: {t.coverage.describe()}")
     return lines
 
@@ -48,12 +49,13 @@ def nothing_shared(tensors: list[TensorResult]) -> bool:
     was left out lies outside the tokens the sides share."""
     total = Coverage.total([t.coverage for t in tensors if t.coverage is not None])
     known = {"outside_shared_prefix", *EXCUSED}
-    return not total.aligned and set(total.skipped_a) | set(total.skipped_b) <= known
+    return not total.aligned and bool(total.skipped_a or total.skipped_b) \
+        and set(total.skipped_a) | set(total.skipped_b) <= known
 
 
 def judge(comparison: Comparison, min_coverage: float) -> tuple[Verdict, list[str]]:
     reasons = incomparable(comparison.contract, comparison.plan.prefixes)
-    on_both = [t for t in comparison.tensors if t.coverage is not None or t.status == "mixed_records"]
+    on_both = [t for t in comparison.tensors if t.coverage is not None]
     if not on_both:
         reasons.append("no tensor name is in both traces (see --map)")
     elif not reasons and nothing_shared(on_both):

@@ -5,6 +5,7 @@ it goes into rich ``Text`` objects, never into markup, and control characters ar
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from rich.console import Console
@@ -26,9 +27,28 @@ def safe(text: Any) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
+MARKDOWN_SPECIAL = "\\`*_[]<>&|#"
+
+
+def md(text: Any) -> str:
+    """Trace text in Markdown prose: no markup, no HTML, no table breaks."""
+    return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in safe(text))
+
+
+def code(text: Any) -> str:
+    """Trace text as a Markdown code span, whatever backticks it holds."""
+    text = safe(text)
+    if "`" not in text:
+        return f"`{text}`"
+    fence = "``"
+    while fence in text:
+        fence += "`"
+    return f"{fence} {text} {fence}"
+
+
 def cell(text: Any) -> str:
-    """Trace text inside a Markdown table cell: a ``|`` would end the cell."""
-    return safe(text).replace("|", "\\|")
+    """A name as a code span inside a Markdown table cell: a ``|`` would end the cell."""
+    return code(text).replace("|", "\\|")
 
 
 def coverage_line(c: Coverage) -> str:
@@ -52,8 +72,8 @@ def skipped_by_tensor(report: Report) -> list[tuple[list[str], str]]:
     return [(names, line) for line, names in groups.items()]
 
 
-def where(row: RowRef) -> str:
-    return (f"request {safe(row.request_a)} / {safe(row.request_b)}, position {row.position}, "
+def where(row: RowRef, text: Callable[[Any], str] = safe) -> str:
+    return (f"request {text(row.request_a)} / {text(row.request_b)}, position {row.position}, "
             f"depth {row.depth}, "
             f"step {row.step_a} / {row.step_b}")
 
@@ -64,7 +84,7 @@ def headline(report: Report) -> str:
     c = report.coverage
     pct = "" if c.fraction is None else f", {100 * c.fraction:.0f}% of the comparable rows"
     text = f"{report.verdict} ({c.aligned} rows compared{pct})"
-    if first is not None:
+    if first is not None and report.verdict != "incomparable":
         text += f": first diverging tensor {safe(first.name)} ({where(first.row)})"
     elif report.reasons:
         text += f": {safe(report.reasons[0])}"
@@ -101,9 +121,9 @@ def render(console: Console, report: Report) -> None:
     first = report.first_divergence
     if first is not None and not [d for d in report.diagnoses if d.severity == "error"]:
         console.print(Text(f"  why: {NO_EXPLANATION}; {_numbers(first.row)}"))
-    for reason in report.reasons[1 if first is None else 0:]:
-        label = report.verdict if first is None else "also"
-        console.print(Text(f"  {label}: {safe(reason)}", style="yellow"))
+    told = first is None or report.verdict == "incomparable"  # the headline gave the first reason
+    for reason in report.reasons[1 if told else 0:]:
+        console.print(Text(f"  {report.verdict if told else 'also'}: {safe(reason)}", style="yellow"))
     if report.contract.differing:
         console.print("contract differences:")
         for e in report.contract.differing:
@@ -132,35 +152,36 @@ def render(console: Console, report: Report) -> None:
 
 def to_markdown(report: Report) -> str:
     first = report.first_divergence
-    a, b = (" ".join(f"`{safe(p)}`" for p in info.paths) for info in (report.a, report.b))
+    a, b = (" ".join(code(p) for p in info.paths) for info in (report.a, report.b))
     lines = [f"**tracediff compare**: {a} vs {b}: **{report.verdict}**", ""]
     if first is not None:
-        lines += [f"First diverging tensor: `{safe(first.name)}` ({where(first.row)})", ""]
+        lines += [f"First diverging tensor: {code(first.name)} ({where(first.row, md)})", ""]
     lines += [f"Compared: {coverage_line(report.coverage)}."]
     lines += [f"Not compared, {line}." for line in skipped_lines(report.coverage)]
-    bullets = [f"- **{d.kind}** ({d.severity}): {safe(d.message)}" for d in report.diagnoses]
+    bullets = [f"- **{d.kind}** ({d.severity}): {md(d.message)}" for d in report.diagnoses]
     if first is not None and not [d for d in report.diagnoses if d.severity == "error"]:
         bullets += [f"- {NO_EXPLANATION}; {_numbers(first.row)}"]
-    bullets += [f"- {report.verdict if first is None else 'also'}: {safe(r)}" for r in report.reasons]
+    label = report.verdict if first is None or report.verdict == "incomparable" else "also"
+    bullets += [f"- {label}: {md(r)}" for r in report.reasons]
     lines += ["", *bullets] if bullets else []
     lines += ["", "| tensor | status | aligned | rows a / b | failed | worst |", "|---|---|---|---|---|---|"]
     for t in report.tensors:
         c = t.coverage
-        lines.append(f"| `{cell(t.name)}` | {t.status} | {'' if c is None else c.aligned} | "
+        lines.append(f"| {cell(t.name)} | {t.status} | {'' if c is None else c.aligned} | "
                      f"{'' if c is None else f'{c.rows_a} / {c.rows_b}'} | {t.failed} | "
-                     f"{_worst(t) or cell(t.note)} |")
+                     f"{_worst(t) or md(t.note)} |")
     grouped = skipped_by_tensor(report)
     if grouped:
         lines += ["", "<details><summary>Rows not compared, per tensor</summary>", ""]
-        lines += [f"- {', '.join(f'`{safe(n)}`' for n in names)}: {line}" for names, line in grouped]
+        lines += [f"- {', '.join(code(n) for n in names)}: {line}" for names, line in grouped]
         lines += ["", "</details>"]
     if report.contract.differing or report.contract.only_a or report.contract.only_b:
         lines += ["", "<details><summary>Run contracts</summary>", ""]
-        lines += [f"- differs: `{safe(e.key)}`: a = `{_json(e.a)}`, b = `{_json(e.b)}`"
+        lines += [f"- differs: {code(e.key)}: a = {code(_json(e.a))}, b = {code(_json(e.b))}"
                   for e in report.contract.differing]
-        lines += [f"- only {side} states `{safe(k)}` = `{_json(v)}`" for side, keys in
+        lines += [f"- only {side} states {code(k)} = {code(_json(v))}" for side, keys in
                   (("a", report.contract.only_a), ("b", report.contract.only_b)) for k, v in keys.items()]
         lines += ["", "</details>"]
-    lines += ["", "<details><summary>Producers</summary>", "", f"- a: {producer(report.a)}",
-              f"- b: {producer(report.b)}", "", "</details>"]
+    lines += ["", "<details><summary>Producers</summary>", "", f"- a: {md(producer(report.a))}",
+              f"- b: {md(producer(report.b))}", "", "</details>"]
     return "\n".join(lines) + "\n"

@@ -14,8 +14,9 @@ ROUNDINGS = 4  # rounding in every op of a few layers adds up to a few eps; a bu
 def precision(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     """Run only when no other explanation holds (see ``diagnose``)."""
     first = comparison.first_divergence
-    if first is None or not first.dtypes or not all(d in EPS for d in first.dtypes):
-        return []
+    if first is None or not first.dtypes or not all(d in EPS for d in first.dtypes) \
+            or first.dtypes[0] == first.dtypes[1]:
+        return []  # the same dtype on both sides rounds the same way: a difference is real
     coarse = max(first.dtypes, key=EPS.__getitem__)
     worst = first.worst.get("rel_l2")
     limit = ROUNDINGS * EPS[coarse]

@@ -1,0 +1,52 @@
+"""The report as people and tools read it: strict JSON, Markdown that trace text cannot break."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import tracediff as td
+from tracediff.diff.results import Report
+from tracediff.report.compare import to_markdown
+
+
+def test_nan_metrics_give_strict_json_that_reads_back(tmp_path) -> None:
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    y = x.copy()
+    y[2, 3] = np.nan
+    for name, data in (("a", x), ("b", y)):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.log("h", data, token_ids=np.arange(4))
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    text = report.to_json()
+    assert "NaN" in text and report.first_divergence.row.position == 2
+    json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))  # no bare NaN
+    again = Report.from_json(text)
+    assert np.isnan(again.first_divergence.row.metrics["max_abs"]) and again.to_json() == text
+
+
+def test_trace_text_cannot_break_the_markdown(tmp_path) -> None:
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    name = "h`x|y"
+    with td.record(tmp_path / "a.h5", source="train\x1b[31mRED") as rec:
+        rec.log(name, x, token_ids=np.arange(3), request="<b>r0</b>")
+    with td.record(tmp_path / "b.h5") as rec:
+        rec.log(name, x * 2, token_ids=np.arange(3), request="*q*")
+    text = to_markdown(td.compare(tmp_path / "a.h5", tmp_path / "b.h5"))
+    assert "\x1b" not in text and "<b>" not in text and "&lt;b&gt;" not in text
+    assert "request \\<b\\>r0\\</b\\> / \\*q\\*" in text
+    assert "| `` h`x\\|y `` | diverged |" in text and "train\\\\x1b\\[31mRED" in text
+
+
+def test_an_incomparable_headline_gives_the_reason_not_a_divergence(tmp_path) -> None:
+    from tests.conftest import run_cli
+
+    for name, model in (("a", "llama-a"), ("b", "llama-b")):
+        with td.record(tmp_path / f"{name}.h5", meta={"target_model": model}) as rec:
+            values = np.random.default_rng(ord(name)).standard_normal((3, 8))
+            rec.log("h", values, token_ids=[1, 2, 3])
+    out = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
+    assert out.returncode == 2
+    assert out.stdout.splitlines()[0] == ("incomparable (3 rows compared, 100% of the comparable rows): the "
+                                          "contracts name different target models: a 'llama-a', b 'llama-b'")
