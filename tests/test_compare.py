@@ -439,3 +439,28 @@ def test_rows_after_a_gap_in_positions_are_left_out(tmp_path) -> None:
     (tensor,) = report.tensors
     assert report.verdict == "incomplete" and tensor.rows == 2 and tensor.failed == 0
     assert tensor.coverage.skipped_a == tensor.coverage.skipped_b == {"prefix_unknown": 1}
+
+
+def test_a_tol_rule_that_bounds_no_metric_of_a_tensor_leaves_the_defaults(tmp_path, layers) -> None:
+    write(tmp_path / "a.h5", layers, (0, 1, 2), np.arange(6))
+    tripled = {k: v * 3 + 5 for k, v in layers.items()}
+    write(tmp_path / "b.h5", tripled, (0, 1, 2), np.arange(6))
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5", tol=["*:argmax_agree>=1"])
+    assert report.verdict == "diverged"
+    assert "--tol *:argmax_agree bounds no metric of this tensor" in report.tensors[0].note
+    ints = Tolerances.parse(["draft.token:equal>=1"])
+    assert ints.bounds("draft.token", ("int64", "int64"), ["equal"]) == {"equal": (">=", 1.0)}
+
+
+def test_a_map_onto_a_name_b_already_has_is_refused(tmp_path) -> None:
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("t.x", x, token_ids=np.arange(4))
+    with td.record(tmp_path / "b.h5") as rec:
+        rec.log("t.x", x + 10, token_ids=np.arange(4))
+        rec.log("t.y", x, token_ids=np.arange(4))
+    out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--map", "t.y=t.x")
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "error: --map: 't.x' and 't.y' of b would both be compared as 't.x': map one of them to another name")
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5", rename={"t.y": "t.x", "t.x": "t.old"})
+    assert report.verdict == "match" and {t.name: t.status for t in report.tensors}["t.old"] == "missing_in_a"

@@ -275,3 +275,14 @@ def test_mixed_records_are_counted_and_incomplete_even_alone(tmp_path) -> None:
     assert report.verdict == "incomplete" and h.status == "mixed_records"
     assert h.note == "b: dtypes float16, float32" and (h.coverage.rows_a, h.coverage.rows_b) == (4, 8)
     assert report.coverage.skipped_b == {"mixed_records": 8}
+
+
+def test_step_alignment_does_not_compare_rows_of_other_text(tmp_path) -> None:
+    x = rows(4)
+    for name, tokens in (("a", [10, 11, 12, 13]), ("b", [10, 11, 99, 99])):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.log("h", x, token_ids=tokens, request=name)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5", align="step")
+    h = tensor(report, "h").coverage
+    assert report.verdict == "incomplete" and h.aligned == 2
+    assert h.skipped_a == h.skipped_b == {"outside_shared_prefix": 2}

@@ -50,6 +50,11 @@ def test_sigkill_mid_run_leaves_a_readable_trace(tmp_path, fmt) -> None:
             assert rows.data[rows.step == step].tobytes() == step_tensor(step).tobytes()
     shown = run_cli("show", str(path))
     assert shown.returncode == 0 and "incomplete" in shown.stdout
+    report = td.compare(path, path)  # what it holds compares; the report says it was cut short
+    assert report.verdict == "match" and not report.a.closed
+    from tracediff.report.compare import to_markdown
+
+    assert f"note: a ({path}) was never closed by its writer" in to_markdown(report)
 
 
 DISK_FULL_HOST = """

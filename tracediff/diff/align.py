@@ -176,20 +176,26 @@ def match(rows: Pair[RowKeys], prefixes: Pair[Prefixes], fed: Pair[FedTokens]) -
     return Matched(rows=pairs.map(lambda p: p[same]), skipped=reasons.map(_counts))
 
 
-def match_by_step(rows: Pair[RowKeys], every: Pair[int]) -> Matched:
+def match_by_step(rows: Pair[RowKeys], prefixes: Pair[Prefixes], every: Pair[int]) -> Matched:
     """``--align step``: the i-th row of a step, position and depth on one side pairs with the i-th row
     of the same step, position and depth on the other (same producer, same batching: before vs after
-    a change)."""
+    a change). A pair whose token prefixes are both known and differ holds other text on each side:
+    it is not compared (outside the shared prefix)."""
     keys = rows.map(lambda r: key_of(r.step, r.position, r.depth))
     usable = rows.map(lambda r: r.position >= 0)
     pairs = pair_copies(keys, usable)
+    known = rows.zip(prefixes).starmap(lambda r, p: p.lookup(r.request_code, r.position)[:2])
+    (id_a, in_a), (id_b, in_b) = known.a, known.b
+    other_text = in_a[pairs.a] & in_b[pairs.b] & (id_a[pairs.a] != id_b[pairs.b])
+    apart, pairs = pairs.map(lambda p: p[other_text]), pairs.map(lambda p: p[~other_text])
     reasons = usable.map(lambda u: np.where(u, KEYED, CODE["padding"]).astype(np.int8))
-    for mine, paired, reason, their_every in ((rows.a, pairs.a, reasons.a, every.b),
-                                              (rows.b, pairs.b, reasons.b, every.a)):
+    for mine, paired, split, reason, their_every in ((rows.a, pairs.a, apart.a, reasons.a, every.b),
+                                                     (rows.b, pairs.b, apart.b, reasons.b, every.a)):
         left = reason == KEYED
         left[paired] = False
         filtered = (their_every > 1) & (mine.step % max(their_every, 1) != 0)
         reason[left] = np.where(filtered[left], CODE["filtered_step"], CODE["not_recorded"])
+        reason[np.setdiff1d(split, paired)] = CODE["outside_shared_prefix"]
     return Matched(rows=pairs, skipped=reasons.map(_counts))
 
 

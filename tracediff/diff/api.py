@@ -32,9 +32,13 @@ def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | Non
     Raises ``InputError`` for unreadable traces, ValueError for bad options."""
     from tracediff.diff.diagnose import diagnose
 
-    if not 0 <= min_coverage <= 1:
-        raise ValueError(f"min_coverage must be within 0..1, got {min_coverage}")
-    tolerances = tol if isinstance(tol, Tolerances) else Tolerances.parse(list(tol or []))
+    if isinstance(min_coverage, bool) or not isinstance(min_coverage, (int, float)) \
+            or not 0 <= min_coverage <= 1:
+        raise ValueError(f"min_coverage must be a number within 0..1, got {min_coverage!r}")
+    if rename is not None and not isinstance(rename, dict):
+        raise ValueError(f"rename must be a dict of name in b -> name in a, got {type(rename).__name__}")
+    specs = [tol] if isinstance(tol, str) else tol
+    tolerances = specs if isinstance(specs, Tolerances) else Tolerances.parse(list(specs or []))
     with ExitStack() as stack:
         traces = Pair(*(t if isinstance(t, Trace) else stack.enter_context(open_trace(t)) for t in (a, b)))
         keys = traces.map(tensor_keys)  # small reads, done before the disk gets busy with tensor data

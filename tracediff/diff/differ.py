@@ -220,7 +220,8 @@ def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorR
         better = old is not None and (old >= worst if k in LARGER_IS_WORSE else old <= worst)
         if not better:
             result.worst[k] = float(worst)
-    bad = failing_rows(metrics, tolerances.bounds(result.name, dtypes))
+    bad = failing_rows(metrics, tolerances.bounds(result.name, dtypes, metrics))
+    result.note = result.note or tolerances.unused_rule(result.name, metrics)
     if not bad.any():
         return None
     result.failed += int(bad.sum())

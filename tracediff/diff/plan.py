@@ -18,6 +18,7 @@ import numpy as np
 
 from tracediff.diff.align import FED, Declared, Matched, Prefixes, fed_tokens, match, match_by_step
 from tracediff.diff.pair import Pair
+from tracediff.diff.rename import renamed
 from tracediff.diff.results import Coverage, Status
 from tracediff.diff.shapes import mismatch
 from tracediff.errors import TraceError
@@ -136,10 +137,10 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
     ``keys``: each side's ``tensor_keys`` if already read."""
     if align not in ALIGNMENTS:
         raise ValueError(f"--align takes 'prefix' or 'step', not {align!r}")
-    rename = rename or {}
     side = keys or traces.map(tensor_keys)
-    tensors_by_name = Pair(side.a.tensors, {rename.get(n, n): k for n, k in side.b.tensors.items()})
-    mixed_by_name = Pair(side.a.mixed, {rename.get(n, n): m for n, m in side.b.mixed.items()})
+    as_a = renamed([*side.b.tensors, *side.b.mixed], rename or {})
+    tensors_by_name = Pair(side.a.tensors, {as_a[n]: k for n, k in side.b.tensors.items()})
+    mixed_by_name = Pair(side.a.mixed, {as_a[n]: m for n, m in side.b.mixed.items()})
     prefixes = side.zip(tensors_by_name).starmap(lambda s, t: Prefixes.of(list(t.values()), s.declared))
     fed = Pair(fed_tokens(traces.a, tensors_by_name.a.get(FED), prefixes.a),
                fed_tokens(traces.b, tensors_by_name.b.get(FED), prefixes.b))
@@ -155,7 +156,7 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
             matched = Matched(both.map(lambda k: np.zeros(0, np.int64)), skipped)
             tensors.append(TensorPlan(name, both, matched, problem[0], problem[1]))
             continue
-        matched = match(both, prefixes, fed) if align == "prefix" else match_by_step(both, every)
+        matched = match(both, prefixes, fed) if align == "prefix" else match_by_step(both, prefixes, every)
         tensors.append(TensorPlan(name, both, matched))
     names = Pair([*tensors_by_name.a, *mixed_by_name.a], [*tensors_by_name.b, *mixed_by_name.b])
     either = dict.fromkeys([*mixed_by_name.a, *mixed_by_name.b])

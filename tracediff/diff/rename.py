@@ -47,3 +47,16 @@ def read_mapping_file(path: Path) -> dict[str, str]:
             raise InputError(path, f"line {number}: {exc}") from None
         mapping[name_b] = name_a
     return mapping
+
+
+def renamed(names: list[str], rename: dict[str, str]) -> dict[str, str]:
+    """Each of b's ``names`` -> the name it is compared under. Two of b's tensors under one name
+    would hide one of them: that is an error, not a silent choice."""
+    out = {name: rename.get(name, name) for name in names}
+    seen: dict[str, str] = {}
+    for name, target in out.items():
+        if target in seen:
+            raise InputError("--map", f"{seen[target]!r} and {name!r} of b would both be compared as "
+                                      f"{target!r}: map one of them to another name")
+        seen[target] = name
+    return out

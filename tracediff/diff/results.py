@@ -178,6 +178,7 @@ class TraceInfo:
     created: str = ""
     torch: str = ""
     device: str = ""
+    closed: bool = True  # False: the writer never closed (killed?); rows after its last flush are lost
 
 
 @dataclass(kw_only=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from fnmatch import fnmatchcase
 
@@ -16,7 +16,8 @@ import numpy as np
 
 OPS: dict[str, Callable] = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
 ALIASES = {"cos": "cosine"}
-METRICS = {"max_abs", "mean_abs", "rel_l2", "cosine", "max_rel", "argmax_agree", "topk_overlap", "kl"}
+METRICS = {"max_abs", "mean_abs", "rel_l2", "cosine", "max_rel", "argmax_agree", "topk_overlap", "kl",
+           "equal"}
 BOUND = re.compile(r"^\s*([a-z_][a-z0-9_]*)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 
 # Bounds a row must meet, by the looser dtype of the two sides: noise of the format, not of the model.
@@ -54,12 +55,28 @@ class Tolerances:
             rules.append((glob.strip(), bounds))
         return cls(rules)
 
-    def bounds(self, name: str, dtypes: tuple[str, str]) -> dict[str, tuple[str, float]]:
-        for glob, bounds in self.rules:
-            if fnmatchcase(name, glob):
-                return bounds
+    def rule(self, name: str) -> tuple[str, dict[str, tuple[str, float]]] | None:
+        """The first --tol rule whose glob matches ``name``."""
+        return next(((glob, bounds) for glob, bounds in self.rules if fnmatchcase(name, glob)), None)
+
+    def bounds(self, name: str, dtypes: tuple[str, str],
+               metrics: Collection[str] | None = None) -> dict[str, tuple[str, float]]:
+        """The matching rule's bounds; the dtype defaults when no rule matches, or when the rule
+        bounds none of ``metrics`` (the ones the tensor has): a rule that checks nothing of a
+        tensor must not leave it unchecked (``unused_rule`` says so)."""
+        rule = self.rule(name)
+        if rule is not None and (metrics is None or rule[1].keys() & set(metrics)):
+            return rule[1]
         floats = [d for d in dtypes if d in DEFAULTS]
         return DEFAULTS[max(floats, key=LOOSENESS.index)] if floats else {}
+
+    def unused_rule(self, name: str, metrics: Collection[str]) -> str:
+        """A note when the rule matching ``name`` bounds no metric the tensor has, else ''."""
+        rule = self.rule(name)
+        if rule is None or rule[1].keys() & set(metrics):
+            return ""
+        return (f"--tol {rule[0]}:{','.join(rule[1])} bounds no metric of this tensor (it has "
+                f"{', '.join(sorted(metrics))}): the default bounds were used")
 
 
 def failing_rows(metrics: dict[str, np.ndarray], bounds: dict[str, tuple[str, float]]) -> np.ndarray:

@@ -28,7 +28,8 @@ def trace_info(trace: Trace) -> TraceInfo:
     torch = meta.get("torch") or {}
     text = {key: str(meta.get(key) or "") for key in ("source", "producer", "producer_version", "created")}
     return TraceInfo(paths=[str(p) for p in trace.paths], format_version=int(meta.get("format_version") or 0),
-                     torch=str(torch.get("version") or ""), device=str(torch.get("device") or ""), **text)
+                     torch=str(torch.get("version") or ""), device=str(torch.get("device") or ""),
+                     closed=trace.complete, **text)
 
 
 def shortfalls(tensors: list[TensorResult], min_coverage: float) -> list[str]:

@@ -34,7 +34,14 @@ from tracediff.record.filters import RecordFilter
 from tracediff.record.host import HostCopy, tag_of_tensor
 from tracediff.record.rowkeys import RowContext, RowKeys, resolve_keys, resolve_rows, sequence_keys
 from tracediff.record.tokens import TokenBook
-from tracediff.trace.schema import FORMAT_NAME, FORMAT_VERSION, Record, dumps_meta, tokens_record
+from tracediff.trace.schema import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    RESERVED_PREFIX,
+    Record,
+    dumps_meta,
+    tokens_record,
+)
 from tracediff.trace.writer import TraceWriter, format_for, open_writer
 
 resource: ModuleType | None
@@ -186,6 +193,7 @@ class Recorder:
         try:
             if once:
                 self._static_once.add(name)
+            _check_name(name)
             if self.filter.keep_name(name):
                 if self.strict:
                     self._check_layout(name, (True, tag_of_tensor(tensor), None))
@@ -276,6 +284,9 @@ class Recorder:
     def _log(self, name: str, tensor: Any, step: int | None, request: Any, positions: Any, token_ids: Any,
              depth: int | None, attention_mask: Any) -> None:
         ctx = self._ctx
+        _check_name(name)
+        if depth is not None and depth < 0:
+            raise ValueError(f"depth must be >= 0 (0: rows fed by the target), got {depth}")
         step = ctx.step if step is None else step
         if token_ids is None:  # keys from the context (hooks)
             token_ids = ctx.token_ids
@@ -528,6 +539,14 @@ class Recorder:
         """Names whose records differ in dtype or row shape, for the final metadata."""
         if self._layouts.setdefault(name, layout) != layout:
             self._mixed.add(name)
+
+
+def _check_name(name: str) -> None:
+    """Names starting with ``__`` belong to the trace format (its token table, index, final
+    metadata): a tensor under one would corrupt the trace."""
+    if not isinstance(name, str) or not name or name.startswith(RESERVED_PREFIX):
+        raise ValueError(f"tensor name {name!r} is reserved or empty (names starting with "
+                         f"{RESERVED_PREFIX!r} belong to the trace format)")
 
 
 def record(path: str | Path, **options: Any) -> Recorder:

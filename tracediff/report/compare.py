@@ -91,6 +91,13 @@ def headline(report: Report) -> str:
     return text
 
 
+def unclosed(report: Report) -> list[str]:
+    """A warning per trace whose writer never closed: what it holds ends at its last flush."""
+    sides = (("a", report.a), ("b", report.b))
+    return [f"note: {side} ({safe(' '.join(info.paths))}) was never closed by its writer (killed, or still "
+            "recording): rows after its last flush are missing" for side, info in sides if not info.closed]
+
+
 def producer(info: TraceInfo) -> str:
     made = f"{info.producer} {info.producer_version}".strip() or "unknown producer"
     torch = f"torch {info.torch} on {info.device}" if info.torch else ""
@@ -124,6 +131,8 @@ def render(console: Console, report: Report) -> None:
     told = first is None or report.verdict == "incomparable"  # the headline gave the first reason
     for reason in report.reasons[1 if told else 0:]:
         console.print(Text(f"  {report.verdict if told else 'also'}: {safe(reason)}", style="yellow"))
+    for line in unclosed(report):
+        console.print(Text(line, style="yellow"))
     if report.contract.differing:
         console.print("contract differences:")
         for e in report.contract.differing:
@@ -163,6 +172,7 @@ def to_markdown(report: Report) -> str:
         bullets += [f"- {NO_EXPLANATION}; {_numbers(first.row)}"]
     label = report.verdict if first is None or report.verdict == "incomparable" else "also"
     bullets += [f"- {label}: {md(r)}" for r in report.reasons]
+    bullets += [f"- {md(line)}" for line in unclosed(report)]
     lines += ["", *bullets] if bullets else []
     lines += ["", "| tensor | status | aligned | rows a / b | failed | worst |", "|---|---|---|---|---|---|"]
     for t in report.tensors:

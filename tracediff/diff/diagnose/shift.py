@@ -38,7 +38,7 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
             return [Diagnosis("position_shift", f"{first.name}: {labels.b} = {labels.a} {offset:+d} on every "
                               f"checked row ({len(rows_a)}): positions are off by {abs(offset)}",
                               ValueOffsetEvidence(first.name, offset, len(rows_a)))]
-    bounds = comparison.tolerances.bounds(first.name, dtypes)
+    bounds = comparison.tolerances.bounds(first.name, dtypes, first.worst)
     for k in SHIFTS:
         shifted = keys.a.position[rows_a] + k
         ids, known, _ = plan.prefixes.a.lookup(keys.a.request_code[rows_a], shifted)
