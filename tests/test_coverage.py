@@ -286,3 +286,29 @@ def test_step_alignment_does_not_compare_rows_of_other_text(tmp_path) -> None:
     h = tensor(report, "h").coverage
     assert report.verdict == "incomplete" and h.aligned == 2
     assert h.skipped_a == h.skipped_b == {"outside_shared_prefix": 2}
+
+
+def test_draft_tree_branches_pair_by_the_token_they_were_fed(tmp_path) -> None:
+    """Two depth-1 branches of one root (top-k 2), logged in another order on each side: each branch
+    is compared with the branch fed the same token, whatever its place."""
+    branch = {t: rows(1, t) for t in (7, 8, 9)}
+
+    def write(path, order, bump=None) -> None:
+        with td.record(path) as rec:
+            rec.log("draft.hidden", rows(1), token_ids=[5], request="r", depth=0)
+            keys = dict(token_ids=[5, 5], positions=[0, 0], request="r", depth=1)
+            rec.log("draft.input_ids", np.array(order), **keys)
+            hidden = np.concatenate([branch[t] + (1 if t == bump else 0) for t in order])
+            rec.log("draft.hidden", hidden, **keys)
+
+    write(tmp_path / "a.h5", [7, 9])
+    write(tmp_path / "b.h5", [9, 7])
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    hidden = tensor(report, "draft.hidden").coverage
+    assert report.verdict == "match" and hidden.aligned == 3 and hidden.skipped_a == {}
+    write(tmp_path / "c.h5", [9, 7], bump=9)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "c.h5")
+    assert report.verdict == "diverged" and report.first_divergence.row.depth == 1
+    write(tmp_path / "d.h5", [9, 8])  # the branch fed 8 has no counterpart: not comparable, excused
+    hidden = tensor(td.compare(tmp_path / "a.h5", tmp_path / "d.h5"), "draft.hidden").coverage
+    assert hidden.aligned == 2 and hidden.skipped_a == hidden.skipped_b == {"fed_differs": 1}

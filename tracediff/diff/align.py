@@ -158,22 +158,44 @@ class RowIndex:
 
 
 def match(rows: Pair[RowKeys], prefixes: Pair[Prefixes], fed: Pair[FedTokens]) -> Matched:
-    """Pair rows with equal (prefix, position, depth), copies in order; say why the rest are not
-    compared."""
+    """Pair rows with equal (prefix, position, depth) and, at depth > 0, the same token fed at that
+    depth (so the branches of a draft tree pair by what they were fed, not by their order); copies
+    pair in order. Say why the rest are not compared."""
     keyed = rows.zip(prefixes).starmap(keyed_rows)
-    pairs = pair_copies(keyed.map(lambda k: k.key), keyed.map(lambda k: k.reason == KEYED))
     reasons = keyed.map(lambda k: k.reason.copy())
+    pair_keys = Pair(*(_with_fed_token(r, k, f, reason) for r, k, f, reason in
+                       ((rows.a, keyed.a, fed.a, reasons.a), (rows.b, keyed.b, fed.b, reasons.b))))
+    pairs = pair_copies(pair_keys, reasons.map(lambda r: r == KEYED))
     departed = Pair(departures(prefixes.a, prefixes.b), departures(prefixes.b, prefixes.a))
-    for mine, paired, reason, gone in ((keyed.a, pairs.a, reasons.a, departed.a),
-                                       (keyed.b, pairs.b, reasons.b, departed.b)):
+    # where each side drafted, with known and with unknown fed tokens (before any row is classified)
+    drafted = keyed.zip(reasons).starmap(lambda k, r: {"fed_differs": k.key[r == KEYED],
+                                                       "fed_unknown": k.key[r == CODE["fed_unknown"]]})
+    for mine, deep, paired, reason, theirs, gone in (
+            (keyed.a, rows.a.depth > 0, pairs.a, reasons.a, drafted.b, departed.a),
+            (keyed.b, rows.b.depth > 0, pairs.b, reasons.b, drafted.a, departed.b)):
         left = reason == KEYED
         left[paired] = False
+        for code, keys in theirs.items():  # the other side drafted here, fed other (unknown) tokens
+            hit = left & deep & np.isin(mine.key, keys)
+            reason[hit], left = CODE[code], left & ~hit
         outside = gone[mine.entry[left]] if len(gone) else np.zeros(int(left.sum()), bool)
         reason[left] = np.where(outside, CODE["outside_shared_prefix"], CODE["not_recorded"])
     feed = _feed_status(rows.a, pairs.a, prefixes.a, fed)
     reasons.a[pairs.a], reasons.b[pairs.b] = feed, feed
     same = feed == KEYED
     return Matched(rows=pairs.map(lambda p: p[same]), skipped=reasons.map(_counts))
+
+
+def _with_fed_token(rows: RowKeys, keyed: Keyed, fed: FedTokens, reason: np.ndarray) -> np.ndarray:
+    """Row keys to pair on: at depth > 0 the key also holds the token fed at the row's own depth
+    (the k-th row of a key was fed what the k-th ``draft.input_ids`` row of that key holds); a
+    depth > 0 row whose fed token is unknown gets ``fed_unknown`` in ``reason``."""
+    deep = (rows.depth > 0) & (reason == KEYED)
+    tokens, known = fed.at(keyed.key, _copy_numbers(keyed.key, reason == KEYED))
+    reason[deep & ~known] = CODE["fed_unknown"]
+    with np.errstate(over="ignore"):
+        mixed = _scramble(keyed.key ^ _scramble(tokens.astype(np.uint64) + MIX_DEPTH))
+    return np.where(deep, mixed, keyed.key)
 
 
 def match_by_step(rows: Pair[RowKeys], prefixes: Pair[Prefixes], every: Pair[int]) -> Matched:
@@ -251,25 +273,46 @@ def _counts(reason: np.ndarray) -> dict[str, int]:
 
 @dataclass
 class FedTokens:
-    """The token fed to the draft (``draft.input_ids``) per row key."""
+    """The token fed to the draft (``draft.input_ids``) per (row key, copy number): one producer logs
+    the branches of a draft tree in the same order for every tensor, so the k-th row of a key in any
+    draft tensor was fed what the k-th ``draft.input_ids`` row of that key holds."""
 
-    index: RowIndex
-    values: np.ndarray  # per row of draft.input_ids
+    copies: np.ndarray  # sorted ``_copy_key`` of each draft.input_ids row
+    values: np.ndarray  # the token, in the same order
 
-    def at(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(tokens, found) at these row keys."""
-        rows = self.index.find(keys)
-        found = rows >= 0
+    def at(self, keys: np.ndarray, copy: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(tokens, found) at these row keys and copy numbers (the first copy by default)."""
+        wanted = _copy_key(keys, np.zeros(len(keys), np.int64) if copy is None else copy)
+        at, found = _find_sorted(self.copies, wanted)
+        found &= (copy is None) or (copy >= 0)
         if not len(self.values):
             return np.zeros(len(keys), np.int64), found
-        return self.values[np.where(found, rows, 0)], found
+        return np.where(found, self.values[at], 0), found
 
 
 def fed_tokens(trace: Trace, keys: RowKeys | None, prefixes: Prefixes) -> FedTokens:
     if keys is None:
-        return FedTokens(RowIndex(np.zeros(0, np.uint64), np.zeros(0, np.int64)), np.zeros(0, np.int64))
-    values = trace.gather(keys).reshape(len(keys), -1)[:, 0].astype(np.int64)
-    return FedTokens(RowIndex.of(keys, prefixes), values)
+        return FedTokens(np.zeros(0, np.uint64), np.zeros(0, np.int64))
+    keyed = keyed_rows(keys, prefixes)
+    usable = keyed.reason == KEYED
+    copies = _copy_key(keyed.key, _copy_numbers(keyed.key, usable))[usable]
+    values = trace.gather(keys).reshape(len(keys), -1)[usable, 0].astype(np.int64)
+    order = np.argsort(copies, kind="stable")
+    return FedTokens(copies[order], values[order])
+
+
+def _copy_numbers(keys: np.ndarray, usable: np.ndarray) -> np.ndarray:
+    """Per row: how many usable rows before it hold the same key (-1 for unusable rows)."""
+    groups = _Groups.of(keys, usable)
+    out = np.full(len(keys), -1, np.int64)
+    out[groups.rows] = groups.rank
+    return out
+
+
+def _copy_key(keys: np.ndarray, copy: np.ndarray) -> np.ndarray:
+    """One uint64 per (row key, copy number), not symmetric in the two."""
+    with np.errstate(over="ignore"):
+        return _scramble(keys) + copy.astype(np.uint64)
 
 
 def departures(mine: Prefixes, other: Prefixes) -> np.ndarray:
@@ -315,14 +358,14 @@ def first_token_difference(prefixes: Pair[Prefixes], request_b: str | None = Non
 
 
 def _feed_status(rows: RowKeys, picked: np.ndarray, prefixes: Prefixes, fed: Pair[FedTokens]) -> np.ndarray:
-    """For picked rows: ``KEYED`` where every depth 1..d of the row's chain was fed the same token on
-    both sides, else the code of ``fed_differs`` (some depth fed other tokens) or ``fed_unknown``
-    (a side did not record what it fed)."""
+    """For picked rows at depth d: ``KEYED`` where every depth 1..d-1 of the row's chain was fed the
+    same token on both sides (the first branch's, for trees), else the code of ``fed_differs`` or
+    ``fed_unknown`` (a side did not record what it fed)."""
     depth = rows.depth[picked]
     differs, unknown = np.zeros(len(picked), bool), np.zeros(len(picked), bool)
     ids, _, _ = prefixes.lookup(rows.request_code[picked], rows.position[picked])
-    for d in range(1, int(depth.max(initial=0)) + 1):
-        deep = depth >= d
+    for d in range(1, int(depth.max(initial=0))):  # a row's own depth was matched when pairing
+        deep = depth > d
         keys = key_of(ids[deep], rows.position[picked][deep], np.full(int(deep.sum()), d))
         (tok_a, in_a), (tok_b, in_b) = fed.a.at(keys), fed.b.at(keys)
         differs[deep] |= in_a & in_b & (tok_a != tok_b)
