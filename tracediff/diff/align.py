@@ -2,13 +2,15 @@
 position 0 up to the row's position, at the same position and draft depth; producer request ids,
 steps and batching do not matter. The tokens of a request come from its declared / learned token
 table (format v2) and from the rows themselves, so a row that starts at position k > 0 (prefix
-cache hit, chunked prefill, sampled steps) still has a known prefix. A draft row at depth d > 0 is
-comparable only where both sides fed the draft the same tokens at depths 1..d.
+cache hit, chunked prefill, sampled steps) still has a known prefix. A draft row at depth d > 0
+pairs by the token fed at depth d too, and is comparable only where both sides fed the draft the
+same tokens at depths 1..d.
 
 Every row of a tensor ends up either in a pair to compare or with a reason it was not compared
-(``results.Reason``): padding, prefix unknown, outside the shared prefix, not recorded on the other
-side, an extra copy, fed other (or unknown) tokens. The k-th copy of a row key on one side pairs
-with the k-th copy on the other (the same prompt twice in a batch, or in several epochs).
+(``results.Reason``): padding, prefix unknown, token conflict, outside the shared prefix, not
+recorded on the other side, fed other (or unknown) tokens. Every copy of a row key is compared:
+the k-th copy on one side pairs with the k-th on the other (the same prompt twice in a batch, or
+in several epochs), and a side's extra copies with the other side's again.
 
 Everything works on key-column arrays (no per-row Python objects): a token prefix is named by a
 64-bit polynomial hash of its tokens, equal across traces, and rows are matched by sorting.
@@ -157,16 +159,31 @@ class RowIndex:
         return np.where(found, self.rows[at], -1) if len(self.rows) else np.full(len(keys), -1)
 
 
-def match(rows: Pair[RowKeys], prefixes: Pair[Prefixes], fed: Pair[FedTokens]) -> Matched:
+@dataclass
+class Sides:
+    """What aligning any tensor of two traces needs, worked out once per compare: each side's
+    prefixes, fed draft tokens, and where its requests' tokens leave the other side's."""
+
+    prefixes: Pair[Prefixes]
+    fed: Pair[FedTokens]
+    departed: Pair[np.ndarray]
+
+    @classmethod
+    def of(cls, prefixes: Pair[Prefixes], fed: Pair[FedTokens]) -> Sides:
+        departed = Pair(departures(prefixes.a, prefixes.b), departures(prefixes.b, prefixes.a))
+        return cls(prefixes, fed, departed)
+
+
+def match(rows: Pair[RowKeys], sides: Sides) -> Matched:
     """Pair rows with equal (prefix, position, depth) and, at depth > 0, the same token fed at that
     depth (so the branches of a draft tree pair by what they were fed, not by their order); copies
     pair in order. Say why the rest are not compared."""
+    prefixes, fed, departed = sides.prefixes, sides.fed, sides.departed
     keyed = rows.zip(prefixes).starmap(keyed_rows)
     reasons = keyed.map(lambda k: k.reason.copy())
     pair_keys = Pair(*(_with_fed_token(r, k, f, reason) for r, k, f, reason in
                        ((rows.a, keyed.a, fed.a, reasons.a), (rows.b, keyed.b, fed.b, reasons.b))))
     pairs = pair_copies(pair_keys, reasons.map(lambda r: r == KEYED))
-    departed = Pair(departures(prefixes.a, prefixes.b), departures(prefixes.b, prefixes.a))
     # where each side drafted, with known and with unknown fed tokens (before any row is classified)
     drafted = keyed.zip(reasons).starmap(lambda k, r: {"fed_differs": k.key[r == KEYED],
                                                        "fed_unknown": k.key[r == CODE["fed_unknown"]]})

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracediff.diff.align import FED, Declared, Matched, Prefixes, fed_tokens, match, match_by_step
+from tracediff.diff.align import FED, Declared, Matched, Prefixes, Sides, fed_tokens, match, match_by_step
 from tracediff.diff.pair import Pair
 from tracediff.diff.rename import renamed
 from tracediff.diff.results import Coverage, Status
@@ -144,6 +144,7 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
     prefixes = side.zip(tensors_by_name).starmap(lambda s, t: Prefixes.of(list(t.values()), s.declared))
     fed = Pair(fed_tokens(traces.a, tensors_by_name.a.get(FED), prefixes.a),
                fed_tokens(traces.b, tensors_by_name.b.get(FED), prefixes.b))
+    sides = Sides.of(prefixes, fed) if align == "prefix" else None
     every = side.map(lambda s: s.every)
     tensors = []
     for name, keys_a in tensors_by_name.a.items():
@@ -156,7 +157,7 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
             matched = Matched(both.map(lambda k: np.zeros(0, np.int64)), skipped)
             tensors.append(TensorPlan(name, both, matched, problem[0], problem[1]))
             continue
-        matched = match(both, prefixes, fed) if align == "prefix" else match_by_step(both, prefixes, every)
+        matched = match(both, sides) if sides is not None else match_by_step(both, prefixes, every)
         tensors.append(TensorPlan(name, both, matched))
     names = Pair([*tensors_by_name.a, *mixed_by_name.a], [*tensors_by_name.b, *mixed_by_name.b])
     either = dict.fromkeys([*mixed_by_name.a, *mixed_by_name.b])
