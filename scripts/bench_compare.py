@@ -186,7 +186,9 @@ def measure(base: Path, steps: int, with_baseline: bool, reps: int) -> dict:
         "compare_s": seconds, "compare_s_runs": [r[0] for r in runs],
         "compare_gbs": tensor_bytes / seconds / 1e9,
         "compare_peak_rss_mb": max(r[1] for r in runs), "compare_peak_anon_mb": max(r[2] for r in runs),
-        "first_divergence": {k: report["first_divergence"][k] for k in ("name", "step", "position")},
+        "verdict": report["verdict"], "coverage": report["coverage"]["fraction"],
+        "first_divergence": {"name": report["first_divergence"]["name"],
+                             **{k: report["first_divergence"]["row"][k] for k in ("step_a", "position")}},
         "rows_compared": sum(t["rows"] for t in report["tensors"]), "rows_total": steps * BATCH * len(WIDTHS),
     }
     drop_all([a, b])
