@@ -112,7 +112,8 @@ class Plan:
 
 
 def tensor_keys(trace: Trace) -> SideKeys:
-    """Key columns of every name that has per-row records (static weights, d2t are left out)."""
+    """Key columns of every name that has per-row records (static weights, d2t are left out), the
+    names whose records are mixed, the request token table and the recorder's step filter."""
     out, mixed = {}, {}
     for name in trace.names():
         if trace.index.static[trace.select(name=name)].all():
@@ -124,10 +125,17 @@ def tensor_keys(trace: Trace) -> SideKeys:
     if not out and not mixed:
         raise TraceError(trace.paths[0], "the trace holds no tensor rows")
     table = trace.request_tokens()
-    declared = Declared(trace.request_codes(table.request), table.position, table.token_id)
-    declared.names = dict(zip(declared.code.tolist(), table.request.tolist()))
-    every = int(((trace.meta.get("filters") or {}).get("every")) or 1)
-    return SideKeys(out, mixed, declared, every)
+    codes = trace.request_codes(table.request)
+    names = dict(zip(codes.tolist(), table.request.tolist()))
+    declared = Declared(codes, table.position, table.token_id, names)
+    return SideKeys(out, mixed, declared, _every(trace.meta))
+
+
+def _every(meta: dict) -> int:
+    """The recorder's ``every`` filter from the run metadata; 1 when absent or not a positive int."""
+    filters = meta.get("filters")
+    every = filters.get("every") if isinstance(filters, dict) else None
+    return every if isinstance(every, int) and not isinstance(every, bool) and every > 0 else 1
 
 
 def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: str = "prefix",
