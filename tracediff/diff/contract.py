@@ -17,9 +17,11 @@ IDENTITY = {"target_model": "target models", "tokenizer_sha256": "tokenizers", "
 
 def contract(trace: Trace) -> dict:
     """The contract as the run opened it, updated by what it learned before closing (per file)."""
-    merged = dict(trace.meta.get("contract") or {})
+    opened = trace.meta.get("contract")
+    merged = dict(opened) if isinstance(opened, dict) else {}
     for final in trace.finals:
-        merged.update((final or {}).get("contract") or {})
+        learned = final.get("contract") if isinstance(final, dict) else None
+        merged.update(learned if isinstance(learned, dict) else {})
     return merged
 
 

@@ -25,9 +25,11 @@ MIN_COVERAGE = 0.95
 
 def trace_info(trace: Trace) -> TraceInfo:
     meta = trace.meta
-    torch = meta.get("torch") or {}
+    torch = meta.get("torch") if isinstance(meta.get("torch"), dict) else {}
+    version = meta.get("format_version")
     text = {key: str(meta.get(key) or "") for key in ("source", "producer", "producer_version", "created")}
-    return TraceInfo(paths=[str(p) for p in trace.paths], format_version=int(meta.get("format_version") or 0),
+    return TraceInfo(paths=[str(p) for p in trace.paths],
+                     format_version=version if isinstance(version, int) and not isinstance(version, bool) else 0,
                      torch=str(torch.get("version") or ""), device=str(torch.get("device") or ""),
                      closed=trace.complete, **text)
 
