@@ -27,9 +27,10 @@ def trace_info(trace: Trace) -> TraceInfo:
     meta = trace.meta
     torch = meta.get("torch") if isinstance(meta.get("torch"), dict) else {}
     version = meta.get("format_version")
+    version = version if isinstance(version, int) and not isinstance(version, bool) else 0
     text = {key: str(meta.get(key) or "") for key in ("source", "producer", "producer_version", "created")}
     return TraceInfo(paths=[str(p) for p in trace.paths],
-                     format_version=version if isinstance(version, int) and not isinstance(version, bool) else 0,
+                     format_version=version,
                      torch=str(torch.get("version") or ""), device=str(torch.get("device") or ""),
                      closed=trace.complete, **text)
 
