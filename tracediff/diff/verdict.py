@@ -25,7 +25,8 @@ MIN_COVERAGE = 0.95
 
 def trace_info(trace: Trace) -> TraceInfo:
     meta = trace.meta
-    torch = meta.get("torch") if isinstance(meta.get("torch"), dict) else {}
+    torch = meta.get("torch")
+    torch = torch if isinstance(torch, dict) else {}
     version = meta.get("format_version")
     version = version if isinstance(version, int) and not isinstance(version, bool) else 0
     text = {key: str(meta.get(key) or "") for key in ("source", "producer", "producer_version", "created")}
