@@ -219,10 +219,10 @@ def test_the_command_says_incomplete_with_exit_3_and_what_it_left_out(tmp_path) 
     text = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
     assert text.returncode == 3, text.stderr
     assert text.stdout.splitlines()[0] == (
-        "incomplete (3 rows compared, 43% of the comparable rows): h: 3 aligned of 10 / 7 rows (43%); "
+        "incomplete (3 rows compared, 43% of the comparable rows): h: 3 / 3 of 10 / 7 rows compared (43%); "
         "not compared: a 7 not recorded on the other side, b 4 prefix unknown")
     md = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--markdown")
-    assert md.returncode == 3 and "- incomplete: h: 3 aligned of 10 / 7 rows (43%)" in md.stdout
+    assert md.returncode == 3 and "- incomplete: h: 3 / 3 of 10 / 7 rows compared (43%)" in md.stdout
     assert "Not compared, b: 4 prefix unknown." in md.stdout
 
 
@@ -312,3 +312,14 @@ def test_draft_tree_branches_pair_by_the_token_they_were_fed(tmp_path) -> None:
     write(tmp_path / "d.h5", [9, 8])  # the branch fed 8 has no counterpart: not comparable, excused
     hidden = tensor(td.compare(tmp_path / "a.h5", tmp_path / "d.h5"), "draft.hidden").coverage
     assert hidden.aligned == 2 and hidden.skipped_a == hidden.skipped_b == {"fed_differs": 1}
+
+
+def test_copies_on_one_side_do_not_inflate_the_coverage(tmp_path) -> None:
+    """Five copies of one row on one side cover one row of the other, not five."""
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", per_token([5, 6]), token_ids=[5, 6], request="r")
+    with td.record(tmp_path / "b.h5") as rec:
+        copies = np.repeat(per_token([5])[None], 5, axis=0)  # [5 requests, 1 token, H]
+        rec.log("h", copies, token_ids=[[5]] * 5, request=[f"q{i}" for i in range(5)])
+    h = tensor(td.compare(tmp_path / "a.h5", tmp_path / "b.h5"), "h").coverage
+    assert (h.aligned, h.compared_a, h.compared_b, h.fraction) == (5, 1, 5, 0.5)

@@ -113,7 +113,8 @@ def _initial(tensor) -> TensorResult:
     """A tensor's result before any row is read: what the plan knows (coverage, problems)."""
     keys, matched = tensor.keys, tensor.matched
     skipped = matched.skipped
-    coverage = Coverage.of(len(keys.a), len(keys.b), len(matched.rows.a), skipped.a, skipped.b)
+    compared = (len(np.unique(matched.rows.a)), len(np.unique(matched.rows.b)))
+    coverage = Coverage.of((len(keys.a), len(keys.b)), len(matched.rows.a), compared, skipped.a, skipped.b)
     return TensorResult(tensor.name, tensor.problem or "not_comparable", dtypes=(keys.a.dtype, keys.b.dtype),
                         shapes=(list(keys.a.row_shape), list(keys.b.row_shape)), coverage=coverage,
                         note=tensor.note)

@@ -55,7 +55,7 @@ class MixedTensor:
     @property
     def coverage(self) -> Coverage:
         """None of its rows compared, on either side."""
-        return Coverage.of(self.rows.a, self.rows.b, 0, {"mixed_records": self.rows.a},
+        return Coverage.of((self.rows.a, self.rows.b), 0, (0, 0), {"mixed_records": self.rows.a},
                            {"mixed_records": self.rows.b})
 
 

@@ -63,26 +63,31 @@ REASON_TEXT: dict[str, str] = {
 
 @dataclass
 class Coverage:
-    """Rows of one tensor (or of all tensors) on each side, how many were aligned, and why the others
-    were not compared. ``fraction`` = aligned / the smaller side's rows that could be compared
-    (rows minus ``EXCUSED`` reasons); None when that side has none."""
+    """Rows of one tensor (or of all tensors) on each side, how many were compared, and why the
+    others were not. ``aligned`` counts pairs compared (a row with copies on the other side is in
+    several); ``compared_a`` / ``compared_b`` count each side's distinct rows compared.
+    ``fraction`` = the compared share of the comparable rows (rows minus ``EXCUSED`` reasons) of the
+    side with fewer comparable rows (the lower share on a tie); None when that side has none. For
+    all tensors together, ``fraction`` is the least-covered tensor's."""
 
     rows_a: int = 0
     rows_b: int = 0
     aligned: int = 0
+    compared_a: int = 0
+    compared_b: int = 0
     skipped_a: dict[str, int] = field(default_factory=dict)
     skipped_b: dict[str, int] = field(default_factory=dict)
     fraction: float | None = None
 
     @classmethod
-    def of(cls, rows_a: int, rows_b: int, aligned: int, skipped_a: dict[str, int],
+    def of(cls, rows: tuple[int, int], aligned: int, compared: tuple[int, int], skipped_a: dict[str, int],
            skipped_b: dict[str, int]) -> Coverage:
-        def eligible(rows: int, skipped: dict[str, int]) -> int:
-            return rows - sum(skipped.get(r, 0) for r in EXCUSED)
-
-        base = min(eligible(rows_a, skipped_a), eligible(rows_b, skipped_b))
-        return cls(rows_a, rows_b, aligned, _nonzero(skipped_a), _nonzero(skipped_b),
-                   None if base <= 0 else min(1.0, aligned / base))
+        skipped = (skipped_a, skipped_b)
+        eligible = [n - sum(s.get(r, 0) for r in EXCUSED) for n, s in zip(rows, skipped)]
+        shares = [done / n if n > 0 else None for done, n in zip(compared, eligible)]
+        smaller = [s for s, n in zip(shares, eligible) if n == min(eligible) and s is not None]
+        return cls(rows[0], rows[1], aligned, compared[0], compared[1], _nonzero(skipped_a),
+                   _nonzero(skipped_b), min(smaller) if smaller else None)
 
     @classmethod
     def total(cls, parts: list[Coverage]) -> Coverage:
@@ -93,13 +98,17 @@ class Coverage:
                     out[reason] = out.get(reason, 0) + n
             return out
 
-        return cls.of(sum(p.rows_a for p in parts), sum(p.rows_b for p in parts),
-                      sum(p.aligned for p in parts), summed("skipped_a"), summed("skipped_b"))
+        shares = [0.0 if p.fraction is None and not p.aligned else p.fraction for p in parts]
+        known = [s for s in shares if s is not None]
+        return cls(sum(p.rows_a for p in parts), sum(p.rows_b for p in parts), sum(p.aligned for p in parts),
+                   sum(p.compared_a for p in parts), sum(p.compared_b for p in parts), summed("skipped_a"),
+                   summed("skipped_b"), min(known) if known else None)
 
     def describe(self) -> str:
-        """One line: '12 of 33 rows aligned (36%); not compared: a 21 outside the shared prefix'."""
+        """One line: '12 / 12 of 33 / 12 rows compared (100%); not compared: a 21 outside the shared
+        prefix'."""
         pct = "" if self.fraction is None else f" ({100 * self.fraction:.0f}%)"
-        line = f"{self.aligned} aligned of {self.rows_a} / {self.rows_b} rows{pct}"
+        line = f"{self.compared_a} / {self.compared_b} of {self.rows_a} / {self.rows_b} rows compared{pct}"
         skipped = [f"{side} {n} {REASON_TEXT.get(r, r)}" for side, reasons in
                    (("a", self.skipped_a), ("b", self.skipped_b)) for r, n in reasons.items()]
         return line + ("; not compared: " + ", ".join(skipped) if skipped else "")
