@@ -53,13 +53,13 @@ def test_the_real_world_aux_bug_is_named() -> None:
     assert any(c["key"] == "aux_layer_ids" for c in report["contract"]["differing"])
     text, _ = cli(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"))
     first_line = text.stdout.splitlines()[0]
-    assert first_line.startswith("diverged (1275 rows compared, 100% of the comparable rows): first "
+    assert first_line.startswith("diverged (1277 rows compared, 100% of the comparable rows): first "
                                  "diverging "
                                  "tensor target.aux")
     assert "aux layer set differs: serving fed [layer 1, layer 3, layer 5]" in text.stdout
     md, _ = cli(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"), "--markdown")
     assert md.stdout.startswith("**tracediff compare**") and "| `target.aux` | diverged |" in md.stdout
-    for part in ("Compared: 1275 rows aligned", "differs: `aux_layer_ids`", "only a states `target_model`",
+    for part in ("Compared: 1277 rows aligned", "differs: `aux_layer_ids`", "only a states `target_model`",
                  "not comparable at depth > 0", "tracediff 0.1.0"):
         assert part in md.stdout, part
 
@@ -464,3 +464,19 @@ def test_a_map_onto_a_name_b_already_has_is_refused(tmp_path) -> None:
         "error: --map: 't.x' and 't.y' of b would both be compared as 't.x': map one of them to another name")
     report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5", rename={"t.y": "t.x", "t.x": "t.old"})
     assert report.verdict == "match" and {t.name: t.status for t in report.tensors}["t.old"] == "missing_in_a"
+
+
+def test_static_tensors_are_compared(tmp_path) -> None:
+    """A vocab map or a weight logged with log_static is compared as one row: a regenerated d2t
+    is a divergence even when every per-token row agrees."""
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    for name, d2t in (("a", np.arange(8)), ("b", np.arange(8) + 1), ("c", np.arange(8))):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.log("t", x, token_ids=np.arange(4))
+            rec.log_static("draft.d2t", d2t)
+            rec.log_static("fc.weight", x * (1.5 if name == "c" else 1))
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "diverged" and report.first_divergence.name == "draft.d2t"
+    assert [d.kind for d in report.diagnoses] == ["vocab_map"] and statuses(report)["fc.weight"] == "match"
+    report = td.compare(tmp_path / "a.h5", tmp_path / "c.h5")
+    assert report.verdict == "diverged" and report.first_divergence.name == "fc.weight"

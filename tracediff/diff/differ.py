@@ -19,6 +19,7 @@ from tracediff.diff.metrics import Engine, engine_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, SideKeys, make_plan
 from tracediff.diff.results import ContractDiff, Coverage, RowRef, TensorResult, TokenMismatch
+from tracediff.diff.statics import compare_static
 from tracediff.diff.tolerance import Tolerances, failing_rows
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
 from tracediff.trace.reader import RowKeys, Trace
@@ -101,7 +102,13 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
             result.status = "unchecked"
         elif result.rows:
             result.status = "match"
-    comparison.tensors = ([results[t.name] for t in plan.tensors]
+    statics = [compare_static(traces, pair, tolerances) for pair in plan.statics]
+    for result in statics:  # statics have no step: after every row tensor in the first-divergence order
+        if result.status == "diverged" and failing:
+            result.status = "downstream"
+        elif result.status == "diverged":
+            failing.append(result.name)
+    comparison.tensors = ([results[t.name] for t in plan.tensors] + statics
                           + [TensorResult(m.name, "mixed_records", note=m.note, coverage=m.coverage)
                              for m in plan.mixed]
                           + [TensorResult(n, "missing_in_b") for n in plan.missing_in_b]

@@ -21,6 +21,7 @@ from tracediff.diff.pair import Pair
 from tracediff.diff.rename import renamed
 from tracediff.diff.results import Coverage, Status
 from tracediff.diff.shapes import mismatch
+from tracediff.diff.statics import StaticPair, static_pairs
 from tracediff.errors import TraceError
 from tracediff.trace.reader import MixedRecords, RowKeys, Trace
 
@@ -101,6 +102,7 @@ class Plan:
     missing_in_a: list[str]
     missing_in_b: list[str]
     mixed: list[MixedTensor]  # names on both sides whose records on a side cannot form one tensor
+    statics: list[StaticPair]  # names logged with log_static on both sides
     chunks: list[Chunk]
     prefixes: Pair[Prefixes]
     keys: Pair[dict[str, RowKeys]]  # every non-static name of each side, for the diagnoses
@@ -171,8 +173,10 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
     either = dict.fromkeys([*mixed_by_name.a, *mixed_by_name.b])
     mixed = [_mixed(n, tensors_by_name, mixed_by_name) for n in either if n in names.a and n in names.b]
     comparable = [t for t in tensors if t.problem is None]
-    return Plan(tensors=tensors, missing_in_a=[n for n in names.b if n not in names.a],
-                missing_in_b=[n for n in names.a if n not in names.b], mixed=mixed,
+    statics, static_only = static_pairs(traces, rename or {})
+    return Plan(tensors=tensors, missing_in_a=[n for n in names.b if n not in names.a] + static_only.b,
+                missing_in_b=[n for n in names.a if n not in names.b] + static_only.a, mixed=mixed,
+                statics=statics,
                 chunks=chunks_of(comparable, chunk_bytes), prefixes=prefixes, keys=tensors_by_name)
 
 

@@ -1,7 +1,7 @@
 """Explanations of a divergence. Each module has one function (Comparison, traces) -> findings;
-``DIAGNOSES`` runs them in order, after the token check. A new explanation is one new module added
-here. ``precision``
-runs last and only when nothing else explains the divergence."""
+``DIAGNOSES`` runs them in order, after the token check (``STATIC_DIAGNOSES`` when the first
+divergence is a static tensor, which has no rows to sample). A new explanation is one new module
+added here. ``precision`` runs last and only when nothing else explains the divergence."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from tracediff.diff.pair import Pair
 from tracediff.trace.reader import Trace
 
 DIAGNOSES = (nan_inf, aux_slots, vocab_map, position_shift, scale_or_norm)
+STATIC_DIAGNOSES = (vocab_map,)
 
 
 def diagnose(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
@@ -26,8 +27,10 @@ def diagnose(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     tokens = token_mismatch(comparison, traces)
     if any(d.severity == "error" for d in tokens) or comparison.first_divergence is None:
         return tokens
-    found = [d for explain in DIAGNOSES for d in explain(comparison, traces)]
-    return tokens + (found or precision(comparison, traces))
+    static = comparison.first_divergence.name in {s.name for s in comparison.plan.statics}
+    explanations = STATIC_DIAGNOSES if static else DIAGNOSES
+    found = [d for explain in explanations for d in explain(comparison, traces)]
+    return tokens + (found or ([] if static else precision(comparison, traces)))
 
 
-__all__ = ["DIAGNOSES", "Diagnosis", "diagnose"]
+__all__ = ["DIAGNOSES", "STATIC_DIAGNOSES", "Diagnosis", "diagnose"]

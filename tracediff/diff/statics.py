@@ -1,0 +1,66 @@
+"""Static tensors (weights, the vocab map, config tensors: ``log_static``) have no rows to align:
+the last record of a name on one side is compared with the last on the other, as one row. A vocab
+map or a norm weight that differs is as much a divergence as a hidden state that does."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tracediff.diff.metrics import metrics_for
+from tracediff.diff.pair import Pair
+from tracediff.diff.results import Coverage, RowRef, TensorResult
+from tracediff.diff.shapes import mismatch
+from tracediff.diff.tolerance import Tolerances, failing_rows
+from tracediff.trace.reader import Trace
+
+
+@dataclass
+class StaticPair:
+    """A static name on both sides: the index position of its last record on each."""
+
+    name: str  # as the baseline (a) calls it
+    records: Pair[int]
+
+
+def static_records(trace: Trace) -> dict[str, int]:
+    """Name -> index position of its last record, for names whose records are all static."""
+    out = {}
+    for name in trace.names():
+        hits = trace.select(name=name)
+        if len(hits) and trace.index.static[hits].all():
+            out[name] = int(hits[-1])
+    return out
+
+
+def compare_static(traces: Pair[Trace], pair: StaticPair, tolerances: Tolerances) -> TensorResult:
+    """One static tensor on both sides, as a single row: ``diverged`` when out of tolerance (the
+    differ turns it into ``downstream`` when a row tensor diverged first)."""
+    records = traces.zip(pair.records).starmap(lambda trace, i: trace.read(i))
+    dtypes, shapes = records.map(lambda r: r.dtype), records.map(lambda r: tuple(r.data.shape))
+    result = TensorResult(pair.name, "match", dtypes=(dtypes.a, dtypes.b),
+                          shapes=(list(shapes.a), list(shapes.b)), rows=1,
+                          coverage=Coverage.of((1, 1), 1, (1, 1), {}, {}))
+    problem = mismatch(pair.name, dtypes, shapes)
+    if problem is not None:
+        status = problem[0]
+        result.status, result.note, result.rows = status, problem[1], 0
+        result.coverage = Coverage.of((1, 1), 0, (0, 0), {status: 1}, {status: 1})
+        return result
+    values = records.map(lambda r: r.numpy().reshape(1, -1))
+    metrics = metrics_for(pair.name, (dtypes.a, dtypes.b), values.a, values.b)
+    result.worst = {k: float(v[0]) for k, v in metrics.items()}
+    bounds = tolerances.bounds(pair.name, (dtypes.a, dtypes.b), metrics)
+    if failing_rows(metrics, bounds).any():
+        steps = records.map(lambda r: r.step)
+        result.status, result.failed = "diverged", 1
+        result.first_bad = RowRef(request_a="", request_b="", position=-1, depth=0, step_a=steps.a,
+                                  step_b=steps.b, metrics=result.worst)
+    return result
+
+
+def static_pairs(traces: Pair[Trace], rename: dict[str, str]) -> tuple[list[StaticPair], Pair[list[str]]]:
+    """Static names on both sides (b's under their --map names), and those on one side only."""
+    found = traces.map(static_records)
+    b = {rename.get(name, name): i for name, i in found.b.items()}
+    both = [StaticPair(name, Pair(i, b[name])) for name, i in found.a.items() if name in b]
+    return both, Pair([n for n in found.a if n not in b], [n for n in b if n not in found.a])
