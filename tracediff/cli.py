@@ -182,11 +182,15 @@ def compare(
     rename = {}
     if map_file is not None:
         guarded(map_file, lambda: rename.update(read_mapping_file(map_file)))
+    given: set[str] = set()
     for item in mapping:
         try:
             name_b, name_a = parse_pair(item)
         except ValueError as exc:
             fail("--map", str(exc))
+        if name_b in given:
+            fail("--map", f"{name_b!r} is mapped twice")
+        given.add(name_b)
         rename[name_b] = name_a
     reports = []
 

@@ -148,7 +148,7 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
     if align not in ALIGNMENTS:
         raise ValueError(f"--align takes 'prefix' or 'step', not {align!r}")
     side = keys or traces.map(tensor_keys)
-    as_a = renamed([*side.b.tensors, *side.b.mixed], rename or {})
+    as_a = renamed([*side.b.tensors, *side.b.mixed], rename or {}, [*side.a.tensors, *side.a.mixed])
     tensors_by_name = Pair(side.a.tensors, {as_a[n]: k for n, k in side.b.tensors.items()})
     mixed_by_name = Pair(side.a.mixed, {as_a[n]: m for n, m in side.b.mixed.items()})
     prefixes = side.zip(tensors_by_name).starmap(lambda s, t: Prefixes.of(list(t.values()), s.declared))

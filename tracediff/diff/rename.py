@@ -49,10 +49,15 @@ def read_mapping_file(path: Path) -> dict[str, str]:
     return mapping
 
 
-def renamed(names: list[str], rename: dict[str, str]) -> dict[str, str]:
-    """Each of b's ``names`` -> the name it is compared under. Two of b's tensors under one name
-    would hide one of them: that is an error, not a silent choice."""
+def renamed(names: list[str], rename: dict[str, str], names_a: list[str]) -> dict[str, str]:
+    """Each of b's ``names`` -> the name it is compared under. Two of b's tensors under one name, or
+    a map that moves a name both traces hold to one a lacks (a typo), would hide a tensor from the
+    compare: that is an error, not a silent choice."""
     out = {name: rename.get(name, name) for name in names}
+    for name, target in out.items():
+        if name in names_a and target not in names_a:
+            raise InputError("--map", f"{name}={target}: both traces hold {name!r} and a has no tensor "
+                                      f"named {target!r}: the map would hide {name!r} from the compare")
     seen: dict[str, str] = {}
     for name, target in out.items():
         if target in seen:
