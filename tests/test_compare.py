@@ -146,7 +146,7 @@ def test_tolerance_grammar() -> None:
     assert tol.bounds("draft.hidden", ("float32", "float32")) == expected
     assert tol.bounds("target.aux", ("float32", "bfloat16")) == {"rel_l2": ("<", 0.5)}
     assert tol.bounds("target.layer.1", ("float32", "bfloat16"))["max_rel"] == ("<=", 3e-2)
-    for bad in ("nocolon", "x:cos", "x:speed<1", "x:cos>=__import__('os')"):
+    for bad in ("nocolon", "x:cos", "x:speed<1", "x:cos>=__import__('os')", "x:cos>=0.9,cosine<=1"):
         with pytest.raises(ValueError):
             Tolerances.parse([bad])
 

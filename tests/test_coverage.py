@@ -323,3 +323,15 @@ def test_copies_on_one_side_do_not_inflate_the_coverage(tmp_path) -> None:
         rec.log("h", copies, token_ids=[[5]] * 5, request=[f"q{i}" for i in range(5)])
     h = tensor(td.compare(tmp_path / "a.h5", tmp_path / "b.h5"), "h").coverage
     assert (h.aligned, h.compared_a, h.compared_b, h.fraction) == (5, 1, 5, 0.5)
+
+
+def test_thue_morse_texts_never_share_a_prefix_id(tmp_path) -> None:
+    """A polynomial hash modulo 2**64 gives a Thue-Morse string and its complement the same value
+    for any odd base: two different texts would align. Prefix ids are taken modulo a prime."""
+    bits = np.array([bin(i).count("1") % 2 for i in range(1024)])
+    for name, text in (("a", np.where(bits, 20, 10)), ("b", np.where(bits, 10, 20))):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.request_tokens("r", text)
+            rec.log("h", rows(1), token_ids=text[-1:], positions=[1023], request="r")
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "incomparable" and tensor(report, "h").coverage.aligned == 0

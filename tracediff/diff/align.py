@@ -28,7 +28,8 @@ from tracediff.diff.results import Reason, TokenMismatch
 from tracediff.trace.reader import KeyColumns, RowKeys, Trace
 
 FED = "draft.input_ids"
-BASE = np.uint64(0x100000001B3)  # odd, so invertible mod 2**64: prefix hashes come from one cumsum
+PRIME = (1 << 31) - 1  # prefix hashes are taken modulo this prime, with two bases
+BASES = (1_000_003, 1_234_567_891 % PRIME)
 MIX_POSITION, MIX_DEPTH = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)
 
 REASONS: tuple[str, ...] = typing.get_args(Reason)
@@ -427,20 +428,37 @@ def _no_gap(code: np.ndarray, position: np.ndarray) -> np.ndarray:
 
 
 def _prefix_hashes(code: np.ndarray, position: np.ndarray, token: np.ndarray) -> np.ndarray:
-    """h(p) = sum over i <= p of s(token_i) * BASE**(p - i) mod 2**64, per request: a running
-    hash as BASE**p * cumsum(s(token_i) * BASE**-i), all in wrapping uint64 arithmetic. s scrambles
-    each token to 64 pseudo-random bits, so structured token strings do not collide."""
+    """The id of each request's prefix x[0..p]: two polynomial hashes modulo the prime 2**31 - 1 with
+    independent bases, joined into 62 bits and scrambled. Each is h(p) = sum over i <= p of
+    s(token_i) * B**(p - i) mod P, computed per request as B**p * cumsum(s(token_i) * B**-i): every
+    product of two residues fits int64, and a cumsum of residues does too (fewer than 2**32 entries).
+    A prime modulus matters: hashes modulo 2**64 collide for any odd base on Thue-Morse strings, so
+    two different texts could align. s scrambles each token, so structured token strings do not
+    collide either."""
     if not len(code):
         return np.zeros(0, np.uint64)
-    with np.errstate(over="ignore"):
-        top = int(position.max()) + 1
-        powers = np.r_[np.uint64(1), np.cumprod(np.full(top - 1, BASE, dtype=np.uint64))]
-        inverse = np.r_[np.uint64(1), np.cumprod(np.full(top - 1, _inverse(BASE), dtype=np.uint64))]
-        terms = _scramble(token.astype(np.uint64)) * inverse[position]
-        running = np.cumsum(terms, dtype=np.uint64)
-        start = _group_starts(code)
-        before = np.repeat(running[start] - terms[start], np.diff(np.r_[start, len(code)]))
-        return (running - before) * powers[position]
+    top = int(position.max()) + 1
+    scrambled = (_scramble(token.astype(np.uint64)) % np.uint64(PRIME)).astype(np.int64)
+    start = _group_starts(code)
+    lengths = np.diff(np.r_[start, len(code)])
+    parts = []
+    for base in BASES:
+        terms = scrambled * _powers(pow(base, PRIME - 2, PRIME), top)[position] % PRIME
+        running = np.cumsum(terms)
+        within = (running - np.repeat(running[start] - terms[start], lengths)) % PRIME
+        parts.append((within * _powers(base, top)[position] % PRIME).astype(np.uint64))
+    return _scramble((parts[0] << np.uint64(32)) | parts[1])
+
+
+def _powers(base: int, n: int) -> np.ndarray:
+    """base**i mod PRIME for i < n (int64), by doubling: log2(n) vector steps."""
+    out = np.ones(max(n, 1), np.int64)
+    k = 1
+    while k < n:
+        m = min(k, n - k)
+        out[k : k + m] = out[:m] * pow(base, k, PRIME) % PRIME
+        k += m
+    return out
 
 
 def _scramble(x: np.ndarray) -> np.ndarray:
@@ -450,14 +468,6 @@ def _scramble(x: np.ndarray) -> np.ndarray:
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
         return x ^ (x >> np.uint64(31))
-
-
-def _inverse(x: np.uint64) -> np.uint64:
-    """x**-1 mod 2**64 for odd x (Newton's iteration doubles the correct bits each step)."""
-    y = 1
-    for _ in range(6):
-        y = y * (2 - int(x) * y) % (1 << 64)
-    return np.uint64(y)
 
 
 def _parents(prefixes: Prefixes) -> np.ndarray:

@@ -51,6 +51,8 @@ class Tolerances:
                 metric = ALIASES.get(m.group(1), m.group(1))
                 if metric not in METRICS:
                     raise ValueError(f"tolerance {spec!r}: unknown metric {m.group(1)!r}")
+                if metric in bounds:  # one bound per metric: a second would silently replace the first
+                    raise ValueError(f"tolerance {spec!r}: {metric} is bounded twice")
                 bounds[metric] = (m.group(2), float(m.group(3)))
             rules.append((glob.strip(), bounds))
         return cls(rules)
