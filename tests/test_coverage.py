@@ -335,3 +335,58 @@ def test_thue_morse_texts_never_share_a_prefix_id(tmp_path) -> None:
             rec.log("h", rows(1), token_ids=text[-1:], positions=[1023], request="r")
     report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
     assert report.verdict == "incomparable" and tensor(report, "h").coverage.aligned == 0
+
+
+def test_texts_sharing_only_their_first_token_compare_that_row(tmp_path) -> None:
+    x = rows(3)
+    for name, tokens, shift in (("a", [5, 6, 7], 0), ("b", [5, 9, 7], 1)):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.log("h", x + shift, token_ids=tokens, request=name)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "diverged" and tensor(report, "h").coverage.aligned == 1
+
+
+def test_step_alignment_leaves_out_rows_whose_own_tokens_differ(tmp_path) -> None:
+    for name, tokens in (("a", [5, 6, 7]), ("b", [8, 9, 10])):
+        with td.record(tmp_path / f"{name}.h5") as rec:  # positions from 1: no prefix is known
+            rec.log("h", rows(3), token_ids=tokens, positions=[1, 2, 3], request=name)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5", align="step")
+    assert report.verdict == "incomparable"
+    assert tensor(report, "h").coverage.skipped_b == {"outside_shared_prefix": 3}
+
+
+def test_a_nan_row_is_the_worst_value(tmp_path) -> None:
+    x = rows(4)
+    y = x.copy()
+    y[1, 2] = np.nan
+    for name, data in (("a", x), ("b", y)):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.log("h", data, token_ids=np.arange(4))
+    worst = tensor(td.compare(tmp_path / "a.h5", tmp_path / "b.h5"), "h").worst
+    assert np.isnan(worst["max_rel"]) and np.isnan(worst["cosine"])
+
+
+def test_a_report_of_another_version_is_refused(tmp_path) -> None:
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", rows(2), token_ids=[1, 2])
+    text = td.compare(tmp_path / "a.h5", tmp_path / "a.h5").to_json()
+    with pytest.raises(ValueError, match="report version 3"):
+        Report.from_json(text.replace('"report_version": 2', '"report_version": 3'))
+
+
+def test_a_closed_pipe_keeps_the_verdicts_exit_code(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", rows(40), token_ids=np.arange(40))
+    code = "from tracediff.cli import main; main()"
+    for args, expected in (([], 0), (["--json"], 0), (["--markdown"], 0)):
+        trace = str(tmp_path / "a.h5")
+        proc = subprocess.Popen([sys.executable, "-c", code, "compare", trace, trace, *args],
+                                stdout=subprocess.PIPE, env={"PYTHONPATH": str(REPO)})
+        proc.stdout.read(10)
+        proc.stdout.close()  # the reader leaves, as `| head -c 10` does
+        assert proc.wait(60) == expected, args

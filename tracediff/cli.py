@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -14,8 +15,20 @@ from tracediff.errors import InputError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Record, replay and diff tensor traces of EAGLE-3 speculative decoding.")
+def drop_output() -> None:
+    """The reader of stdout left (``| head``): send the rest nowhere. Exit codes carry verdicts (1 is
+    "diverged"), so a closed pipe must not turn into one."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        drop_output()
+
+
 # Piped output (files, CI logs, bug reports) gets wide lines instead of rich's 80-column default.
-console = Console(width=None if sys.stdout.isatty() else 200)
+console = _Console(width=None if sys.stdout.isatty() else 200)
 
 
 def fail(path: str | Path, problem: str) -> None:
@@ -179,6 +192,8 @@ def compare(
         fail("--align", f"takes 'prefix' or 'step', not {align!r}")
     if not 0 <= min_coverage <= 1:
         fail("--min-coverage", f"takes a share within 0..1, not {min_coverage}")
+    if as_json and markdown:
+        fail("--json", "choose one of --json and --markdown")
     rename = {}
     if map_file is not None:
         guarded(map_file, lambda: rename.update(read_mapping_file(map_file)))
@@ -205,12 +220,16 @@ def compare(
     report = reports[0]
     from tracediff.report.compare import render, safe, to_markdown
 
-    if as_json:
-        print(report.to_json())
-    elif markdown:
-        print(to_markdown(report), end="")
-    else:
-        render(console, report)
+    try:
+        if as_json:
+            print(report.to_json())
+        elif markdown:
+            print(to_markdown(report), end="")
+        else:
+            render(console, report)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        drop_output()
     if report.verdict == "incomparable":
         print(f"error: {b}: not comparable with {a}: {safe(report.reasons[0])}", file=sys.stderr)
     raise typer.Exit(report.exit_code)

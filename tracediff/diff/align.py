@@ -219,14 +219,15 @@ def _with_fed_token(rows: RowKeys, keyed: Keyed, fed: FedTokens, reason: np.ndar
 def match_by_step(rows: Pair[RowKeys], prefixes: Pair[Prefixes], every: Pair[int]) -> Matched:
     """``--align step``: the i-th row of a step, position and depth on one side pairs with the i-th row
     of the same step, position and depth on the other (same producer, same batching: before vs after
-    a change). A pair whose token prefixes are both known and differ holds other text on each side:
-    it is not compared (outside the shared prefix)."""
+    a change). A pair whose own tokens differ, or whose token prefixes are both known and differ,
+    holds other text on each side: it is not compared (outside the shared prefix)."""
     keys = rows.map(lambda r: key_of(r.step, r.position, r.depth))
     usable = rows.map(lambda r: r.position >= 0)
     pairs = pair_copies(keys, usable)
     known = rows.zip(prefixes).starmap(lambda r, p: p.lookup(r.request_code, r.position)[:2])
     (id_a, in_a), (id_b, in_b) = known.a, known.b
-    other_text = in_a[pairs.a] & in_b[pairs.b] & (id_a[pairs.a] != id_b[pairs.b])
+    other_text = (in_a[pairs.a] & in_b[pairs.b] & (id_a[pairs.a] != id_b[pairs.b])) \
+        | (rows.a.token_id[pairs.a] != rows.b.token_id[pairs.b])  # even where the prefix is unknown
     apart, pairs = pairs.map(lambda p: p[other_text]), pairs.map(lambda p: p[~other_text])
     reasons = usable.map(lambda u: np.where(u, KEYED, CODE["padding"]).astype(np.int8))
     for mine, paired, split, reason, their_every in ((rows.a, pairs.a, apart.a, reasons.a, every.b),

@@ -220,13 +220,12 @@ def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorR
     if dtypes[0] in FLOAT_TAGS and dtypes[1] in FLOAT_TAGS:
         _note_non_finite(traces, metrics["max_abs"], chunk, tally, comparison)
     for k, v in metrics.items():
-        v = v[~np.isnan(v)]  # NaN rows (NaN/Inf on a side) fail; they have no worst value
+        # a NaN row (NaN/Inf on a side) is the worst there is: it stays the worst value once seen
         if not len(v):
             continue
-        worst = v.max() if k in LARGER_IS_WORSE else v.min()
+        worst = np.nan if np.isnan(v).any() else (v.max() if k in LARGER_IS_WORSE else v.min())
         old = result.worst.get(k)
-        better = old is not None and (old >= worst if k in LARGER_IS_WORSE else old <= worst)
-        if not better:
+        if old is None or np.isnan(worst) or (worst > old if k in LARGER_IS_WORSE else worst < old):
             result.worst[k] = float(worst)
     bad = failing_rows(metrics, tolerances.bounds(result.name, dtypes, metrics))
     result.note = result.note or tolerances.unused_rule(result.name, metrics)

@@ -215,7 +215,12 @@ class Report:
 
     @classmethod
     def from_json(cls, text: str) -> Report:
-        return from_plain(cls, json.loads(text))
+        """The report ``to_json`` wrote; ValueError for another report version or shape."""
+        data = json.loads(text)
+        version = data.get("report_version") if isinstance(data, dict) else None
+        if version != REPORT_VERSION:
+            raise ValueError(f"report version {version!r}: this tracediff reads version {REPORT_VERSION}")
+        return from_plain(cls, data)
 
 
 def _nonzero(counts: dict[str, int]) -> dict[str, int]:

@@ -28,7 +28,7 @@ class RecordFilter:
             names=_globs(names, default=("*",)),
             exclude=_globs(exclude, default=()),
             every=every,
-            requests=None if requests is None else frozenset(str(r) for r in requests),
+            requests=None if requests is None else frozenset(str(r) for r in _globs(requests, default=())),
         )
 
     def keep_name(self, name: str) -> bool:

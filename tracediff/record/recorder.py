@@ -31,7 +31,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from tracediff.record.filters import RecordFilter
-from tracediff.record.host import HostCopy, tag_of_tensor
+from tracediff.record.host import HostCopy, is_torch_tensor, tag_of_tensor
 from tracediff.record.rowkeys import RowContext, RowKeys, resolve_keys, resolve_rows, sequence_keys
 from tracediff.record.tokens import TokenBook
 from tracediff.trace.schema import (
@@ -151,7 +151,7 @@ class Recorder:
             format_for(self.path, format)
             if not self.path.parent.is_dir():
                 raise FileNotFoundError(f"output directory {self.path.parent} does not exist")
-            run_meta = _run_meta(source, meta or {}, self.rank, self.world_size, self.filter)
+            run_meta = _run_meta(source, json_ready(meta or {}), self.rank, self.world_size, self.filter)
             dumps_meta(run_meta)
             self._writer = open_writer(self.path, run_meta, format, compression)
         except Exception as exc:  # a recorder that cannot start must not stop the host
@@ -232,8 +232,19 @@ class Recorder:
             self._ctx = saved
 
     def update_contract(self, **values: Any) -> None:
-        """Add contract metadata learned during the run (e.g. resolved aux ids); written at close."""
-        self._contract_updates.update(values)
+        """Add contract metadata learned during the run (e.g. resolved aux ids); written at close.
+        Arrays and tensors become lists; a value JSON cannot hold (NaN, an object) is left out with
+        a warning (raised in strict mode), so that it cannot cost the trace its final metadata."""
+        for key, value in values.items():
+            try:
+                plain = json_ready(value)
+                dumps_meta({key: plain})
+            except (TypeError, ValueError) as exc:
+                if self.strict:
+                    raise ValueError(f"contract value {key!r} cannot be stored as JSON: {exc}") from None
+                logger.warning("tracediff: contract value %r left out of %s: %s", key, self.path, exc)
+                continue
+            self._contract_updates[key] = plain
 
     def watch(self, module: Any, output: str | None = None, *, input: str | None = None) -> Any:
         """Record a torch module's output (and/or first input) on every forward."""
@@ -539,6 +550,17 @@ class Recorder:
         """Names whose records differ in dtype or row shape, for the final metadata."""
         if self._layouts.setdefault(name, layout) != layout:
             self._mixed.add(name)
+
+
+def json_ready(value: Any) -> Any:
+    """Arrays, tensors and numpy scalars in metadata as the lists and numbers JSON holds."""
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, np.ndarray) or isinstance(value, np.generic) or is_torch_tensor(value):
+        return value.tolist()
+    return value
 
 
 def _check_name(name: str) -> None:
