@@ -390,3 +390,14 @@ def test_a_closed_pipe_keeps_the_verdicts_exit_code(tmp_path) -> None:
         proc.stdout.read(10)
         proc.stdout.close()  # the reader leaves, as `| head -c 10` does
         assert proc.wait(60) == expected, args
+
+
+def test_two_vocab_ids_never_share_a_prefix_id(tmp_path) -> None:
+    """68248 and 83861 scramble to the same residue modulo 2**31 - 1: a prefix hash built on that
+    alone took two different texts for one."""
+    for name, second in (("a", 68248), ("b", 83861)):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.log("h", rows(4), token_ids=[5, second, 7, 9], request=name)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "incomplete" and report.token_mismatch is not None
+    assert tensor(report, "h").coverage.aligned == 1

@@ -430,25 +430,32 @@ def _no_gap(code: np.ndarray, position: np.ndarray) -> np.ndarray:
 
 def _prefix_hashes(code: np.ndarray, position: np.ndarray, token: np.ndarray) -> np.ndarray:
     """The id of each request's prefix x[0..p]: two polynomial hashes modulo the prime 2**31 - 1 with
-    independent bases, joined into 62 bits and scrambled. Each is h(p) = sum over i <= p of
-    s(token_i) * B**(p - i) mod P, computed per request as B**p * cumsum(s(token_i) * B**-i): every
-    product of two residues fits int64, and a cumsum of residues does too (fewer than 2**32 entries).
-    A prime modulus matters: hashes modulo 2**64 collide for any odd base on Thue-Morse strings, so
-    two different texts could align. s scrambles each token, so structured token strings do not
-    collide either."""
+    independent bases and symbols (``_symbols``), joined into 62 bits and scrambled. Each is
+    h(p) = sum over i <= p of s(token_i) * B**(p - i) mod P, computed per request as
+    B**p * cumsum(s(token_i) * B**-i): every product of two residues fits int64, and a cumsum of
+    residues does too (fewer than 2**32 entries). A prime modulus matters: hashes modulo 2**64
+    collide for any odd base on Thue-Morse strings, so two different texts could align. The exact
+    symbol keeps two vocab ids from ever hashing alike (a scrambled residue alone maps some pairs of
+    a 128k vocab to one value); the scrambled one spreads structured strings."""
     if not len(code):
         return np.zeros(0, np.uint64)
     top = int(position.max()) + 1
-    scrambled = (_scramble(token.astype(np.uint64)) % np.uint64(PRIME)).astype(np.int64)
     start = _group_starts(code)
     lengths = np.diff(np.r_[start, len(code)])
     parts = []
-    for base in BASES:
-        terms = scrambled * _powers(pow(base, PRIME - 2, PRIME), top)[position] % PRIME
+    for base, symbol in zip(BASES, _symbols(token)):
+        terms = symbol * _powers(pow(base, PRIME - 2, PRIME), top)[position] % PRIME
         running = np.cumsum(terms)
         within = (running - np.repeat(running[start] - terms[start], lengths)) % PRIME
         parts.append((within * _powers(base, top)[position] % PRIME).astype(np.uint64))
     return _scramble((parts[0] << np.uint64(32)) | parts[1])
+
+
+def _symbols(token: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each token as a residue for each hash: token + 1 (one-to-one for every id below 2**31 - 2,
+    so two tokens never look alike), and a scrambled residue (so structured strings spread)."""
+    exact = (token.astype(np.int64) % PRIME + 1) % PRIME
+    return exact, (_scramble(token.astype(np.uint64)) % np.uint64(PRIME)).astype(np.int64)
 
 
 def _powers(base: int, n: int) -> np.ndarray:
