@@ -492,3 +492,34 @@ def test_a_map_that_would_hide_a_shared_tensor_is_refused(tmp_path) -> None:
     assert out.returncode == 2 and "a has no tensor named 'uu'" in out.stderr
     out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--map", "u=t", "--map", "u=x")
     assert out.returncode == 2 and out.stderr.strip() == "error: --map: 'u' is mapped twice"
+
+
+def test_static_names_obey_the_map_rules_and_kinds_never_mix_silently(tmp_path) -> None:
+    x = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    for name, w, v in (("a", 1, 0), ("b", 5, 1)):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.log("t", x, token_ids=np.arange(4))
+            rec.log_static("w", np.full(3, w))
+            rec.log_static("v", np.full(3, v))
+    with pytest.raises(td.InputError, match="would both be compared as 'w'"):
+        td.compare(tmp_path / "a.h5", tmp_path / "b.h5", rename={"v": "w"})
+    with pytest.raises(td.InputError, match="would hide 'w'"):
+        td.compare(tmp_path / "a.h5", tmp_path / "b.h5", rename={"w": "draft.d2t"})
+    with td.record(tmp_path / "c.h5") as rec:  # w per token here, static in a
+        rec.log("t", x, token_ids=np.arange(4))
+        rec.log("w", x, token_ids=np.arange(4))
+        rec.log_static("v", np.full(3, 0))
+    report = td.compare(tmp_path / "a.h5", tmp_path / "c.h5")
+    assert report.verdict == "incomplete" and statuses(report)["w"] == "mixed_records"
+    assert next(t.note for t in report.tensors if t.name == "w") == "a: static"
+
+
+def test_a_name_mapped_twice_in_a_file_and_a_glob_given_twice_are_refused(tmp_path, layers) -> None:
+    write(tmp_path / "a.h5", layers, (0, 1, 2), np.arange(6))
+    (tmp_path / "twice.txt").write_text("H = target.embed\nH = target.aux\n")
+    (tmp_path / "twice.json").write_text('{"H": "target.embed", "H": "target.aux"}')
+    for name in ("twice.txt", "twice.json"):
+        out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "a.h5"), "--map-file", str(tmp_path / name))
+        assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / name}: 'H' is mapped twice"
+    with pytest.raises(ValueError, match="given twice"):
+        Tolerances.parse(["h:max_rel<=1", "h:max_rel<=1e-9"])

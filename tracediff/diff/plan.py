@@ -21,7 +21,7 @@ from tracediff.diff.pair import Pair
 from tracediff.diff.rename import renamed
 from tracediff.diff.results import Coverage, Status
 from tracediff.diff.shapes import mismatch
-from tracediff.diff.statics import StaticPair, static_pairs
+from tracediff.diff.statics import StaticPair
 from tracediff.errors import TraceError
 from tracediff.trace.reader import MixedRecords, RowKeys, Trace
 
@@ -67,6 +67,7 @@ class SideKeys:
 
     tensors: dict[str, RowKeys]
     mixed: dict[str, Mixed]  # names whose records cannot form one tensor
+    statics: dict[str, int]  # names logged with log_static only -> the index position of the last
     declared: Declared
     every: int  # the recorder kept every N-th step
 
@@ -116,21 +117,26 @@ class Plan:
 def tensor_keys(trace: Trace) -> SideKeys:
     """Key columns of every name that has per-row records (static weights, d2t are left out), the
     names whose records are mixed, the request token table and the recorder's step filter."""
-    out, mixed = {}, {}
+    out, mixed, statics = {}, {}, {}
     for name in trace.names():
-        if trace.index.static[trace.select(name=name)].all():
-            continue
-        try:
-            out[name] = trace.keys(name)
-        except MixedRecords as exc:  # records of mixed dtype or row shape: reported, not compared
-            mixed[name] = Mixed.of(trace, exc)
+        hits = trace.select(name=name)
+        static = trace.index.static[hits]
+        if static.all():
+            statics[name] = int(hits[-1])
+        elif static.any():  # a name logged both ways on one side: neither half stands for it
+            mixed[name] = Mixed(int(trace.index.n_rows[hits].sum()), "static and per-token records")
+        else:
+            try:
+                out[name] = trace.keys(name)
+            except MixedRecords as exc:  # records of mixed dtype or row shape: reported, not compared
+                mixed[name] = Mixed.of(trace, exc)
     if not out and not mixed:
         raise TraceError(trace.paths[0], "the trace holds no tensor rows")
     table = trace.request_tokens()
     codes = trace.request_codes(table.request)
     names = dict(zip(codes.tolist(), table.request.tolist()))
     declared = Declared(codes, table.position, table.token_id, names)
-    return SideKeys(out, mixed, declared, _every(trace.meta))
+    return SideKeys(out, mixed, statics, declared, _every(trace.meta))
 
 
 def _every(meta: dict) -> int:
@@ -148,9 +154,17 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
     if align not in ALIGNMENTS:
         raise ValueError(f"--align takes 'prefix' or 'step', not {align!r}")
     side = keys or traces.map(tensor_keys)
-    as_a = renamed([*side.b.tensors, *side.b.mixed], rename or {}, [*side.a.tensors, *side.a.mixed])
+    every_name = side.map(lambda s: [*s.tensors, *s.mixed, *s.statics])
+    as_a = renamed(every_name.b, rename or {}, every_name.a)
     tensors_by_name = Pair(side.a.tensors, {as_a[n]: k for n, k in side.b.tensors.items()})
-    mixed_by_name = Pair(side.a.mixed, {as_a[n]: m for n, m in side.b.mixed.items()})
+    mixed_by_name = Pair(dict(side.a.mixed), {as_a[n]: m for n, m in side.b.mixed.items()})
+    statics_by_name = Pair(dict(side.a.statics), {as_a[n]: i for n, i in side.b.statics.items()})
+    per_token = Pair({*tensors_by_name.a, *mixed_by_name.a}, {*tensors_by_name.b, *mixed_by_name.b})
+    for statics_here, theirs, mixed_here in ((statics_by_name.a, per_token.b, mixed_by_name.a),
+                                             (statics_by_name.b, per_token.a, mixed_by_name.b)):
+        for name in [n for n in statics_here if n in theirs]:  # static here, per-token there
+            del statics_here[name]
+            mixed_here[name] = Mixed(1, "static")
     prefixes = side.zip(tensors_by_name).starmap(lambda s, t: Prefixes.of(list(t.values()), s.declared))
     fed = Pair(fed_tokens(traces.a, tensors_by_name.a.get(FED), prefixes.a),
                fed_tokens(traces.b, tensors_by_name.b.get(FED), prefixes.b))
@@ -173,9 +187,13 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
     either = dict.fromkeys([*mixed_by_name.a, *mixed_by_name.b])
     mixed = [_mixed(n, tensors_by_name, mixed_by_name) for n in either if n in names.a and n in names.b]
     comparable = [t for t in tensors if t.problem is None]
-    statics, static_only = static_pairs(traces, rename or {})
-    return Plan(tensors=tensors, missing_in_a=[n for n in names.b if n not in names.a] + static_only.b,
-                missing_in_b=[n for n in names.a if n not in names.b] + static_only.a, mixed=mixed,
+    statics = [StaticPair(n, Pair(i, statics_by_name.b[n])) for n, i in statics_by_name.a.items()
+               if n in statics_by_name.b]
+    static_only = statics_by_name.map(lambda s: list(s))
+    return Plan(tensors=tensors, missing_in_a=[n for n in names.b if n not in names.a]
+                + [n for n in static_only.b if n not in statics_by_name.a],
+                missing_in_b=[n for n in names.a if n not in names.b]
+                + [n for n in static_only.a if n not in statics_by_name.b], mixed=mixed,
                 statics=statics,
                 chunks=chunks_of(comparable, chunk_bytes), prefixes=prefixes, keys=tensors_by_name)
 

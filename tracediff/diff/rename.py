@@ -30,21 +30,31 @@ def read_mapping_file(path: Path) -> dict[str, str]:
         raise InputError(path, f"cannot read the mapping file: {exc}") from None
     if text.lstrip().startswith("{"):
         try:
-            data = json.loads(text)
+            pairs = json.loads(text, object_pairs_hook=list)
         except json.JSONDecodeError as exc:
             raise InputError(path, f"not valid JSON: {exc.msg} at line {exc.lineno}") from None
-        if not all(isinstance(k, str) and isinstance(v, str) and k and v for k, v in data.items()):
+        if not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], str) and p[0] and p[1]
+                   for p in pairs):
             raise InputError(path, 'expected a JSON object of {"name in b": "name in a"} strings')
-        return dict(data)
-    mapping = {}
+        return _once(path, [(name_b, name_a) for name_b, name_a in pairs])
+    entries = []
     for number, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
         try:
-            name_b, name_a = parse_pair(line)
+            entries.append(parse_pair(line))
         except ValueError as exc:
             raise InputError(path, f"line {number}: {exc}") from None
+    return _once(path, entries)
+
+
+def _once(path: Path, entries: list[tuple[str, str]]) -> dict[str, str]:
+    """The entries as a mapping; a name of b mapped twice is an error, not a silent last-one-wins."""
+    mapping: dict[str, str] = {}
+    for name_b, name_a in entries:
+        if name_b in mapping:
+            raise InputError(path, f"{name_b!r} is mapped twice")
         mapping[name_b] = name_a
     return mapping
 

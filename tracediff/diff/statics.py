@@ -22,16 +22,6 @@ class StaticPair:
     records: Pair[int]
 
 
-def static_records(trace: Trace) -> dict[str, int]:
-    """Name -> index position of its last record, for names whose records are all static."""
-    out = {}
-    for name in trace.names():
-        hits = trace.select(name=name)
-        if len(hits) and trace.index.static[hits].all():
-            out[name] = int(hits[-1])
-    return out
-
-
 def compare_static(traces: Pair[Trace], pair: StaticPair, tolerances: Tolerances) -> TensorResult:
     """One static tensor on both sides, as a single row: ``diverged`` when out of tolerance (the
     differ turns it into ``downstream`` when a row tensor diverged first)."""
@@ -56,11 +46,3 @@ def compare_static(traces: Pair[Trace], pair: StaticPair, tolerances: Tolerances
         result.first_bad = RowRef(request_a="", request_b="", position=-1, depth=0, step_a=steps.a,
                                   step_b=steps.b, metrics=result.worst)
     return result
-
-
-def static_pairs(traces: Pair[Trace], rename: dict[str, str]) -> tuple[list[StaticPair], Pair[list[str]]]:
-    """Static names on both sides (b's under their --map names), and those on one side only."""
-    found = traces.map(static_records)
-    b = {rename.get(name, name): i for name, i in found.b.items()}
-    both = [StaticPair(name, Pair(i, b[name])) for name, i in found.a.items() if name in b]
-    return both, Pair([n for n in found.a if n not in b], [n for n in b if n not in found.a])

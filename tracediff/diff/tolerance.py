@@ -38,7 +38,7 @@ class Tolerances:
 
     @classmethod
     def parse(cls, specs: list[str]) -> Tolerances:
-        rules = []
+        rules: list[tuple[str, dict[str, tuple[str, float]]]] = []
         for spec in specs:
             glob, sep, body = spec.partition(":")
             if not sep or not glob.strip():
@@ -54,6 +54,8 @@ class Tolerances:
                 if metric in bounds:  # one bound per metric: a second would silently replace the first
                     raise ValueError(f"tolerance {spec!r}: {metric} is bounded twice")
                 bounds[metric] = (m.group(2), float(m.group(3)))
+            if any(glob.strip() == other for other, _ in rules):
+                raise ValueError(f"tolerance {spec!r}: the glob {glob.strip()!r} is given twice")
             rules.append((glob.strip(), bounds))
         return cls(rules)
 
