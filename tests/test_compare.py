@@ -53,14 +53,13 @@ def test_the_real_world_aux_bug_is_named() -> None:
     assert any(c["key"] == "aux_layer_ids" for c in report["contract"]["differing"])
     text, _ = cli(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"))
     first_line = text.stdout.splitlines()[0]
-    assert first_line.startswith("diverged (1277 rows compared, 100% of the comparable rows): first "
-                                 "diverging "
+    assert first_line.startswith("diverged (1277 rows compared, coverage 100%): first diverging "
                                  "tensor target.aux")
     assert "aux layer set differs: serving fed [layer 1, layer 3, layer 5]" in text.stdout
     md, _ = cli(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"), "--markdown")
     assert md.stdout.startswith("**tracediff compare**") and "| `target.aux` | diverged |" in md.stdout
-    for part in ("Compared: 1277 rows aligned", "differs: `aux_layer_ids`", "only a states `target_model`",
-                 "not comparable at depth > 0", "tracediff 0.1.0"):
+    for part in ("Compared: 1277 of 3146 rows in a, 1277 of 2390 in b", "differs: `aux_layer_ids`",
+                 "only a states `target_model`", "not comparable at depth > 0", "tracediff 0.1.0"):
         assert part in md.stdout, part
 
 

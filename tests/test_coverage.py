@@ -219,7 +219,7 @@ def test_the_command_says_incomplete_with_exit_3_and_what_it_left_out(tmp_path) 
     text = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
     assert text.returncode == 3, text.stderr
     assert text.stdout.splitlines()[0] == (
-        "incomplete (3 rows compared, 43% of the comparable rows): h: 3 / 3 of 10 / 7 rows compared (43%); "
+        "incomplete (3 rows compared, coverage 43%): h: 3 / 3 of 10 / 7 rows compared (43%); "
         "not compared: a 7 not recorded on the other side, b 4 prefix unknown")
     md = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--markdown")
     assert md.returncode == 3 and "- incomplete: h: 3 / 3 of 10 / 7 rows compared (43%)" in md.stdout

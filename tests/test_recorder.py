@@ -296,11 +296,11 @@ def test_reserved_names_and_negative_depths_are_refused(tmp_path) -> None:
 def test_contract_values_json_cannot_hold_never_cost_the_final_metadata(tmp_path) -> None:
     """Arrays become lists; a NaN or an object is left out with a warning (raised when strict),
     and the trace still closes with its final metadata."""
-    with td.record(tmp_path / "c.h5", meta={"aux": np.array([1, 2])}) as rec:
+    with td.record(tmp_path / "c.h5", meta={"aux": np.array([1, 2]), "lr": float("nan")}) as rec:
         rec.log("h", np.zeros((2, 3), np.float32), token_ids=[1, 2])
         rec.update_contract(resolved=np.array([2, 16, 29]), bad=float("nan"), obj=object(), ok=np.int64(3))
     with td.open_trace(tmp_path / "c.h5") as trace:
-        assert trace.complete and trace.meta["contract"]["aux"] == [1, 2]
+        assert trace.complete and trace.meta["contract"] == {"aux": [1, 2]}
         assert trace.finals[0]["contract"] == {"resolved": [2, 16, 29], "ok": 3}
     with td.record(tmp_path / "d.h5", strict=True) as rec:
         with pytest.raises(ValueError, match="'bad' cannot be stored as JSON"):

@@ -48,5 +48,17 @@ def test_an_incomparable_headline_gives_the_reason_not_a_divergence(tmp_path) ->
             rec.log("h", values, token_ids=[1, 2, 3])
     out = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
     assert out.returncode == 2
-    assert out.stdout.splitlines()[0] == ("incomparable (3 rows compared, 100% of the comparable rows): the "
-                                          "contracts name different target models: a 'llama-a', b 'llama-b'")
+    assert out.stdout.splitlines()[0] == ("incomparable (3 rows compared, coverage 100%): the contracts name "
+                                          "different target models: a 'llama-a', b 'llama-b'")
+
+
+def test_a_missing_rank_file_is_noted(tmp_path) -> None:
+    from tracediff.report.compare import trace_notes
+
+    for rank in (0, 1):
+        with td.record(tmp_path / "run.h5", rank=rank, world_size=2) as rec:
+            rec.log("h", np.full((2, 4), rank, np.float32), token_ids=[1, 2], request=f"r{rank}")
+    (tmp_path / "run.rank1.h5").unlink()
+    report = td.compare(tmp_path / "run.rank0.h5", tmp_path / "run.rank0.h5")
+    assert report.a.world_size == 2 and len(report.a.paths) == 1
+    assert any("holds 1 of the run's 2 rank files" in line for line in trace_notes(report))

@@ -188,6 +188,7 @@ class TraceInfo:
     torch: str = ""
     device: str = ""
     closed: bool = True  # False: the writer never closed (killed?); rows after its last flush are lost
+    world_size: int = 1  # ranks of the run; more than ``paths`` means rank files are missing
 
 
 @dataclass(kw_only=True)

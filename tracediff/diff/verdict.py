@@ -33,7 +33,11 @@ def trace_info(trace: Trace) -> TraceInfo:
     return TraceInfo(paths=[str(p) for p in trace.paths],
                      format_version=version,
                      torch=str(torch.get("version") or ""), device=str(torch.get("device") or ""),
-                     closed=trace.complete, **text)
+                     closed=trace.complete, world_size=_positive(meta.get("world_size")), **text)
+
+
+def _positive(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
 def shortfalls(tensors: list[TensorResult], min_coverage: float) -> list[str]:

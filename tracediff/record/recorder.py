@@ -151,7 +151,7 @@ class Recorder:
             format_for(self.path, format)
             if not self.path.parent.is_dir():
                 raise FileNotFoundError(f"output directory {self.path.parent} does not exist")
-            run_meta = _run_meta(source, json_ready(meta or {}), self.rank, self.world_size, self.filter)
+            run_meta = _run_meta(source, self._storable(meta or {}), self.rank, self.world_size, self.filter)
             dumps_meta(run_meta)
             self._writer = open_writer(self.path, run_meta, format, compression)
         except Exception as exc:  # a recorder that cannot start must not stop the host
@@ -235,6 +235,12 @@ class Recorder:
         """Add contract metadata learned during the run (e.g. resolved aux ids); written at close.
         Arrays and tensors become lists; a value JSON cannot hold (NaN, an object) is left out with
         a warning (raised in strict mode), so that it cannot cost the trace its final metadata."""
+        self._contract_updates.update(self._storable(values))
+
+    def _storable(self, values: dict) -> dict:
+        """The contract values JSON can hold (arrays and tensors as lists); the others are left out
+        with a warning, or raise in strict mode."""
+        out = {}
         for key, value in values.items():
             try:
                 plain = json_ready(value)
@@ -244,7 +250,8 @@ class Recorder:
                     raise ValueError(f"contract value {key!r} cannot be stored as JSON: {exc}") from None
                 logger.warning("tracediff: contract value %r left out of %s: %s", key, self.path, exc)
                 continue
-            self._contract_updates[key] = plain
+            out[key] = plain
+        return out
 
     def watch(self, module: Any, output: str | None = None, *, input: str | None = None) -> Any:
         """Record a torch module's output (and/or first input) on every forward."""

@@ -52,8 +52,10 @@ def cell(text: Any) -> str:
 
 
 def coverage_line(c: Coverage) -> str:
-    pct = "" if c.fraction is None else f" ({100 * c.fraction:.0f}% of the comparable rows)"
-    return f"{c.aligned} rows aligned of {c.rows_a} in a / {c.rows_b} in b{pct}"
+    """All tensors: distinct rows compared per side, and the least-covered tensor's share."""
+    share = None if c.fraction is None else f"{100 * c.fraction:.0f}%"
+    pct = "" if share is None else f"; least-covered tensor: {share} of its comparable rows"
+    return f"{c.compared_a} of {c.rows_a} rows in a, {c.compared_b} of {c.rows_b} in b{pct}"
 
 
 def skipped_lines(c: Coverage) -> list[str]:
@@ -73,16 +75,17 @@ def skipped_by_tensor(report: Report) -> list[tuple[list[str], str]]:
 
 
 def where(row: RowRef, text: Callable[[Any], str] = safe) -> str:
+    if row.position < 0:  # a static tensor: one row, no request or position
+        return f"static tensor, step {row.step_a} / {row.step_b}"
     return (f"request {text(row.request_a)} / {text(row.request_b)}, position {row.position}, "
-            f"depth {row.depth}, "
-            f"step {row.step_a} / {row.step_b}")
+            f"depth {row.depth}, step {row.step_a} / {row.step_b}")
 
 
 def headline(report: Report) -> str:
     """The first line: the verdict, what it rests on, and where it went wrong (or why not judged)."""
     first = report.first_divergence
     c = report.coverage
-    pct = "" if c.fraction is None else f", {100 * c.fraction:.0f}% of the comparable rows"
+    pct = "" if c.fraction is None else f", coverage {100 * c.fraction:.0f}%"
     text = f"{report.verdict} ({c.aligned} rows compared{pct})"
     if first is not None and report.verdict != "incomparable":
         text += f": first diverging tensor {safe(first.name)} ({where(first.row)})"
@@ -91,11 +94,19 @@ def headline(report: Report) -> str:
     return text
 
 
-def unclosed(report: Report) -> list[str]:
-    """A warning per trace whose writer never closed: what it holds ends at its last flush."""
-    sides = (("a", report.a), ("b", report.b))
-    return [f"note: {side} ({safe(' '.join(info.paths))}) was never closed by its writer (killed, or still "
-            "recording): rows after its last flush are missing" for side, info in sides if not info.closed]
+def trace_notes(report: Report) -> list[str]:
+    """A warning per trace that holds less than its run wrote: a writer that never closed (what it
+    holds ends at its last flush), rank files missing."""
+    notes = []
+    for side, info in (("a", report.a), ("b", report.b)):
+        where = safe(" ".join(info.paths))
+        if not info.closed:
+            notes.append(f"note: {side} ({where}) was never closed by its writer (killed, or still "
+                         "recording): rows after its last flush are missing")
+        if info.world_size > len(info.paths):
+            notes.append(f"note: {side} ({where}) holds {len(info.paths)} of the run's {info.world_size} "
+                         "rank files: the other ranks' rows are missing")
+    return notes
 
 
 def producer(info: TraceInfo) -> str:
@@ -131,7 +142,7 @@ def render(console: Console, report: Report) -> None:
     told = first is None or report.verdict == "incomparable"  # the headline gave the first reason
     for reason in report.reasons[1 if told else 0:]:
         console.print(Text(f"  {report.verdict if told else 'also'}: {safe(reason)}", style="yellow"))
-    for line in unclosed(report):
+    for line in trace_notes(report):
         console.print(Text(line, style="yellow"))
     if report.contract.differing:
         console.print("contract differences:")
@@ -172,7 +183,7 @@ def to_markdown(report: Report) -> str:
         bullets += [f"- {NO_EXPLANATION}; {_numbers(first.row)}"]
     label = report.verdict if first is None or report.verdict == "incomparable" else "also"
     bullets += [f"- {label}: {md(r)}" for r in report.reasons]
-    bullets += [f"- {md(line)}" for line in unclosed(report)]
+    bullets += [f"- {md(line)}" for line in trace_notes(report)]
     lines += ["", *bullets] if bullets else []
     lines += ["", "| tensor | status | aligned | rows a / b | failed | worst |", "|---|---|---|---|---|---|"]
     for t in report.tensors:
