@@ -17,7 +17,7 @@ from tracediff.diff.contract import contract_diff
 from tracediff.diff.findings import Side
 from tracediff.diff.metrics import Engine, engine_for
 from tracediff.diff.pair import Pair
-from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, SideKeys, make_plan
+from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, SideKeys, TensorPlan, make_plan
 from tracediff.diff.results import ContractDiff, Coverage, RowRef, TensorResult, TokenMismatch
 from tracediff.diff.statics import compare_static
 from tracediff.diff.tolerance import Tolerances, failing_rows
@@ -116,7 +116,7 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
     return comparison
 
 
-def _initial(tensor) -> TensorResult:
+def _initial(tensor: TensorPlan) -> TensorResult:
     """A tensor's result before any row is read: what the plan knows (coverage, problems)."""
     keys, matched = tensor.keys, tensor.matched
     skipped = matched.skipped
