@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from tracediff.errors import InputError
 
@@ -264,6 +265,35 @@ def doctor(
         render_findings(console, findings)
     if any(f.severity == "error" for f in findings):
         raise typer.Exit(1)
+
+
+import_app = typer.Typer(no_args_is_help=True, help="Other producers' dumps into traces.")
+app.add_typer(import_app, name="import")
+
+
+@import_app.command("specforge-ckpt")
+def import_specforge_ckpt(
+    source: Path = typer.Argument(..., help="a directory of SpecForge offline feature files "
+                                  "(data_*.ckpt), or one file"),
+    out: Path = typer.Option(..., "--out", "-o", help="the trace to write (.h5 or .arrow)"),
+    aux_layer_ids: str | None = typer.Option(None, "--aux-layer-ids", help="the training config's aux "
+                                             "layer ids (e.g. '1,15,28'), for the trace's contract"),
+    target_model: str | None = typer.Option(None, "--target-model", help="the target model, for the "
+                                            "contract"),
+) -> None:
+    """SpecForge's offline hidden states into a training trace (loaded with torch.load(weights_only=True))."""
+    need_torch()
+    from tracediff.integrations.specforge_ckpt import ids
+    from tracediff.integrations.specforge_ckpt import import_specforge_ckpt as run_import
+
+    try:
+        layers = ids(aux_layer_ids) if aux_layer_ids is not None else None
+    except ValueError:
+        fail("--aux-layer-ids", f"expected comma-separated integers, got {aux_layer_ids!r}")
+    done = []
+    guarded(source, lambda: done.append(run_import(source, out, aux_layer_ids=layers,
+                                                   target_model=target_model)))
+    console.print(Text(f"wrote {done[0].path}: {done[0].rows} rows from {done[0].files} files"))
 
 
 def main() -> None:

@@ -27,6 +27,8 @@ CANONICAL_NAMES: dict[str, str] = {
     "target.layer.{i}": "output of target decoder layer i (0-based, HF convention)",
     "target.aux": "concatenated aux hidden states handed to the draft [rows, K*H]",
     "target.logits": "target logits",
+    "target.final_hidden": "the target's last hidden state, after its final norm (HF hidden_states[-1])",
+    "train.loss_mask": "1 where a training row counts in the loss",
     "target.token": "token the target chose at this row",
     "draft.positions": "RoPE positions the draft ran at",
     "draft.input_ids": "token ids fed to the draft",

@@ -1,0 +1,141 @@
+"""SpecForge's offline hidden-state files into a trace: one ``torch.save`` dict per sample
+(``data_*.ckpt``, or ``.ckpt.gz``) holding ``input_ids`` [L], ``loss_mask`` [L],
+``aux_hidden_state`` [1, L, K*H] (the fc input the draft trains on) and ``hidden_state`` [1, L, H]
+(the target's last state, after its final norm).
+
+Files are loaded with ``torch.load(..., weights_only=True)``: a feature file is tensors in a dict,
+and anything that needs real unpickling is refused, never run. Each sample becomes one request
+(named after its file) whose tokens are declared, so it aligns with a serving trace by content.
+"""
+
+from __future__ import annotations
+
+import gzip
+import io
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import tracediff as td
+from tracediff.errors import InputError
+
+SUFFIXES = (".ckpt", ".ckpt.gz")
+KEYS = ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state")
+VECTORS = ("aux_hidden_state", "hidden_state")  # [1, L, width]; the others are [L] or [1, L]
+# What each key becomes in the trace (docs/FORMAT.md's canonical names where one exists).
+NAMES = {"aux_hidden_state": "target.aux", "hidden_state": "target.final_hidden",
+         "loss_mask": "train.loss_mask"}
+
+
+@dataclass
+class Imported:
+    files: int
+    rows: int
+    path: Path
+
+
+def feature_files(source: Path) -> list[Path]:
+    """The feature files under ``source`` (or ``source`` itself), sorted as SpecForge reads them."""
+    if source.is_file():
+        return [source]
+    if not source.is_dir():
+        raise InputError(source, "no such file or directory")
+    files = sorted(p for p in source.rglob("*") if p.is_file() and p.name.endswith(SUFFIXES))
+    if not files:
+        raise InputError(source, f"holds no SpecForge feature files ({', '.join(SUFFIXES)})")
+    return files
+
+
+def load_sample(path: Path) -> dict[str, Any]:
+    """One feature file's tensors, checked: one ``error:`` line for anything else."""
+    import torch
+
+    try:
+        raw = path.read_bytes()
+        if path.name.endswith(".gz"):
+            raw = gzip.decompress(raw)
+        data = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, foreign, or pickled objects weights_only refuses
+        raise InputError(path, f"not a feature file torch.load(weights_only=True) reads: {_why(exc)}") \
+            from None
+    if not isinstance(data, dict) or any(key not in data for key in KEYS):
+        found = sorted(data) if isinstance(data, dict) else type(data).__name__
+        raise InputError(path, f"expected a dict with {', '.join(KEYS)}; found {found}")
+    tokens = data["input_ids"]
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point:
+        raise InputError(path, "input_ids is not an integer tensor")
+    length = tokens.reshape(-1).shape[0]
+    for key in KEYS[1:]:
+        if not isinstance(data[key], torch.Tensor):
+            raise InputError(path, f"{key} is not a tensor")
+        if (positions := per_token(key, data[key]).shape[0]) != length:
+            raise InputError(path, f"{key} has {positions} positions, input_ids {length}")
+    return data
+
+
+def _why(exc: Exception) -> str:
+    """torch.load's complaint in a few plain words (its own messages span lines and hold terminal
+    escapes)."""
+    text = str(exc)
+    if "Unsupported global" in text:
+        return "it holds objects other than tensors, which would need unpickling"
+    if "WeightsUnpickler error" in text:
+        return "not a torch.save file (or a damaged one)"
+    first = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text.strip().splitlines()[0] if text.strip() else "")
+    return "".join(c for c in first if c.isprintable())[:200] or type(exc).__name__
+
+
+def per_token(key: str, value: Any) -> Any:
+    """A feature as one row per token: hidden states keep their last axis, the rest is flattened."""
+    return value.reshape(-1, value.shape[-1]) if key in VECTORS else value.reshape(-1)
+
+
+def import_specforge_ckpt(source: Path, out: Path, *, aux_layer_ids: list[int] | None = None,
+                          target_model: str | None = None) -> Imported:
+    """Write the samples under ``source`` as a training trace at ``out``. ``aux_layer_ids`` (the
+    training config's, SpecForge's output-of-layer convention) and ``target_model`` go into the
+    contract: the files do not say which layers they hold."""
+    files = feature_files(source)
+    if out.suffix not in (".h5", ".hdf5", ".arrow"):
+        raise InputError(out, "the output must end in .h5 or .arrow")
+    if not out.parent.is_dir():
+        raise InputError(out, f"output directory {out.parent} does not exist")
+    if out.exists():
+        raise InputError(out, "already exists: choose another output (nothing was written)")
+    contract: dict[str, Any] = {"imported_from": "specforge-ckpt", "aux_layer_convention": "output_of_layer"}
+    if aux_layer_ids is not None:
+        contract["aux_layer_ids"] = list(aux_layer_ids)
+    if target_model is not None:
+        contract["target_model"] = target_model
+    try:
+        rows = _write(files, out, contract)
+    except BaseException:
+        out.unlink(missing_ok=True)  # a bad file half way: no half trace left behind
+        raise
+    return Imported(files=len(files), rows=rows, path=out)
+
+
+def _write(files: list[Path], out: Path, contract: dict[str, Any]) -> int:
+    rows = 0
+    options = dict(source="training", meta=contract, strict=True, on_full="block", block_timeout=600)
+    with td.record(out, **options) as rec:
+        for step, path in enumerate(files):
+            sample = load_sample(path)
+            request = path.name.split(".", 1)[0]
+            tokens = sample["input_ids"].reshape(-1).to("cpu")
+            rec.request_tokens(request, tokens)
+            for key, name in NAMES.items():
+                rec.log(name, per_token(key, sample[key]), step=step, request=request, token_ids=tokens)
+            rows += int(tokens.shape[0])
+    if rec.stopped or sum(rec.dropped.values()):
+        raise InputError(out, f"the trace was not written whole: {rec.stopped or dict(rec.dropped)}")
+    return rows
+
+
+def ids(text: str) -> list[int]:
+    """'1,15,28' -> [1, 15, 28]; ValueError otherwise."""
+    return [int(part) for part in text.split(",") if part.strip()] if text.strip() else []
+
+
+__all__ = ["Imported", "feature_files", "ids", "import_specforge_ckpt", "load_sample"]
