@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import tracediff as td
-from tests.conftest import run_cli, step_tensor
+from tests.conftest import REPO, run_cli, step_tensor
 
 
 @pytest.fixture
@@ -135,3 +135,10 @@ def test_convert_refuses_bad_output(small_trace, tmp_path) -> None:
     before = digest(small_trace)
     out = run_cli("convert", str(small_trace), str(small_trace))
     assert out.returncode == 2 and "overwrite the input" in out.stderr and digest(small_trace) == before
+
+
+def test_show_stats_of_a_static_tensor() -> None:
+    out = run_cli("show", str(REPO / "traces" / "eagle3" / "serving.h5"), "--name", "draft.d2t", "--json")
+    assert out.returncode == 0, out.stderr
+    stats = json.loads(out.stdout)
+    assert stats["shape"] == [768] and stats["rows"] == 0 and len(stats["head"]) == 8

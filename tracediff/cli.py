@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -32,7 +33,7 @@ class _Console(Console):
 console = _Console(width=None if sys.stdout.isatty() else 200)
 
 
-def fail(path: str | Path, problem: str) -> None:
+def fail(path: str | Path, problem: str) -> NoReturn:
     """One line on stderr, exit 2: the contract for every bad input."""
     print(f"error: {path}: {problem}", file=sys.stderr)
     raise typer.Exit(2)
@@ -56,7 +57,7 @@ def show(
     """Metadata and the tensors of a trace, in execution order; or stats of one tensor."""
     from tracediff.report.show import render_stats, render_summary
     from tracediff.trace.reader import open_trace
-    from tracediff.trace.summary import summarize, tensor_stats
+    from tracediff.trace.summary import static_stats, summarize, tensor_stats
 
     def run() -> None:
         with open_trace(trace) as opened:
@@ -71,7 +72,10 @@ def show(
             try:
                 stats = tensor_stats(opened.rows(name, step=step, request=request))
             except KeyError:
-                fail(trace, f"no rows of tensor {name!r} {where}".rstrip() + " (list: tracediff show)")
+                static = static_stats(opened, name, step) if request is None else None
+                if static is None:
+                    fail(trace, f"no rows of tensor {name!r} {where}".rstrip() + " (list: tracediff show)")
+                stats = static
             if as_json:
                 print(json.dumps(stats.to_dict(), indent=1))
             else:

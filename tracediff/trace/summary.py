@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -94,3 +94,16 @@ def tensor_stats(rows: Rows, head: int = 8) -> TensorStats:
         min=float(stats[0]), max=float(stats[1]), mean=float(stats[2]), std=float(stats[3]),
         nan=nan, inf=int(len(flat) - len(finite) - nan), head=first.tolist(),
     )
+
+
+def static_stats(trace: Trace, name: str, step: int | None = None) -> TensorStats | None:
+    """Stats of the last static record of ``name`` (at ``step`` if given); None when it has none."""
+    hits = [i for i in trace.select(name=name, step=step) if trace.index.static[i]]
+    if not hits:
+        return None
+    record = trace.read(hits[-1])
+    empty = np.empty(0, dtype=np.int64)
+    keys = dict(request=np.empty(0, dtype=object), request_code=empty, position=empty, token_id=empty,
+                step=empty, depth=empty, rank=empty)
+    stats = tensor_stats(Rows(name=name, dtype=record.dtype, data=record.data, **keys))
+    return replace(stats, head=record.numpy().reshape(-1)[:8].tolist())
