@@ -128,15 +128,11 @@ class ScaleEvidence:
 
 
 @dataclass
-class NormFitEvidence:
-    """One side equals RMSNorm of the other with a fitted per-channel weight."""
+class NormFitEvidence(ScaleEvidence):
+    """One side equals RMSNorm of the other with a fitted per-channel weight (the scale check's
+    numbers, and the fit's)."""
 
     KINDS: ClassVar = ("norm",)
-    tensor: str
-    rows_checked: int
-    min_cosine: float
-    norm_ratio_b_over_a: float
-    ratio_spread: float
     normed_side: Side
     fit_rel_l2: float
     weight_mean: float
