@@ -89,7 +89,7 @@ def _install_import_stubs() -> None:
         stubs.install_platform_stubs()
     finally:
         sys.platform, platform.machine, torch.backends.mps.is_available = saved  # type: ignore[assignment]
-    if importlib.util.find_spec("torchvision") is None or "torchvision" in os.environ.get("TRACEDIFF_STUB", ""):
+    if importlib.util.find_spec("torchvision") is None:
         sys.meta_path.insert(0, _SglangOnlyStub(("torchvision",), stubs._MockModule))
 
 
