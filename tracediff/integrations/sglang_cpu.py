@@ -54,7 +54,7 @@ class _SglangOnlyStub(importlib.abc.MetaPathFinder, importlib.abc.Loader):
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
         if not any(fullname == p or fullname.startswith(p + ".") for p in self.prefixes):
             return None
-        frame = sys._getframe(1)
+        frame: Any = sys._getframe(1)
         while frame is not None and ("importlib" in frame.f_code.co_filename
                                      or frame.f_code.co_filename.startswith("<frozen")):
             frame = frame.f_back
@@ -82,13 +82,14 @@ def _install_import_stubs() -> None:
     sys.modules[loader_spec.name] = stubs
     loader_spec.loader.exec_module(stubs)
     # install_platform_stubs() acts only on Apple silicon: let it believe it runs there, briefly.
-    saved = sys.platform, platform.machine, torch.backends.mps.is_available
-    sys.platform, platform.machine = "darwin", lambda: "arm64"  # type: ignore[assignment]
-    torch.backends.mps.is_available = lambda: True
+    mps: Any = torch.backends.mps
+    saved = sys.platform, platform.machine, mps.is_available
+    sys.platform, platform.machine = "darwin", lambda: "arm64"
+    mps.is_available = lambda: True
     try:
         stubs.install_platform_stubs()
     finally:
-        sys.platform, platform.machine, torch.backends.mps.is_available = saved  # type: ignore[assignment]
+        sys.platform, platform.machine, mps.is_available = saved
     if importlib.util.find_spec("torchvision") is None:
         sys.meta_path.insert(0, _SglangOnlyStub(("torchvision",), stubs._MockModule))
 
