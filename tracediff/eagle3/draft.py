@@ -35,7 +35,7 @@ class RMSNorm(nn.Module):
 
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [B, 1, T, head_dim] for integer positions [B, T] (Llama default RoPE)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2).float() / head_dim))
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos()[:, None], emb.sin()[:, None]
@@ -90,7 +90,7 @@ class Attention(nn.Module):
         k0, v0 = self._repeat(cache.k0), self._repeat(cache.v0)
         scale = math.sqrt(self.head_dim)
         scores = torch.matmul(q, k0.transpose(2, 3)) / scale
-        hidden = torch.arange(k0.shape[2])[None, :] >= visible[:, None]
+        hidden = torch.arange(k0.shape[2], device=k0.device)[None, :] >= visible[:, None]
         scores = scores.masked_fill(hidden, torch.finfo(scores.dtype).min)
         chain = [(self._repeat(ki), self._repeat(vi)) for ki, vi in cache.chain]
         if chain:
@@ -183,7 +183,8 @@ class Eagle3Draft(nn.Module):
         if visible is None:  # the rows are the last T rows of the prefix: row t sees rows <= t
             t = input_ids.shape[-1]
             prior = 0 if cache.k0 is None else cache.k0.shape[2]
-            visible = (prior + t if depth == 0 else prior) - t + torch.arange(1, t + 1)
+            first = (prior + t if depth == 0 else prior) - t
+            visible = first + torch.arange(1, t + 1, device=input_ids.device)
         out = self.midlayer(embed, hidden, positions, cache, depth, visible)
         return DepthResult(embed=embed, hidden=out, logits=self.lm_head(self.norm(out)))
 
@@ -191,7 +192,7 @@ class Eagle3Draft(nn.Module):
                positions: torch.Tensor | None = None) -> list[DepthResult]:
         """SpecForge's TTT forward: fc once, then ``length`` depths, ids shifted left each depth."""
         b, t = input_ids.shape
-        positions = torch.arange(t).expand(b, t) if positions is None else positions
+        positions = torch.arange(t, device=input_ids.device).expand(b, t) if positions is None else positions
         fc_out = self.project(fc_in)
         hidden, ids, cache, results = fc_out, input_ids, DraftKV(), []
         for depth in range(length):

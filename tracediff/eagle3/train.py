@@ -70,7 +70,7 @@ def ttt_loss(draft: Eagle3Draft, ttt: TTTPass) -> torch.Tensor:
     """Cross-entropy against the target's token in draft-vocab space; rows whose token is not in the
     draft vocab are left out; depth d weighs 0.8**d."""
     draft_index = torch.cumsum(draft.t2d.long(), 0) - 1
-    total = torch.zeros(())
+    total = torch.zeros((), device=draft.t2d.device)
     for depth, result in enumerate(ttt.depths):
         n = ttt.rows(depth)
         labels = ttt.labels(depth)
