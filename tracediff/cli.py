@@ -271,6 +271,51 @@ def doctor(
         raise typer.Exit(1)
 
 
+@app.command("record", context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
+def record_command(
+    command: list[str] = typer.Argument(None, help="the command to run (after --)", show_default=False),
+    out: Path = typer.Option(..., "--out", "-o", help="the trace to write (.h5 or .arrow; per-rank files "
+                             "NAME.rankN.EXT for several ranks)"),
+    watch: list[str] = typer.Option([], "--watch", help="record these modules of any PyTorch program, by "
+                                    "dotted-name glob ('*' = one part), e.g. 'model.layers.*'"),
+    names: list[str] = typer.Option([], "--names", help="record only tensors whose names match"),
+    exclude: list[str] = typer.Option([], "--exclude", help="leave out tensors whose names match"),
+    every: int = typer.Option(1, "--every", help="record every N-th step"),
+    requests: int | None = typer.Option(None, "--requests", help="record only the first N requests"),
+    match_prefix: str | None = typer.Option(None, "--match-prefix", help="record only requests whose "
+                                            "tokens start so, e.g. '128000,9906'"),
+    plugin: list[str] = typer.Option([], "--plugin", help="another recording plugin module, e.g. "
+                                     "tracediff.integrations.specforge"),
+    eager_only: bool = typer.Option(False, "--eager-only", help="SGLang with CUDA graphs: accept a trace "
+                                    "of the eager forwards only"),
+) -> None:
+    """Run CMD and record its tensors: tracediff record --out run.h5 OPTIONS -- CMD ARGS...
+
+    Exits with CMD's exit code (2 for bad input, before anything starts)."""
+    from tracediff.record.launch import LaunchConfig, plugins_for
+    from tracediff.record.launch import run as run_launch
+
+    argv = list(command or [])
+    try:
+        prefix = tuple(int(t) for t in match_prefix.split(",") if t.strip()) if match_prefix else None
+    except ValueError:
+        fail("--match-prefix", f"expected comma-separated token ids, got {match_prefix!r}")
+    config = LaunchConfig(out=str(out), plugins=plugins_for(argv, watch, plugin), watch=tuple(watch),
+                          names=tuple(names), exclude=tuple(exclude), every=every, requests=requests,
+                          match_prefix=prefix)
+    results = []
+    guarded(out, lambda: results.append(run_launch(config, argv, eager_only=eager_only)))
+    result = results[0]
+    for f in result.files:
+        state = "" if f.closed else " (not closed: its writer was stopped; readable up to its last flush)"
+        print(f"tracediff: wrote {f.path}: {f.records} records{state}", file=sys.stderr)
+    if not result.files:
+        print("tracediff: nothing was recorded: no plugin recorded a tensor (with --watch: no module matched "
+              "the globs or none ran; SGLang: CUDA graphs hide tensors from hooks; or the command's Python "
+              "cannot import tracediff, or ignores PYTHONPATH: -E / -I)", file=sys.stderr)
+    raise typer.Exit(result.exit_code)
+
+
 import_app = typer.Typer(no_args_is_help=True, help="Other producers' dumps into traces.")
 app.add_typer(import_app, name="import")
 
@@ -298,6 +343,29 @@ def import_specforge_ckpt(
     guarded(source, lambda: done.append(run_import(source, out, aux_layer_ids=layers,
                                                    target_model=target_model)))
     console.print(Text(f"wrote {done[0].path}: {done[0].rows} rows from {done[0].files} files"))
+
+
+@import_app.command("sglang-dump")
+def import_sglang_dump(
+    source: Path = typer.Argument(..., help="a directory of SGLang dumper files (DUMPER_DIR, or one run's "
+                                  "folder in it)"),
+    out: Path = typer.Option(..., "--out", "-o", help="the trace to write (.h5 or .arrow)"),
+) -> None:
+    """SGLang's own dumper files into a serving trace (loaded with torch.load(weights_only=True))."""
+    need_torch()
+    from tracediff.integrations.sglang_dump import import_sglang_dump as run_import
+
+    done = []
+    guarded(source, lambda: done.append(run_import(source, out)))
+    result = done[0]
+    wrote = ", ".join(map(str, result.paths))
+    console.print(Text(f"wrote {wrote}: {result.records} records from {result.files} files "
+                       f"({result.steps} steps)"))
+    if result.skipped:
+        console.print(Text(f"left out {result.skipped} values that are not tensors tracediff records"))
+    if result.steps_without_tokens:
+        console.print(Text(f"note: {result.steps_without_tokens} of {result.steps} steps carry no input_ids: "
+                           "their rows align only by step and position (tracediff compare --align step)"))
 
 
 def main() -> None:

@@ -1,0 +1,330 @@
+"""SGLang's own dumper output into a trace (``tracediff import sglang-dump DIR -o serve.h5``).
+
+SGLang's dumper (``sglang/srt/debug_utils/dumper.py``, ``DUMPER_ENABLE=1 DUMPER_DIR=...``) writes one
+``torch.save`` file per tensor, ``DIR/<exp_name>/step=S___rank=R___dump_index=I___name=X___<tags>.pt``,
+holding ``{"value", "meta"}``. Files are loaded with ``torch.load(..., weights_only=True)`` only: one
+that needs real unpickling is refused, never run.
+
+Row keys come from the core fields its non-intrusive hooks dump with each forward (``input_ids``,
+``positions`` or ``position_ids``, ``seq_lens``, ``rids``, ``req_pool_indices``); they are keys, not
+records. A flat batch is cut into requests by ``seq_lens`` (request i ends at position
+``seq_lens[i] - 1``: prefill and decode), named by ``rids``; such a step's rows are keyed by content
+and later steps of a request extend its tokens. A step that cannot be cut so (verify, draft decode),
+or that contradicts tokens already known (SGLang's draft extend feeds ids shifted by one), is keyed
+under per-step requests ``<rid>@s<step>``, so that it never corrupts a request's token sequence.
+Draft steps (their forward runs ``model.fc``, or only decoder layer 0) take the token keys of the
+target at the same (request, position) and record their fed ids as ``draft.input_ids``. A step
+without ``input_ids`` keys its rows by position only (token id -1): such rows align only by step and
+position (``compare --align step``), and the trace's contract and the command say so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+import tracediff as td
+from tracediff.errors import InputError
+from tracediff.integrations.specforge_ckpt import _why as why_unreadable
+from tracediff.record.host import tag_of_tensor
+
+PREFIX = "non_intrusive__"
+# Dumper name -> (canonical name in a target step, in a draft step); None: kept as sglang.<name>.
+# Module paths are SGLang 0.5.23's LlamaForCausalLM / LlamaForCausalLMEagle3 (and HF's lm_head).
+# Not mapped on purpose: model.layers.{i}.output is the layer's last branch in SGLang (the residual
+# add is deferred to the next layer), not target.layer.i.
+NAMES: dict[str, tuple[str | None, str | None]] = {
+    PREFIX + "model.embed_tokens.output": ("target.embed", "draft.embed"),
+    PREFIX + "model.norm.output": ("target.final_hidden", None),
+    PREFIX + "model.norm.output.0": ("target.final_hidden", None),
+    PREFIX + "logits_processor.output.next_token_logits": ("target.logits", "draft.logits"),
+    PREFIX + "lm_head.output": ("target.logits", "draft.logits"),
+    PREFIX + "model.fc.inputs.0": (None, "draft.fc_in"),
+    PREFIX + "model.fc.output": (None, "draft.fc_out"),
+}
+KEY_FIELDS = ("input_ids", "positions", "position_ids", "seq_lens", "rids", "req_pool_indices")
+FILE_NAME = re.compile(r"step=(-?\d+)___rank=(\d+)___dump_index=(\d+)___name=(.+?)(?:___[^=]+=.*)?\.pt")
+LAYER = re.compile(re.escape(PREFIX) + r"model\.layers\.(\d+)\.")
+NO_TOKEN = -1
+
+
+@dataclass
+class Dump:
+    """One dumper file."""
+
+    path: Path
+    step: int
+    rank: int
+    index: int
+    name: str
+    value: Any
+    tags: dict[str, Any]
+
+
+@dataclass
+class Imported:
+    files: int
+    records: int
+    steps: int
+    paths: list[Path]
+    steps_without_tokens: int
+    skipped: int  # values that are not recordable tensors (strings, objects, unsupported dtypes)
+
+
+@dataclass
+class StepKeys:
+    """Per-token keys of one forward, flattened; ``lead`` is the shape of its input_ids."""
+
+    lead: tuple[int, ...]
+    requests: np.ndarray
+    positions: np.ndarray
+    tokens: np.ndarray
+    last: np.ndarray  # the last token of each request segment (for [requests, ...] tensors)
+
+
+@dataclass
+class Book:
+    """Tokens by (request, position) from content-keyed steps, one per rank."""
+
+    tokens: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def agrees(self, requests: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> bool:
+        known = self.tokens
+        return all(known.get((r, int(p)), int(t)) == int(t) for r, p, t in zip(requests, positions, tokens))
+
+    def learn(self, requests: np.ndarray, positions: np.ndarray, tokens: np.ndarray) -> None:
+        for r, p, t in zip(requests, positions, tokens):
+            self.tokens.setdefault((r, int(p)), int(t))
+
+    def lookup(self, requests: np.ndarray, positions: np.ndarray) -> np.ndarray | None:
+        found = [self.tokens.get((r, int(p))) for r, p in zip(requests, positions)]
+        return None if any(t is None for t in found) else np.array(found, dtype=np.int64)
+
+
+def dump_files(source: Path) -> list[Path]:
+    """The dumper files of one run: under ``source`` itself or its one experiment folder."""
+    if not source.is_dir():
+        raise InputError(source, "no such directory")
+    files = sorted(p for p in source.rglob("*.pt") if p.is_file())
+    if not files:
+        raise InputError(source, "holds no SGLang dumper files (step=...___name=....pt)")
+    runs = sorted({str(p.parent.relative_to(source)) for p in files})
+    if len(runs) > 1:
+        raise InputError(source, f"holds the dumps of {len(runs)} runs ({', '.join(runs[:4])}): "
+                         "import one of these folders")
+    return files
+
+
+def load_dump(path: Path) -> Dump:
+    """One file, checked: its name, then ``{"value", "meta"}`` loaded with weights_only=True."""
+    import torch
+
+    match = FILE_NAME.fullmatch(path.name)
+    if match is None:
+        raise InputError(path, "not an SGLang dumper file name (step=S___rank=R___dump_index=I___name=X..)")
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, foreign, or objects weights_only refuses to unpickle
+        raise InputError(path, f"not a dump torch.load(weights_only=True) reads: {_why(exc)}") from None
+    if not isinstance(data, dict) or "value" not in data or not isinstance(data.get("meta"), dict):
+        found = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
+        raise InputError(path, f"expected a dict with 'value' and 'meta'; found {found}")
+    meta = data["meta"]
+    step, rank, index, name = int(match[1]), int(match[2]), int(match[3]), match[4]
+    if (meta.get("step", step), meta.get("rank", rank), meta.get("name", name)) != (step, rank, name):
+        raise InputError(path, "its file name and its meta disagree on step, rank or name")
+    return Dump(path, step, rank, index, name, data["value"], meta)
+
+
+def _why(exc: Exception) -> str:
+    if "zip archive" in str(exc):  # torch's words for a cut-off (or non-torch) file span many lines
+        return "truncated, or not a torch.save file"
+    return why_unreadable(exc)
+
+
+def canonical(name: str, draft: bool) -> str:
+    """The trace name of a dumper name (docs/INTEGRATIONS.md has the table)."""
+    mapped = NAMES.get(name, (None, None))[1 if draft else 0]
+    return mapped or f"sglang.{name}"
+
+
+def is_draft_step(names: set[str]) -> bool:
+    """A draft forward runs ``model.fc`` (depth 0), or only decoder layer 0 (a one-layer draft)."""
+    if any(n.startswith(PREFIX + "model.fc.") for n in names):
+        return True
+    layers = {int(m[1]) for n in names if (m := LAYER.match(n))}
+    return layers == {0}
+
+
+def _first(dumps: list[Dump], *names: str) -> Any:
+    return next((d.value for d in dumps if d.name in names), None)
+
+
+def _ints(value: Any) -> np.ndarray | None:
+    import torch
+
+    if isinstance(value, torch.Tensor) and not value.dtype.is_floating_point and value.dim() >= 1:
+        return value.detach().reshape(-1).to(torch.int64).numpy()
+    return None
+
+
+def step_keys(dumps: list[Dump], step: int, book: Book, draft: bool) -> StepKeys | None:
+    """Row keys of one forward from its core fields (see the module docstring); None without input_ids."""
+    ids_value = _first(dumps, "input_ids")
+    ids = _ints(ids_value)
+    if ids is None:
+        return None
+    lead = tuple(ids_value.shape)
+    positions = _ints(_first(dumps, "positions", "position_ids"))
+    if positions is not None and len(positions) != len(ids):  # e.g. [1, T] positions of a [B, T] batch
+        positions = np.tile(positions, len(ids) // len(positions)) if len(ids) % len(positions) == 0 else None
+    if positions is None:
+        width = lead[-1]
+        positions = np.tile(np.arange(width, dtype=np.int64), len(ids) // width)
+    rids = _first(dumps, "rids")
+    pool = _ints(_first(dumps, "req_pool_indices"))
+    segments = _segments(positions, _ints(_first(dumps, "seq_lens")), lead[0] if len(lead) == 2 else 0)
+    if segments is None:  # not a plain prefill / decode batch: cut where positions do not run on
+        starts = np.flatnonzero(np.diff(positions, prepend=positions[0] - 2) != 1)
+        segments = np.diff(np.append(starts, len(ids)))
+        keyed_by_content = False
+    else:
+        keyed_by_content = True
+    count, per_step = len(segments), False
+    if isinstance(rids, (list, tuple)) and len(rids) == count:
+        names = [str(r) for r in rids]
+    elif pool is not None and len(pool) == count:
+        names = [f"pool{int(p)}" for p in pool]
+    else:  # nothing names the requests across steps: this step's rows are requests of their own
+        names, per_step, keyed_by_content = [f"s{step}b{i}" for i in range(count)], True, False
+    requests = np.repeat(np.array(names, dtype=object), segments)
+    tokens = ids
+    if draft:  # rows carry the target's token at their position; the fed ids are draft.input_ids
+        known = book.lookup(requests, positions) if keyed_by_content else None
+        tokens, keyed_by_content = (known, True) if known is not None else (ids, False)
+    elif keyed_by_content and not book.agrees(requests, positions, ids):
+        keyed_by_content = False
+    if keyed_by_content and not draft:
+        book.learn(requests, positions, ids)
+    if not keyed_by_content and not per_step:
+        requests = np.array([f"{r}@s{step}" for r in requests], dtype=object)
+    return StepKeys(lead, requests, positions, tokens, np.cumsum(segments) - 1)
+
+
+def _segments(positions: np.ndarray, seq_lens: np.ndarray | None, batch_rows: int) -> np.ndarray | None:
+    """Tokens per request: [B, T] rows, or a flat batch cut where request i reaches seq_lens[i] - 1."""
+    if batch_rows:
+        return np.full(batch_rows, len(positions) // batch_rows)
+    if seq_lens is None or len(seq_lens) == 0:
+        return None
+    sizes, start = [], 0
+    for length in seq_lens:
+        ends = np.flatnonzero(positions[start:] == int(length) - 1)
+        if len(ends) == 0:
+            return None
+        sizes.append(int(ends[0]) + 1)
+        start += sizes[-1]
+    return np.array(sizes) if start == len(positions) else None
+
+
+def import_sglang_dump(source: Path, out: Path) -> Imported:
+    """Write the dumps under ``source`` as a serving trace at ``out`` (per-rank files for several ranks)."""
+    files = dump_files(source)
+    if out.suffix not in (".h5", ".hdf5", ".arrow"):
+        raise InputError(out, "the output must end in .h5 or .arrow")
+    if not out.parent.is_dir():
+        raise InputError(out, f"output directory {out.parent} does not exist")
+    dumps = [load_dump(path) for path in files]  # every file is checked before anything is written
+    by_rank: dict[int, list[Dump]] = defaultdict(list)
+    for dump in dumps:
+        by_rank[dump.rank].append(dump)
+    world = max(by_rank) + 1 if len(by_rank) > 1 else 1
+    paths = [out.with_name(f"{out.stem}.rank{r}{out.suffix}") if world > 1 else out for r in sorted(by_rank)]
+    if taken := [p for p in paths if p.exists()]:
+        raise InputError(taken[0], "already exists: choose another output (nothing was written)")
+    done = Imported(files=len(files), records=0, steps=0, paths=paths, steps_without_tokens=0, skipped=0)
+    try:
+        for rank in sorted(by_rank):
+            _write_rank(by_rank[rank], out, rank, world, source, done)
+    except BaseException:
+        for path in paths:
+            path.unlink(missing_ok=True)  # no partial trace
+        raise
+    return done
+
+
+def _write_rank(dumps: list[Dump], out: Path, rank: int, world: int, source: Path, done: Imported) -> None:
+    steps: dict[int, list[Dump]] = defaultdict(list)
+    for dump in sorted(dumps, key=lambda d: d.index):
+        steps[dump.step].append(dump)
+    contract = {"imported_from": "sglang-dump", "dump_dir": str(source), "name_map": "sglang_dump.NAMES"}
+    options: dict[str, Any] = dict(source="serving", meta=contract, on_full="block", block_timeout=600)
+    if world > 1:
+        options.update(rank=rank, world_size=world)
+    book, untokened = Book(), 0
+    with td.record(out, **options) as rec:
+        for step in sorted(steps):
+            group = steps[step]
+            draft = is_draft_step({d.name for d in group})
+            keys = step_keys(group, step, book, draft)
+            untokened += keys is None
+            if draft and keys is not None:
+                rec.log("draft.input_ids", _ids_value(group), step=step, request=list(keys.requests),
+                        positions=keys.positions, token_ids=keys.tokens)
+            for dump in group:
+                if dump.name in KEY_FIELDS:
+                    continue
+                done.skipped += not _log(rec, canonical(dump.name, draft), dump.value, step, keys)
+        rec.update_contract(row_keys="tokens" if not untokened else
+                            "step_position" if untokened == len(steps) else "mixed",
+                            steps_without_tokens=untokened)
+    if rec.stopped or sum(rec.dropped.values()):
+        raise InputError(out, f"the trace was not written whole: {rec.stopped or dict(rec.dropped)}")
+    done.records += rec.records_written
+    done.steps += len(steps)
+    done.steps_without_tokens += untokened
+
+
+def _ids_value(group: list[Dump]) -> Any:
+    return _first(group, "input_ids").reshape(-1)
+
+
+def _log(rec: Any, name: str, value: Any, step: int, keys: StepKeys | None) -> bool:
+    """One dump as rows (per token, or per request: its last token) or as a static record of its
+    step; False when it is not a recordable tensor."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        return False
+    try:
+        tag_of_tensor(value)
+    except ValueError:
+        return False
+    if value.dim() == 0:
+        rec.log_static(name, value, step=step)
+        return True
+    if keys is None:
+        length = value.shape[0]
+        rec.log(name, value, step=step, request=f"s{step}", positions=np.arange(length),
+                token_ids=np.full(length, NO_TOKEN))
+        return True
+    rows = len(keys.tokens)
+    if tuple(value.shape[: len(keys.lead)]) == keys.lead:
+        pick = np.arange(rows)
+        value = value.reshape(rows, *value.shape[len(keys.lead):])
+    elif value.shape[0] == len(keys.last) and value.shape[0] != rows:
+        pick = keys.last
+    else:
+        rec.log_static(name, value, step=step)
+        return True
+    rec.log(name, value, step=step, request=list(keys.requests[pick]), positions=keys.positions[pick],
+            token_ids=keys.tokens[pick])
+    return True
+
+
+__all__ = ["NAMES", "Imported", "canonical", "dump_files", "import_sglang_dump", "is_draft_step", "load_dump"]

@@ -1,0 +1,440 @@
+"""``tracediff record -- CMD``: run a command with recording plugins loaded in each of its Python processes.
+
+The launcher puts ``tracediff/record/startup`` first on the child's PYTHONPATH; its ``sitecustomize``
+calls ``startup()`` in every Python process of the child tree. ``startup()`` reads ``LaunchConfig``
+from ``TRACEDIFF_LAUNCH`` and calls each plugin's ``at_startup(config, recorder)``.
+
+``recorder`` is the per-process factory: the first call opens this process's file, later calls
+return the same Recorder, so a process that never records writes nothing. A file is claimed with an
+exclusive create, so two processes never clobber each other: the one that would take a path already
+taken (two processes of one rank, e.g. a server's helper processes) writes ``NAME.pid{PID}.EXT``
+instead, and the launcher lists every file written. Recorders close at interpreter exit, waiting at
+most ``CLOSE_TIMEOUT`` seconds for their writer; on SIGTERM (where the default action was in place)
+a recording process closes its file first, then dies of the signal as it would have. Processes that
+never record keep their signal handling untouched.
+
+Only the standard library is imported here: ``startup()`` runs in every Python process of the tree.
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import importlib.abc
+import importlib.util
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import FrameType, ModuleType
+from typing import TYPE_CHECKING, Any
+
+from tracediff.errors import InputError
+
+if TYPE_CHECKING:
+    from tracediff.record.recorder import Recorder
+
+logger = logging.getLogger("tracediff")
+
+ENV = "TRACEDIFF_LAUNCH"
+STARTUP_DIR = Path(__file__).resolve().parent / "startup"
+CLOSE_TIMEOUT = 15.0  # seconds a recorder may take to close at exit or on SIGTERM
+WATCH_PLUGIN = "tracediff.record.watch_plugin"
+SGLANG_PLUGIN = "tracediff.integrations.sglang"
+TRACE_SUFFIXES = (".h5", ".hdf5", ".arrow", ".ipc", ".feather")
+
+RecorderFactory = Callable[..., "Recorder"]
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """What ``tracediff record`` asks every process of the child tree to record."""
+
+    out: str  # the --out path
+    plugins: tuple[str, ...]  # modules with at_startup(config, recorder)
+    watch: tuple[str, ...] = ()  # --watch module globs
+    names: tuple[str, ...] = ()  # --names / --exclude globs, --every N: passed to the Recorder
+    exclude: tuple[str, ...] = ()
+    every: int = 1
+    requests: int | None = None  # --requests N: record only the first N requests seen
+    match_prefix: tuple[int, ...] | None = None  # --match-prefix 1,2,3: only requests whose tokens start so
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls, text: str) -> LaunchConfig:
+        data = json.loads(text)
+        prefix = data.get("match_prefix")
+        return cls(out=str(data["out"]), plugins=tuple(data["plugins"]), watch=tuple(data.get("watch", ())),
+                   names=tuple(data.get("names", ())), exclude=tuple(data.get("exclude", ())),
+                   every=int(data.get("every", 1)),
+                   requests=None if data.get("requests") is None else int(data["requests"]),
+                   match_prefix=None if prefix is None else tuple(int(t) for t in prefix))
+
+
+@dataclass
+class RequestGate:
+    """--requests N and --match-prefix for plugins: admits the first N requests seen whose tokens
+    start with the prefix; a request's answer never changes once given."""
+
+    limit: int | None
+    prefix: tuple[int, ...] | None
+    admitted: set[str] = field(default_factory=set)
+    refused: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, config: LaunchConfig) -> RequestGate:
+        return cls(config.requests, config.match_prefix)
+
+    @property
+    def active(self) -> bool:
+        return self.limit is not None or self.prefix is not None
+
+    def admit(self, request: str, tokens: Sequence[int] | None = None) -> bool:
+        """Whether to record ``request``, decided at its first sight from its first tokens."""
+        if request in self.admitted:
+            return True
+        if request in self.refused:
+            return False
+        ok = self.limit is None or len(self.admitted) < self.limit
+        if ok and self.prefix is not None:
+            head = [int(t) for t in list(tokens or [])[: len(self.prefix)]]
+            ok = head == list(self.prefix)
+        (self.admitted if ok else self.refused).add(request)
+        return ok
+
+
+# ---- in the child: startup() and the per-process recorder -----------------------------------------
+
+
+class _ProcessRecorder:
+    """The per-process recorder factory handed to plugins (see the module docstring)."""
+
+    def __init__(self, config: LaunchConfig) -> None:
+        self.config = config
+        self.rec: Recorder | None = None
+        self._lock = threading.Lock()
+
+    def __call__(self, rank: int | None = None, world_size: int | None = None, **options: Any) -> Recorder:
+        if self.rec is not None:
+            return self.rec
+        with self._lock:
+            if self.rec is None:
+                self.rec = self._open(rank, world_size, options)
+        return self.rec
+
+    def _open(self, rank: int | None, world_size: int | None, options: dict) -> Recorder:
+        from tracediff.record.recorder import Recorder
+
+        cfg = self.config
+        rank, world = _rank_and_world(rank, world_size)
+        base = Path(cfg.out)
+        per_rank = world > 1
+        meta = {"launch_plugins": list(cfg.plugins), **options.pop("meta", {})}
+        kwargs = dict(names=list(cfg.names) or None, exclude=list(cfg.exclude) or None, every=cfg.every,
+                      rank=rank if per_rank else None, world_size=world, meta=meta, **options)
+        for candidate in (base, base.with_name(f"{base.stem}.pid{os.getpid()}{base.suffix}")):
+            path = candidate.with_name(f"{candidate.stem}.rank{rank}{candidate.suffix}") if per_rank \
+                else candidate
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                logger.warning("tracediff: cannot create %s (%s); this process records nothing", path, exc)
+                return Recorder(path, enabled=False)
+            try:
+                rec = Recorder(candidate, **kwargs)
+            except Exception as exc:  # e.g. options a plugin got wrong: never an error in the host
+                logger.warning("tracediff: cannot record to %s (%s: %s)", path, type(exc).__name__, exc)
+                rec = Recorder(path, enabled=False)
+            if not rec.active:  # it could not open the file it claimed: leave no empty file behind
+                _unlink_if_empty(path)
+            atexit.unregister(rec.close)
+            atexit.register(rec.close, CLOSE_TIMEOUT)
+            if _started is self:  # the process's own factory, not one a test or tool made
+                _close_on_sigterm(self)
+            return rec
+        logger.warning("tracediff: %s is taken; this process records nothing", base)
+        return Recorder(base, enabled=False)
+
+    def close(self) -> None:
+        if self.rec is not None:
+            self.rec.close(CLOSE_TIMEOUT)
+
+
+def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values, else an initialized torch.distributed, else RANK / WORLD_SIZE."""
+    dist = sys.modules.get("torch.distributed")
+    live = dist is not None and dist.is_available() and dist.is_initialized()
+    if rank is None:
+        rank = dist.get_rank() if live and dist else int(os.environ.get("RANK") or 0)
+    if world_size is None:
+        world_size = dist.get_world_size() if live and dist else int(os.environ.get("WORLD_SIZE") or 1)
+    return int(rank), int(world_size)
+
+
+def _unlink_if_empty(path: Path) -> None:
+    try:
+        if path.stat().st_size == 0:
+            path.unlink()
+    except OSError:
+        pass
+
+
+_started: _ProcessRecorder | None = None
+
+
+def startup() -> None:
+    """Load the plugins named in TRACEDIFF_LAUNCH; never raises (one warning per failure)."""
+    global _started
+    text = os.environ.get(ENV)
+    if not text or _started is not None:
+        return
+    try:
+        config = LaunchConfig.from_env(text)
+    except Exception as exc:
+        logger.warning("tracediff: ignoring %s (%s: %s); nothing is recorded", ENV, type(exc).__name__, exc)
+        return
+    factory = _started = _ProcessRecorder(config)
+    for name in config.plugins:
+        try:
+            importlib.import_module(name).at_startup(config, factory)
+        except Exception as exc:
+            logger.warning("tracediff: plugin %s failed to start (%s: %s); it records nothing", name,
+                           type(exc).__name__, exc)
+
+
+def _close_on_sigterm(factory: _ProcessRecorder) -> None:
+    """Under the default SIGTERM action a process dies without running atexit: in a process that
+    records (only there), close the trace first, then die of the signal as before. Set from the main
+    thread only; a handler the host installs later replaces this one."""
+    try:
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return
+
+        def on_sigterm(signum: int, frame: FrameType | None) -> None:
+            try:
+                factory.close()
+            finally:
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+        signal.signal(signal.SIGTERM, on_sigterm)
+    except (ValueError, OSError):
+        pass
+
+
+# ---- lazy attachment: run a callback once a module has been imported -------------------------------
+
+
+class _ImportWatcher(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: wraps the real loader of a watched module so that callbacks run right
+    after the module executes (a plugin patches classes when their module loads, not before)."""
+
+    def __init__(self) -> None:
+        self.callbacks: dict[str, list[Callable[[ModuleType], None]]] = {}
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname not in self.callbacks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: ModuleType) -> None:
+            run(module)
+            _fire(self.callbacks.pop(fullname, []), module)
+
+        try:
+            loader.exec_module = exec_module  # type: ignore[method-assign]
+        except (AttributeError, TypeError):  # a loader that takes no attributes: leave it alone
+            pass
+        return spec
+
+
+_watcher = _ImportWatcher()
+
+
+def _fire(callbacks: list[Callable[[ModuleType], None]], module: ModuleType) -> None:
+    for callback in callbacks:
+        try:
+            callback(module)
+        except Exception as exc:
+            logger.warning("tracediff: attaching to %s failed (%s: %s); not recorded", module.__name__,
+                           type(exc).__name__, exc)
+
+
+def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
+    """Call ``callback(module)`` once module ``name`` is imported: now if it already is, else right
+    after its import finishes. Callback failures are logged, never raised into the importer."""
+    module = sys.modules.get(name)
+    if module is not None:
+        _fire([callback], module)
+        return
+    _watcher.callbacks.setdefault(name, []).append(callback)
+    if _watcher not in sys.meta_path:
+        sys.meta_path.insert(0, _watcher)
+
+
+# ---- in the launcher: checks, the child process, what it wrote ---------------------------------------
+
+
+@dataclass
+class WrittenFile:
+    path: Path
+    records: int
+    closed: bool
+
+
+@dataclass
+class LaunchResult:
+    exit_code: int
+    files: list[WrittenFile]
+
+
+def plugins_for(command: Sequence[str], watch: Sequence[str], extra: Sequence[str]) -> tuple[str, ...]:
+    """The plugins a command needs: --watch, SGLang's server, and the --plugin ones."""
+    found = [WATCH_PLUGIN] if watch else []
+    if runs_sglang_server(command):
+        found.append(SGLANG_PLUGIN)
+    return tuple(dict.fromkeys([*found, *extra]))
+
+
+def runs_sglang_server(command: Sequence[str]) -> bool:
+    """``python -m sglang.launch_server ...``, its file, or the ``sglang serve`` script."""
+    for i, arg in enumerate(command):
+        if arg == "sglang.launch_server" or arg.replace(os.sep, "/").endswith("sglang/launch_server.py"):
+            return True
+        if os.path.basename(arg) == "sglang" and "serve" in command[i + 1:]:
+            return True
+    return False
+
+
+def check(config: LaunchConfig, command: Sequence[str], eager_only: bool = False) -> None:
+    """Everything that makes a launch pointless, as one InputError, before anything starts."""
+    if not command:
+        raise InputError("--", "no command to run: tracediff record --out run.h5 -- CMD ARGS...")
+    out = Path(config.out)
+    if out.suffix.lower() not in TRACE_SUFFIXES:
+        raise InputError(out, "the output must end in .h5 or .arrow")
+    if not out.parent.is_dir():
+        raise InputError(out, f"output directory {out.parent} does not exist")
+    if taken := existing_outputs(out):
+        raise InputError(taken[0], "already exists: choose another --out (a trace is never overwritten)")
+    if config.every < 1:
+        raise InputError("--every", f"must be >= 1, got {config.every}")
+    if config.requests is not None and config.requests < 1:
+        raise InputError("--requests", f"must be >= 1, got {config.requests}")
+    if SGLANG_PLUGIN in config.plugins and runs_sglang_server(command) and not eager_only \
+            and "--disable-cuda-graph" not in command:
+        raise InputError(command[0], "SGLang replays decode steps as CUDA graphs, where hooks never fire: "
+                         "add --disable-cuda-graph, or record only the eager path (--eager-only)")
+    for name in config.plugins:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise InputError(name, "no such plugin module (--plugin takes an importable module name)")
+    if not config.plugins:
+        raise InputError("--", "nothing would record: add --watch GLOB or --plugin MODULE "
+                         "(SGLang servers are found by themselves)")
+
+
+def existing_outputs(out: Path) -> list[Path]:
+    """``out`` and the files a run writing to it would create (per rank, per process)."""
+    pattern = re.compile(re.escape(out.stem) + r"(\.pid\d+)?(\.rank\d+)?" + re.escape(out.suffix) + "$")
+    if not out.parent.is_dir():
+        return []
+    return sorted(p for p in out.parent.iterdir() if pattern.match(p.name))
+
+
+def child_env(config: LaunchConfig, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment for CMD: our sitecustomize first on PYTHONPATH, the config in TRACEDIFF_LAUNCH."""
+    env = dict(os.environ if base is None else base)
+    previous = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = os.pathsep.join([str(STARTUP_DIR), *([previous] if previous else [])])
+    env[ENV] = config.to_env()
+    return env
+
+
+_FORWARDED = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGINT")
+
+
+def run(config: LaunchConfig, command: Sequence[str], eager_only: bool = False) -> LaunchResult:
+    """Run CMD under ``config``; its exit status (128 + N when killed by signal N) and the trace
+    files it wrote. Signals reach the child; a terminal's Ctrl-C already reaches it directly."""
+    check(config, command, eager_only)
+    try:
+        child = subprocess.Popen(list(command), env=child_env(config))
+    except OSError as exc:
+        raise InputError(command[0], f"cannot run: {exc.strerror or exc}") from None
+    saved = {}
+
+    def forward(signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and _terminal_delivers_sigint():
+            return
+        try:
+            child.send_signal(signum)
+        except OSError:
+            pass
+
+    for name in _FORWARDED:
+        signum = getattr(signal, name, None)
+        if signum is not None and signal.getsignal(signum) is not signal.SIG_IGN:  # nohup & co stay as set
+            saved[signum] = signal.signal(signum, forward)
+    try:
+        code = child.wait()
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler)
+    return LaunchResult(exit_code=128 - code if code < 0 else code, files=written(Path(config.out)))
+
+
+def _terminal_delivers_sigint() -> bool:
+    """Ctrl-C in a terminal goes to the whole foreground group, the child included."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def written(out: Path) -> list[WrittenFile]:
+    """The trace files a run wrote, with their record counts."""
+    from tracediff.trace.reader import Trace
+
+    files = []
+    for path in existing_outputs(out):
+        if path.stat().st_size == 0:  # claimed, never opened
+            path.unlink()
+            continue
+        try:
+            with Trace([path]) as trace:
+                files.append(WrittenFile(path, len(trace.index), trace.complete))
+        except InputError:
+            files.append(WrittenFile(path, 0, False))
+    return files
+
+
+__all__ = ["CLOSE_TIMEOUT", "ENV", "LaunchConfig", "LaunchResult", "RecorderFactory", "RequestGate",
+           "WrittenFile", "check", "child_env", "plugins_for", "run", "runs_sglang_server", "startup",
+           "when_imported", "written"]
