@@ -56,13 +56,13 @@ class RowLogger:
               to_target: Callable[[torch.Tensor], torch.Tensor], fc_in: torch.Tensor | None = None,
               rope_positions: Sequence[int] | None = None) -> None:
         """The draft tensors of one depth; every tensor is [1, R, ...] over ``rows`` (batch of one).
-        ``rope_positions``: the RoPE positions the draft used, by default the rows themselves (TTT:
-        every depth of row t runs at position t)."""
+        ``rope_positions``: the RoPE positions the draft used, by default row + depth (SpecForge's TTT
+        and SGLang's draft chain both rotate row t at depth d by position t + d)."""
         if fc_in is not None:
             self.log("draft.fc_in", fc_in[0], rows, step, depth)
         if result.fc_out is not None:
             self.log("draft.fc_out", result.fc_out[0], rows, step, depth)
-        rope = list(rows if rope_positions is None else rope_positions)
+        rope = [r + depth for r in rows] if rope_positions is None else list(rope_positions)
         self.log("draft.positions", torch.tensor(rope, dtype=torch.int64), rows, step, depth)
         token = result.logits[0].argmax(-1)
         for name, value in (("draft.input_ids", input_ids[0]), ("draft.embed", result.embed[0]),

@@ -124,7 +124,7 @@ class SpeculativeDecoder:
             position = torch.tensor([[anchor + self.conv.position_offset]])
             result = self.draft.step(ids, hidden, position, cache, depth)
             logger.draft(result, ids, [anchor], self.step, depth, self.to_target,
-                         rope_positions=position[0].tolist())
+                         rope_positions=[anchor + depth + self.conv.position_offset])
             token = int(self.to_target(result.logits[0, -1].argmax()))
             drafts.append(token)
             hidden = result.hidden
