@@ -13,6 +13,10 @@ process-global state a server would have set up. ``prepare()`` does the least th
 ``start(server_args, port)`` then publishes the server arguments the constructors read and starts a
 world-size-1 gloo process group. Do not set ``SGLANG_USE_CPU_ENGINE=1``: it routes KV copies to a
 CPU build of sgl-kernel that is not on PyPI.
+
+``CpuServer`` is a mini-scheduler over those classes (EAGLE-3 prefill, decode and draft chains, and
+``capture`` of training features), and ``tiny_checkpoint`` writes a tiny target and draft the way
+they ship: scaffolding for the tests and for scripts, recorded through ``integrations.sglang``.
 """
 
 from __future__ import annotations
@@ -22,8 +26,12 @@ import importlib.util
 import os
 import platform
 import sys
-from types import ModuleType
+from collections.abc import Sequence
+from dataclasses import dataclass
+from types import ModuleType, SimpleNamespace
 from typing import Any
+
+import numpy as np
 
 SUPPORTED_SGLANG = ("0.5.23",)
 _prepared = False
@@ -135,3 +143,449 @@ def start(server_args: Any, port: int) -> None:
                                      distributed_init_method=f"tcp://127.0.0.1:{port}")
     if not model_parallel_is_initialized():
         initialize_model_parallel(backend="gloo")
+
+
+# ---- a CPU serving harness over SGLang's real classes (tests, and a user's script) -----------------------
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now, for this process's gloo group."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def tiny_checkpoint(workdir: str | os.PathLike, *, aux_ids: Sequence[int] | None = (1, 3, 5), layers: int = 8,
+                    hidden: int = 64, vocab: int = 512, draft_vocab: int = 128, seed: int = 0
+                    ) -> tuple[str, dict, str, dict]:
+    """A tiny Llama target and EAGLE-3 draft written the way they ship: HF config directories and
+    state dicts (the target's in HF names, the draft's in SpecForge's export names, d2t/t2d
+    included); built from a fixed seed, nothing downloaded. Returns (target_dir, target_weights,
+    draft_dir, draft_weights). ``aux_ids`` None leaves them out of the draft config (SGLang's default)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    heads, kv_heads, inter = 4, 2, 2 * hidden
+    head_dim = hidden // heads
+    common: dict[str, Any] = dict(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter,
+                                  num_attention_heads=heads, num_key_value_heads=kv_heads,
+                                  max_position_embeddings=512, tie_word_embeddings=False)
+    target_cfg = LlamaConfig(num_hidden_layers=layers, **common)
+    target_cfg.architectures = ["LlamaForCausalLM"]
+    draft_cfg = LlamaConfig(num_hidden_layers=1, **common)
+    draft_cfg.architectures = ["LlamaForCausalLMEagle3"]
+    draft_cfg.draft_vocab_size = draft_vocab
+    draft_cfg.target_hidden_size = hidden
+    if aux_ids is not None:
+        draft_cfg.eagle_config = {"eagle_aux_hidden_state_layer_ids": list(aux_ids),
+                                  "use_aux_hidden_state": True}
+    target_dir, draft_dir = os.path.join(workdir, "tiny_target"), os.path.join(workdir, "tiny_draft")
+    target_cfg.save_pretrained(target_dir)
+    draft_cfg.save_pretrained(draft_dir)
+    torch.manual_seed(seed)
+    target = LlamaForCausalLM(target_cfg)
+    g = torch.Generator().manual_seed(seed + 1)
+    hot = torch.sort(torch.randperm(vocab, generator=g)[:draft_vocab]).values  # draft i -> target hot[i]
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[hot] = True
+    k = len(aux_ids) if aux_ids is not None else 3
+
+    def rnd(*shape: int, base: float = 0.0) -> torch.Tensor:
+        return base + torch.randn(*shape, generator=g) * 0.05
+
+    draft = {
+        "fc.weight": rnd(hidden, k * hidden), "norm.weight": rnd(hidden, base=1),
+        "lm_head.weight": rnd(draft_vocab, hidden), "d2t": hot - torch.arange(draft_vocab), "t2d": t2d,
+        **{f"midlayer.{norm}.weight": rnd(hidden, base=1)
+           for norm in ("hidden_norm", "input_layernorm", "post_attention_layernorm")},
+        "midlayer.self_attn.q_proj.weight": rnd(heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": rnd(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": rnd(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": rnd(hidden, heads * head_dim),
+        "midlayer.mlp.gate_proj.weight": rnd(inter, hidden),
+        "midlayer.mlp.up_proj.weight": rnd(inter, hidden),
+        "midlayer.mlp.down_proj.weight": rnd(hidden, inter),
+    }
+    weights = {name: value.detach().clone() for name, value in target.state_dict().items()}
+    return target_dir, weights, draft_dir, draft
+
+
+@dataclass
+class Features:
+    """What a SpecForge training step reads for one prompt, from SGLang's target code."""
+
+    input_ids: list[int]
+    aux: Any  # [L, K*H]: the packed aux hidden states (LogitsProcessorOutput.hidden_states)
+    last_hidden: Any  # [L, H]: the last hidden state after the final norm
+    logits: Any  # [L, V]: last_hidden through the target's lm_head
+
+
+@dataclass
+class _Running:
+    """One request in the harness: SGLang's Req, its KV row, and the draft's state for its next chain."""
+
+    req: Any
+    pool_index: int
+    tokens: list[int]  # prompt + output so far
+    fed: int = 0  # positions whose KV (target and draft) is written
+    draft_input: Any = None  # (topk_p, topk_index, hidden) for the next draft chain
+
+
+class CpuServer:
+    """A mini-scheduler over SGLang's real classes on CPU: LlamaForCausalLM and LlamaForCausalLMEagle3
+    loaded through their own ``load_weights``, real KV pools, TorchNativeAttnBackend, LogitsProcessor,
+    and ``EagleDraftWorker.draft_forward`` (topk = 1) called on a stand-in worker as the server's
+    worker would call it. Scaffolding for tests and scripts, not a server: one process, float32,
+    greedy, requests prefilled one at a time (a later one reuses an earlier one's KV for a shared
+    prefix, as SGLang's radix cache does), then decoded together one token per step.
+
+    Verify does not run here (SGLang's verify needs CUDA kernels): after each target step the
+    draft extends the new row and drafts its chain, and the drafts are recorded, not verified.
+    Each batch calls ``tracediff.integrations.sglang.batch_context`` with its ``Req`` objects, the
+    same call a server's scheduler patch makes, so rows are keyed the same way on CPU and GPU.
+    ``recorder``: install tracediff's recording (else nothing is recorded unless the launcher's
+    plugin attached itself as the models loaded)."""
+
+    def __init__(self, target_dir: str, target_weights: dict, draft_dir: str | None = None,
+                 draft_weights: dict | None = None, *, num_steps: int = 3, port: int | None = None,
+                 recorder: Any = None, served_model_name: str = "tiny-llama", max_requests: int = 32,
+                 max_len: int = 256, **record_options: Any) -> None:
+        prepare()
+        from sglang.srt.server_args import ServerArgs
+        from transformers import AutoConfig
+
+        spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft_dir,
+                    speculative_num_steps=num_steps, speculative_eagle_topk=1,
+                    speculative_num_draft_tokens=num_steps + 1) if draft_dir else {}
+        self.server_args = ServerArgs(model_path=target_dir, served_model_name=served_model_name,
+                                      device="cpu", attention_backend="torch_native", dtype="float32",
+                                      skip_tokenizer_init=True, disable_cuda_graph=True, tp_size=1, **spec)
+        start(self.server_args, port or free_port())
+        from sglang.srt.models.llama import LlamaForCausalLM
+        from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+
+        self.target = LlamaForCausalLM(AutoConfig.from_pretrained(target_dir)).eval()
+        self.target.load_weights(list(target_weights.items()))
+        self.draft: Any = None
+        self.num_steps = num_steps
+        self.max_len, self.max_requests = max_len, max_requests
+        self.aux_ids: list[int] | None = None
+        if draft_dir:
+            self.draft = LlamaForCausalLMEagle3(AutoConfig.from_pretrained(draft_dir)).eval()
+            self.draft.load_weights(list((draft_weights or {}).items()))
+            self._bind_draft_embedding()
+            self.aux_ids = self._configure_aux_capture()
+        self._make_pools()
+        self.worker: Any = self._stand_in_worker() if self.draft is not None else None
+        self.running: list[_Running] = []
+        self._captured = 0
+        self.installation: Any = None
+        if recorder is not None:
+            self.attach(recorder, **record_options)
+
+    def attach(self, recorder: Any, **options: Any) -> Any:
+        """Record this server into ``recorder`` through ``install`` (options: logits_topk, requests,
+        match_prefix), replacing what an earlier call installed; returns the installation."""
+        from tracediff.integrations.sglang import install
+
+        self.close()
+        self.installation = install(recorder, target=self.target, draft=self.draft, worker=self.worker,
+                                    server_args=self.server_args, **options)
+        return self.installation
+
+    def close(self) -> None:
+        """Detach the recording this server installed (the recorder stays open: the caller's)."""
+        if self.installation is not None:
+            self.installation.remove()
+            self.installation = None
+
+    # -- building ------------------------------------------------------------------------------
+
+    def _make_pools(self) -> None:
+        """One request-to-token table shared by target and draft, a KV pool each (as the server's
+        draft worker shares the target's table and allocator, with its own KV cache)."""
+        import torch
+        from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+        self.req_to_token = ReqToTokenPool(size=self.max_requests + 1, max_context_len=self.max_len,
+                                           device="cpu", enable_memory_saver=False)
+        self.size = (self.max_requests + 1) * self.max_len * 2
+        self._next_slot = 1  # slot 0 is the padding slot
+
+        def backend(config: Any) -> Any:
+            heads = config.num_key_value_heads
+            kv = MHATokenToKVPool(size=self.size, page_size=1, dtype=torch.float32, head_num=heads,
+                                  head_dim=config.hidden_size // config.num_attention_heads,
+                                  layer_num=config.num_hidden_layers, device="cpu", enable_memory_saver=False,
+                                  enable_alt_stream=False)
+            runner = SimpleNamespace(device="cpu", req_to_token_pool=self.req_to_token, token_to_kv_pool=kv)
+            return TorchNativeAttnBackend(runner)
+
+        self.target_backend = backend(self.target.config)
+        self.draft_backend: Any = backend(self.draft.config) if self.draft is not None else None
+
+    def _bind_draft_embedding(self) -> None:
+        """What EagleDraftWorker.init_lm_head does: the draft embeds with the target's embedding
+        (and takes its lm_head too when the draft config names no draft vocab)."""
+        assert self.draft is not None
+        embed, head = self.target.get_embed_and_head()
+        if self.draft.load_lm_head_from_target:
+            self.draft.set_embed_and_head(embed, head)
+        else:
+            self.draft.set_embed(embed)
+
+    def _configure_aux_capture(self) -> list[int] | None:
+        """The aux layer ids exactly as a server resolves them from the draft config."""
+        from sglang.srt.configs.model_config import ModelConfig
+        from sglang.srt.model_executor.model_runner_components.attention_backend_setup import (
+            configure_aux_hidden_state_capture,
+        )
+        from sglang.srt.model_executor.model_runner_components.spec_aux_hidden_state import (
+            resolve_spec_aux_hidden_state_config,
+        )
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        resolved = resolve_spec_aux_hidden_state_config(
+            server_args=self.server_args, model_config=ModelConfig.from_server_args(self.server_args),
+            spec_algorithm=SpeculativeAlgorithm.from_string("EAGLE3"), is_draft_worker=False)
+        configure_aux_hidden_state_capture(
+            model=self.target, eagle_use_aux_hidden_state=resolved.eagle_use_aux_hidden_state,
+            eagle_aux_hidden_state_layer_ids=resolved.eagle_aux_hidden_state_layer_ids,
+            dflash_use_aux_hidden_state=False, dflash_target_layer_ids=None, is_dspark=False)
+        ids = resolved.eagle_aux_hidden_state_layer_ids
+        return None if ids is None else list(ids)
+
+    def _stand_in_worker(self) -> Any:
+        """The attributes ``EagleDraftWorker.draft_forward`` reads on its worker, for topk = 1.
+        Its runner runs the draft model; SGLang's multi-step draft backends (not on CPU) would
+        offset seq_lens per step, which the runner does itself."""
+        import torch
+
+        draft, steps, server = self.draft, self.num_steps, self
+
+        class Runner:
+            model = draft
+            model_config = SimpleNamespace(hf_config=draft.config, model_is_mrope=False)
+            canary_manager = None
+
+            def forward(self, fb: Any) -> Any:
+                fb.seq_lens = fb.positions.to(torch.int64) + 1
+                fb.seq_lens_cpu = fb.seq_lens.clone()
+                fb.seq_lens_sum = int(fb.seq_lens.sum())
+                table = server.req_to_token.req_to_token
+                table[fb.req_pool_indices, fb.positions] = fb.out_cache_loc.to(torch.int32)
+                return SimpleNamespace(logits_output=draft.forward(fb.input_ids, fb.positions, fb))
+
+        bs = self.max_requests
+        return SimpleNamespace(
+            hot_token_id=draft.get_hot_token_id(), topk=1, speculative_num_steps=steps,
+            speculative_num_draft_tokens=steps + 1, index_share_for_mtp_iteration=False,
+            seed_dsa_topk_from_draft_extend=False, draft_runner=Runner(),
+            _topk1_parents_prealloc=torch.zeros(bs, max(steps - 1, 1), dtype=torch.long),
+            _topk1_score_indices_prealloc=torch.arange(steps).repeat(bs, 1),
+            draft_attn_backend=SimpleNamespace(attn_backends=[self.draft_backend] * steps,
+                                               init_forward_metadata=self.draft_backend.init_forward_metadata))
+
+    # -- serving -------------------------------------------------------------------------------
+
+    def serve(self, prompts: list[list[int]], new_tokens: int,
+              rids: Sequence[str] | None = None) -> list[list[int]]:
+        """Greedy speculative serving of ``prompts`` (token ids); returns each request's new tokens."""
+        from tracediff.integrations.sglang import batch_context
+
+        if self.draft is None:
+            raise RuntimeError("serve needs a draft model")
+        if new_tokens < 1:
+            raise ValueError("new_tokens must be >= 1")
+        if rids is None:
+            rids = [f"req{len(self.running) + i}" for i in range(len(prompts))]
+        batch = [self._admit(rid, prompt, new_tokens) for rid, prompt in zip(rids, prompts)]
+        for run in batch:
+            batch_context([run.req])
+            self._prefill(run)
+        for _ in range(new_tokens - 1):
+            batch_context([run.req for run in batch])
+            self._decode(batch)
+        return [list(run.req.output_ids) for run in batch]
+
+    def _admit(self, rid: str, prompt: Sequence[int], new_tokens: int) -> _Running:
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        if len(self.running) >= self.max_requests or len(prompt) + new_tokens > self.max_len:
+            raise ValueError("the harness holds at most max_requests requests of max_len tokens")
+        req = Req(rid=rid, origin_input_text="", origin_input_ids=[int(t) for t in prompt],
+                  sampling_params=SamplingParams(temperature=0, max_new_tokens=new_tokens))
+        run = _Running(req, len(self.running), list(req.origin_input_ids))
+        self.running.append(run)
+        return run
+
+    def _capture_request(self, prompt: Sequence[int]) -> _Running:
+        """A request of one forward, in the table's spare row (it is never served or cached)."""
+        from sglang.srt.managers.schedule_batch import Req
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        self._captured += 1
+        req = Req(rid=f"capture{self._captured}", origin_input_text="",
+                  origin_input_ids=[int(t) for t in prompt],
+                  sampling_params=SamplingParams(temperature=0, max_new_tokens=1))
+        return _Running(req, self.max_requests, list(req.origin_input_ids))
+
+    def _slots(self, n: int) -> Any:
+        import torch
+
+        if self._next_slot + n > self.size:
+            raise RuntimeError("the harness's KV pool is full")
+        self._next_slot += n
+        return torch.arange(self._next_slot - n, self._next_slot)
+
+    def _cached_prefix(self, run: _Running) -> int:
+        """Reuse the KV an earlier request already wrote for a shared prefix, keeping at least one
+        token to extend; returns the cached length. EAGLE keys SGLang's radix cache by bigrams
+        (position t is cached only when tokens t and t+1 match: the draft's row t was fed t+1)."""
+        best, source = 0, None
+        for other in self.running:
+            common = 0
+            limit = min(len(other.tokens), len(run.tokens))
+            while other is not run and common < limit and other.tokens[common] == run.tokens[common]:
+                common += 1
+            cached = min(common - 1, other.fed, len(run.tokens) - 1)
+            if cached > best:
+                best, source = cached, other
+        if source is not None:
+            table = self.req_to_token.req_to_token
+            table[run.pool_index, :best] = table[source.pool_index, :best]
+        return best
+
+    def _batch(self, mode: Any, runs: list[_Running], ids: list[int], positions: list[int], lens: list[int],
+               slots: Any, capture: Any, spec_info: Any = None) -> Any:
+        import torch
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+        seq = [p + 1 for p in _last_positions(positions, lens)]
+        fb = ForwardBatch(forward_mode=mode, batch_size=len(runs), input_ids=torch.tensor(ids),
+                          req_pool_indices=torch.tensor([r.pool_index for r in runs]),
+                          seq_lens=torch.tensor(seq), seq_lens_cpu=torch.tensor(seq), out_cache_loc=slots,
+                          seq_lens_sum=sum(seq), positions=torch.tensor(positions))
+        if mode.is_extend():
+            prefix = [s - n for s, n in zip(seq, lens)]
+            fb.extend_prefix_lens, fb.extend_prefix_lens_cpu = torch.tensor(prefix), prefix
+            fb.extend_seq_lens, fb.extend_seq_lens_cpu = torch.tensor(lens), list(lens)
+            fb.extend_num_tokens = sum(lens)
+            fb.extend_start_loc = torch.tensor([0, *np.cumsum(lens)[:-1].tolist()])
+        fb.capture_hidden_mode = capture
+        fb.spec_info = spec_info
+        return fb
+
+    def _run(self, model: Any, backend: Any, fb: Any) -> Any:
+        from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+        backend.init_forward_metadata(fb)
+        with forward_context(ForwardContext(attn_backend=backend), forward_batch=fb):
+            return model.forward(fb.input_ids, fb.positions, fb)
+
+    def _step(self, runs: list[_Running], starts: list[int], mode: Any) -> None:
+        """One target forward over each run's tokens from ``starts[i]``, then the draft extend of the
+        same rows (row t fed token t+1, the last one the token the target just chose) and a chain."""
+        import torch
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+        from sglang.srt.speculative.eagle_info import EagleDraftExtendInput
+        from sglang.srt.speculative.spec_utils import fast_topk
+
+        lens = [len(r.tokens) - s for r, s in zip(runs, starts)]
+        positions = [p for r, s in zip(runs, starts) for p in range(s, len(r.tokens))]
+        slots = self._slots(len(positions))
+        at, table = 0, self.req_to_token.req_to_token
+        for run, start, n in zip(runs, starts, lens):
+            table[run.pool_index, start : start + n] = slots[at : at + n].to(torch.int32)
+            at += n
+        ids = [r.tokens[p] for r, s in zip(runs, starts) for p in range(s, len(r.tokens))]
+        out = self._run(self.target, self.target_backend,
+                        self._batch(mode, runs, ids, positions, lens, slots, CaptureHiddenMode.FULL))
+        chosen = out.next_token_logits.argmax(-1).tolist()
+        shifted = [t for r, s, c in zip(runs, starts, chosen) for t in [*r.tokens[s + 1 :], c]]
+        spec = EagleDraftExtendInput(hidden_states=out.hidden_states, num_tokens_per_req=1,
+                                     num_tokens_for_logprob_per_req=1)
+        dout = self._run(self.draft, self.draft_backend, self._batch(
+            ForwardMode.EXTEND, runs, shifted, positions, lens, slots, CaptureHiddenMode.LAST, spec))
+        topk_p, topk_index = fast_topk(torch.softmax(dout.next_token_logits, -1), 1, dim=-1)
+        for i, (run, token) in enumerate(zip(runs, chosen)):
+            run.fed = len(run.tokens)
+            run.draft_input = (topk_p[i : i + 1], topk_index[i : i + 1], dout.hidden_states[i : i + 1])
+            run.req.output_ids.append(token)
+            run.tokens.append(token)
+        self._chain(runs)
+
+    def _prefill(self, run: _Running) -> None:
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        self._step([run], [self._cached_prefix(run)], ForwardMode.EXTEND)
+
+    def _decode(self, runs: list[_Running]) -> None:
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        self._step(runs, [len(r.tokens) - 1 for r in runs], ForwardMode.DECODE)
+
+    def _chain(self, runs: list[_Running]) -> Any:
+        """``EagleDraftWorker.draft_forward`` from each run's last draft row, as ``draft()`` calls it."""
+        import torch
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+        from sglang.srt.speculative.eagle_info import EagleDraftInput
+        from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
+
+        topk_p, topk_index, hidden = (torch.cat(parts) for parts in zip(*(r.draft_input for r in runs)))
+        seq = torch.tensor([r.fed for r in runs])  # the chain's first token goes at the next position
+        fb = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=len(runs), input_ids=None,
+                          req_pool_indices=torch.tensor([r.pool_index for r in runs]), seq_lens=seq + 1,
+                          seq_lens_cpu=seq + 1, out_cache_loc=self._slots(len(runs) * self.num_steps),
+                          seq_lens_sum=int(seq.sum()) + len(runs), positions=seq.clone())
+        fb.capture_hidden_mode = CaptureHiddenMode.LAST
+        fb.spec_info = EagleDraftInput(topk_p=topk_p, topk_index=topk_index, hidden_states=hidden,
+                                       capture_hidden_mode=CaptureHiddenMode.LAST, num_tokens_per_req=1,
+                                       num_tokens_for_logprob_per_req=1)
+        fb.sampling_info = SimpleNamespace(is_all_greedy=True)
+        if self.num_steps > 1:
+            self.worker.draft_attn_backend.init_forward_metadata(fb)
+        return EagleDraftWorker.draft_forward(self.worker, fb)
+
+    # -- capture (training features) ------------------------------------------------------------------
+
+    def capture(self, prompts: list[list[int]], aux_ids: Sequence[int] | None) -> list[Features]:
+        """The target's packed aux states, final hidden and logits for every token of each prompt,
+        with ``aux_ids`` set through ``set_eagle3_layers_to_capture`` as SpecForge's SGLang capture
+        backend sets its training config's ids; the serving ids are restored afterwards."""
+        import torch
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+
+        from tracediff.integrations.sglang import batch_context
+
+        self.target.set_eagle3_layers_to_capture(None if aux_ids is None else list(aux_ids))
+        final: list[Any] = []
+        handle = self.target.model.register_forward_hook(lambda m, a, out: final.append(out[0]))
+        features = []
+        try:
+            for prompt in prompts:
+                run = self._capture_request(prompt)
+                batch_context([run.req])
+                n = len(run.tokens)
+                slots = self._slots(n)
+                self.req_to_token.req_to_token[run.pool_index, :n] = slots.to(torch.int32)
+                fb = self._batch(ForwardMode.EXTEND, [run], run.tokens, list(range(n)), [n], slots,
+                                 CaptureHiddenMode.FULL)
+                out = self._run(self.target, self.target_backend, fb)
+                last = final.pop()
+                logits = last @ self.target.lm_head.weight.T
+                features.append(Features(list(run.tokens), out.hidden_states, last, logits))
+        finally:
+            handle.remove()
+            if self.draft is not None:
+                self.target.set_eagle3_layers_to_capture(self.aux_ids)
+        return features
+
+
+def _last_positions(positions: list[int], lens: list[int]) -> list[int]:
+    ends = np.cumsum(lens) - 1
+    return [positions[int(e)] for e in ends]

@@ -48,6 +48,7 @@ STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 CLOSE_TIMEOUT = 15.0  # seconds a recorder may take to close at exit or on SIGTERM
 WATCH_PLUGIN = "tracediff.record.watch_plugin"
 SGLANG_PLUGIN = "tracediff.integrations.sglang"
+SPECFORGE_PLUGIN = "tracediff.integrations.specforge"
 TRACE_SUFFIXES = (".h5", ".hdf5", ".arrow", ".ipc", ".feather")
 
 RecorderFactory = Callable[..., "Recorder"]
@@ -312,11 +313,20 @@ class LaunchResult:
 
 
 def plugins_for(command: Sequence[str], watch: Sequence[str], extra: Sequence[str]) -> tuple[str, ...]:
-    """The plugins a command needs: --watch, SGLang's server, and the --plugin ones."""
+    """The plugins a command needs: --watch, SGLang's server, SpecForge's trainer, and the --plugin ones."""
     found = [WATCH_PLUGIN] if watch else []
     if runs_sglang_server(command):
         found.append(SGLANG_PLUGIN)
+    if runs_specforge(command):
+        found.append(SPECFORGE_PLUGIN)
     return tuple(dict.fromkeys([*found, *extra]))
+
+
+def runs_specforge(command: Sequence[str]) -> bool:
+    """The ``specforge`` console script (``specforge train ...``) or ``python -m specforge.cli``."""
+    modules = [arg for flag, arg in zip(command, command[1:]) if flag == "-m"]
+    return (any(os.path.basename(arg) == "specforge" for arg in command)
+            or any(m == "specforge" or m.startswith("specforge.") for m in modules))
 
 
 def runs_sglang_server(command: Sequence[str]) -> bool:

@@ -1,0 +1,65 @@
+"""The SGLang plugin under the launcher: a script that serves on CPU with SGLang's classes and no
+recording code of its own, run with the environment ``tracediff record`` gives its child, writes the
+trace that ``install`` writes in-process, with --requests / --match-prefix honoured."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tracediff.integrations.sglang_cpu import sglang_missing
+
+if sglang_missing():
+    pytest.skip(sglang_missing(), allow_module_level=True)
+
+import tracediff as td  # noqa: E402
+from tracediff.diff.contract import contract  # noqa: E402
+from tracediff.integrations.sglang_cpu import CpuServer, tiny_checkpoint  # noqa: E402
+from tracediff.record.launch import SGLANG_PLUGIN, LaunchConfig, child_env  # noqa: E402
+
+PROMPTS = [[5, 17, 42, 99], [9, 8, 7], [9, 8, 6, 5]]
+RIDS = ["a", "b", "c"]
+FILTERS = {"requests": 1, "match_prefix": (9, 8)}  # the first request starting 9, 8: b alone
+
+SCRIPT = """
+import json, sys
+from tracediff.integrations.sglang_cpu import CpuServer, tiny_checkpoint
+
+target_dir, target_weights, draft_dir, draft_weights = tiny_checkpoint(sys.argv[1])
+server = CpuServer(target_dir, target_weights, draft_dir, draft_weights, num_steps=2)
+tokens = server.serve({prompts}, 3, rids={rids})
+with open(sys.argv[2], "w") as f:
+    json.dump(tokens, f)
+"""
+
+
+def test_launched_script_records_like_install(tmp_path):
+    script = tmp_path / "serve.py"
+    script.write_text(SCRIPT.format(prompts=PROMPTS, rids=RIDS))
+    launched, tokens_file = tmp_path / "launched.h5", tmp_path / "tokens.json"
+    config = LaunchConfig(out=str(launched), plugins=(SGLANG_PLUGIN,), **FILTERS)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt"), str(tokens_file)],
+                          env=child_env(config), capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    ckpt = tiny_checkpoint(tmp_path / "ckpt")
+    direct = tmp_path / "direct.h5"
+    with td.record(direct, source="serving") as rec:
+        server = CpuServer(*ckpt, num_steps=2, recorder=rec, **FILTERS)
+        assert server.serve(PROMPTS, 3, rids=RIDS) == json.loads(tokens_file.read_text())
+        server.close()
+
+    with td.open_trace(launched) as trace:
+        assert trace.meta["source"] == "serving" and trace.meta["world_size"] == 1
+        stated = contract(trace)
+        assert stated["tp_rank"] == 0 and stated["tp_size"] == 1
+        assert stated["aux_layer_ids"] == [1, 3, 5] and stated["layers_to_capture"] == [2, 4, 6]
+        for name in ("target.layer.7", "target.aux", "draft.fc_in", "draft.hidden", "draft.token_target"):
+            assert set(trace.rows(name).request.tolist()) == {"b"}, name
+        report = td.compare(direct, trace)
+    assert report.verdict == "match", report.reasons
+    assert report.coverage.fraction == 1.0
+    assert not report.contract.differing
