@@ -549,8 +549,9 @@ def _draft_contract(draft: Any) -> dict:
         "draft_config": {k: getattr(config, k, None) for k in (
             "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
             "draft_vocab_size", "target_hidden_size", "rms_norm_eps", "rope_theta", "norm_output")},
-        "fc_norms_applied": getattr(model, "input_norm", None) is not None
-        or getattr(model, "fc_norm", None) is not None,
+        # 0.5.23 builds norm_before_fc's input_norm and fc_norm from the config: it applies what the
+        # checkpoint asks for (the key's meaning in every producer's contract)
+        "fc_norms_applied": hasattr(model, "input_norm") and hasattr(model, "fc_norm"),
         "draft_input_shift": 1,
         "d2t_reading": "offset",
     }
