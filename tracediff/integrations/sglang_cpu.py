@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-SUPPORTED_SGLANG = ("0.5.23",)
+from tracediff.integrations.sglang import SUPPORTED_SGLANG
+
 _prepared = False
 
 
