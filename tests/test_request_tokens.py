@@ -18,6 +18,8 @@ from tests.conftest import REPO, run_cli
 from tracediff.trace.convert import convert
 from tracediff.trace.reader import MixedRecords, TokenTable
 
+VERSION_1 = REPO / "tests" / "data" / "format_v1_serving.h5"  # the sample serving trace, as format 1 wrote it
+
 
 def table_of(path) -> dict[str, dict[int, int]]:
     """The token table as {request: {position: token}}, checking it has one entry per key."""
@@ -138,9 +140,8 @@ def test_reserved_records_are_never_tensors(tmp_path, fmt) -> None:
     assert (data["tokens"], data["token_requests"]) == (3, 1)
 
 
-@pytest.mark.parametrize("name", ["training.h5", "serving.h5", "serving_aux_bug.h5"])
-def test_version_1_traces_open_with_an_empty_table(name) -> None:
-    path = REPO / "traces" / "eagle3" / name
+def test_version_1_traces_open_with_an_empty_table() -> None:
+    path = VERSION_1
     with h5py.File(path, "r") as f:
         assert f.attrs["format_version"] == 1
     with td.open_trace(path) as trace:
@@ -251,8 +252,8 @@ def test_a_killed_writer_leaves_its_table_up_to_the_last_flush(tmp_path, fmt) ->
 
 
 def test_a_converted_version_1_trace_is_version_2_without_a_table(tmp_path) -> None:
-    convert(REPO / "traces" / "eagle3" / "serving.h5", tmp_path / "serving.arrow")
-    with td.open_trace(REPO / "traces" / "eagle3" / "serving.h5") as old, \
+    convert(VERSION_1, tmp_path / "serving.arrow")
+    with td.open_trace(VERSION_1) as old, \
             td.open_trace(tmp_path / "serving.arrow") as new:
         assert new.meta["format_version"] == 2 and new.files[0].version == 2
         assert {k: v for k, v in new.meta.items() if k != "format_version"} == \
