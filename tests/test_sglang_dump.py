@@ -42,8 +42,10 @@ def sgl_dumper():
 def dumper(sgl_dumper, tmp_path):
     """SGLang's dumper writing to tmp_path/dumps/<its run name>, as DUMPER_ENABLE=1 DUMPER_DIR=... does."""
     sgl_dumper.reset()
-    sgl_dumper.configure(enable=True, dir=str(tmp_path / "dumps"), exp_name=None, enable_output_console=False,
-                         non_intrusive_mode="all")
+    # a named run: the default name is agreed across ranks with a collective, which fails on a CPU
+    # once another test has started a process group
+    sgl_dumper.configure(enable=True, dir=str(tmp_path / "dumps"), exp_name="run0",
+                         enable_output_console=False, non_intrusive_mode="all")
     return sgl_dumper
 
 
