@@ -401,3 +401,35 @@ def test_two_vocab_ids_never_share_a_prefix_id(tmp_path) -> None:
     report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
     assert report.verdict == "incomplete" and report.token_mismatch is not None
     assert tensor(report, "h").coverage.aligned == 1
+
+
+def test_draft_chains_past_the_other_sides_text_are_excused_not_held_against_coverage(tmp_path) -> None:
+    """Serving drafts a chain after its last token; a training sample of the same text stops there
+    (it cannot feed a token it does not have). Such chain rows say nothing against coverage. But
+    where the other side's text goes on, a chain row it did not record still counts."""
+    text = [5, 6, 7, 8]
+    chain = {0: 6, 1: 7, 2: 8}  # anchor t at depth 1 is fed x[t + 2] when teacher-forced
+    h = {(t, d): rows(1, seed=10 * t + d) for t in range(3) for d in range(2)}
+
+    def write(path, anchors, fed, known) -> None:
+        with td.record(path) as rec:
+            rec.request_tokens("r", known)
+            for t in range(3):  # depth 0: row t fed x[t + 1]
+                keys = dict(token_ids=[text[t]], positions=[t], request="r")
+                rec.log("draft.input_ids", np.array([text[t + 1]]), **keys)
+                rec.log("draft.hidden", h[t, 0], **keys)
+            for t in anchors:
+                keys = dict(token_ids=[text[t]], positions=[t], request="r", depth=1)
+                rec.log("draft.input_ids", np.array([fed(t)]), **keys)
+                rec.log("draft.hidden", h[t, 1], **keys)
+
+    write(tmp_path / "train.h5", [0, 1], lambda t: chain[t], text)  # anchor 2 would need x[4]
+    write(tmp_path / "serve.h5", [1, 2], lambda t: chain.get(t, 9), text)  # anchor 2 fed its own guess
+    report = td.compare(tmp_path / "train.h5", tmp_path / "serve.h5", min_coverage=1.0)
+    hidden = tensor(report, "draft.hidden").coverage
+    assert report.verdict == "match" and hidden.aligned == 4
+    assert hidden.skipped_b == {"past_other_text": 1} and hidden.fraction == 1.0
+    write(tmp_path / "longer.h5", [0, 1], lambda t: chain[t], [*text, 3])  # knows x[4], drafted no row there
+    report = td.compare(tmp_path / "longer.h5", tmp_path / "serve.h5", min_coverage=1.0)
+    assert tensor(report, "draft.hidden").coverage.skipped_b == {"not_recorded": 1}
+    assert report.verdict == "incomplete"

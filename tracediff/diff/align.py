@@ -188,14 +188,19 @@ def match(rows: Pair[RowKeys], sides: Sides) -> Matched:
     # where each side drafted, with known and with unknown fed tokens (before any row is classified)
     drafted = keyed.zip(reasons).starmap(lambda k, r: {"fed_differs": k.key[r == KEYED],
                                                        "fed_unknown": k.key[r == CODE["fed_unknown"]]})
-    for mine, deep, paired, reason, theirs, gone in (
-            (keyed.a, rows.a.depth > 0, pairs.a, reasons.a, drafted.b, departed.a),
-            (keyed.b, rows.b.depth > 0, pairs.b, reasons.b, drafted.a, departed.b)):
+    for mine, side, paired, reason, theirs, gone, own, other in (
+            (keyed.a, rows.a, pairs.a, reasons.a, drafted.b, departed.a, prefixes.a, prefixes.b),
+            (keyed.b, rows.b, pairs.b, reasons.b, drafted.a, departed.b, prefixes.b, prefixes.a)):
+        deep = side.depth > 0
         left = reason == KEYED
         left[paired] = False
         for code, keys in theirs.items():  # the other side drafted here, fed other (unknown) tokens
             hit = left & deep & np.isin(mine.key, keys)
             reason[hit], left = CODE[code], left & ~hit
+        # a chain row fed past the other side's text: no trace of that text can hold it
+        past = left & deep
+        past[past] = ~reaches(own, other, side.request_code[past], side.position[past] + 1 + side.depth[past])
+        reason[past], left = CODE["past_other_text"], left & ~past
         outside = gone[mine.entry[left]] if len(gone) else np.zeros(int(left.sum()), bool)
         reason[left] = np.where(outside, CODE["outside_shared_prefix"], CODE["not_recorded"])
     feed = _feed_status(rows.a, pairs.a, prefixes.a, fed)
@@ -332,6 +337,33 @@ def _copy_key(keys: np.ndarray, copy: np.ndarray) -> np.ndarray:
     """One uint64 per (row key, copy number), not symmetric in the two."""
     with np.errstate(over="ignore"):
         return _scramble(keys) + copy.astype(np.uint64)
+
+
+def reaches(mine: Prefixes, other: Prefixes, codes: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Whether ``other`` holds the text of ``mine``'s requests (by code) up to ``positions``: it
+    knows the prefix of the last of these positions ``mine`` knows, and some request of ``other``
+    with that prefix goes on at least to the position (past what ``mine`` knows, with tokens
+    ``mine`` cannot check)."""
+    if not len(other.ids):
+        return np.zeros(len(codes), bool)
+    upto = np.minimum(positions, _last_positions(mine, codes))
+    ids, found, _ = mine.lookup(codes, upto)
+    lasts = _last_positions(other, other.where // other.stride)  # per entry: how far its request goes
+    order = np.argsort(other.ids, kind="stable")
+    ids_sorted = other.ids[order]
+    starts = np.flatnonzero(np.r_[True, ids_sorted[1:] != ids_sorted[:-1]])
+    furthest = np.maximum.reduceat(lasts[order], starts)  # per distinct prefix, over its requests
+    at, known = _find_sorted(ids_sorted[starts], ids)
+    return found & known & (furthest[at] >= positions)
+
+
+def _last_positions(prefixes: Prefixes, codes: np.ndarray) -> np.ndarray:
+    """The last position each request (by code) knows without a gap; -1 for a request it lacks."""
+    if not len(prefixes.where):
+        return np.full(len(codes), -1, np.int64)
+    end = np.maximum(np.searchsorted(prefixes.where, (codes + 1) * prefixes.stride) - 1, 0)
+    same = prefixes.where[end] // prefixes.stride == codes
+    return np.where(same, prefixes.where[end] % prefixes.stride, -1)
 
 
 def departures(mine: Prefixes, other: Prefixes) -> np.ndarray:

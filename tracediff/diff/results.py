@@ -41,12 +41,13 @@ Reason = Literal[
     "filtered_step",  # the other side's recorder kept only every N-th step (--align step)
     "fed_differs",  # depth > 0: the draft was fed other tokens on the two sides
     "fed_unknown",  # depth > 0: a side did not record draft.input_ids
+    "past_other_text",  # depth > 0: fed a token past the other side's text (it cannot hold the row)
     "shape_mismatch",
     "dtype_mismatch",
     "mixed_records",
 ]
 # Rows left out by design, not for want of data: they do not count against coverage.
-EXCUSED: tuple[str, ...] = ("padding", "fed_differs")
+EXCUSED: tuple[str, ...] = ("padding", "fed_differs", "past_other_text")
 REASON_TEXT: dict[str, str] = {
     "padding": "padding",
     "prefix_unknown": "prefix unknown",
@@ -55,6 +56,7 @@ REASON_TEXT: dict[str, str] = {
     "not_recorded": "not recorded on the other side",
     "filtered_step": "step filtered out on the other side",
     "fed_differs": "not comparable at depth > 0 (fed other tokens)",
+    "past_other_text": "draft rows past the other side's text",
     "fed_unknown": "fed tokens unknown at depth > 0 (no draft.input_ids)",
     "shape_mismatch": "shape mismatch",
     "dtype_mismatch": "dtype mismatch",
