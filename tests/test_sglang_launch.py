@@ -5,7 +5,6 @@ trace that ``install`` writes in-process, with --requests / --match-prefix honou
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
@@ -16,9 +15,9 @@ if sglang_missing():
     pytest.skip(sglang_missing(), allow_module_level=True)
 
 import tracediff as td  # noqa: E402
+from tests.conftest import run_cli  # noqa: E402
 from tracediff.diff.contract import contract  # noqa: E402
 from tracediff.integrations.sglang_cpu import CpuServer, tiny_checkpoint  # noqa: E402
-from tracediff.record.launch import SGLANG_PLUGIN, LaunchConfig, child_env  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 99], [9, 8, 7], [9, 8, 6, 5]]
 RIDS = ["a", "b", "c"]
@@ -37,13 +36,16 @@ with open(sys.argv[2], "w") as f:
 
 
 def test_launched_script_records_like_install(tmp_path):
-    script = tmp_path / "serve.py"
+    """Through the real CLI: the stand-in sits where SGLang's launcher would (``.../sglang/
+    launch_server.py``), so ``tracediff record`` picks the SGLang plugin and checks CUDA graphs."""
+    script = tmp_path / "sglang" / "launch_server.py"
+    script.parent.mkdir()
     script.write_text(SCRIPT.format(prompts=PROMPTS, rids=RIDS))
     launched, tokens_file = tmp_path / "launched.h5", tmp_path / "tokens.json"
-    config = LaunchConfig(out=str(launched), plugins=(SGLANG_PLUGIN,), **FILTERS)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "ckpt"), str(tokens_file)],
-                          env=child_env(config), capture_output=True, text=True, timeout=240)
+    serve = [sys.executable, str(script), str(tmp_path / "ckpt"), str(tokens_file), "--disable-cuda-graph"]
+    done = run_cli("record", "--out", str(launched), "--requests", "1", "--match-prefix", "9,8", "--", *serve)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert str(launched) in done.stderr  # the summary names the file written
 
     ckpt = tiny_checkpoint(tmp_path / "ckpt")
     direct = tmp_path / "direct.h5"
