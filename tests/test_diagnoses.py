@@ -224,3 +224,22 @@ def test_first_nan_is_named(tmp_path) -> None:
     nan = next(d for d in report["diagnoses"] if d["kind"] == "nan_inf")
     assert nan["evidence"]["tensor"] == "target.layer.2" and nan["evidence"]["side"] == "b"
     assert nan["evidence"]["position"] == 4 and nan["evidence"]["rows_non_finite"] == 1
+
+
+def test_draft_positions_that_do_not_advance_with_depth(tmp_path) -> None:
+    """A producer that runs every depth of row t at RoPE position t, against one that runs depth d
+    at t + d (SpecForge's TTT and SGLang's chain): named as positions off by one per depth."""
+    tokens = [5, 6, 7, 8, 9]
+    for name, advance in (("a", 1), ("b", 0)):
+        with td.record(tmp_path / f"{name}.h5") as rec:
+            rec.request_tokens("r", tokens)
+            for depth in range(3):
+                rows = list(range(len(tokens) - 1 - depth))
+                keys = dict(token_ids=[tokens[t] for t in rows], positions=rows, request="r", depth=depth)
+                rec.log("draft.input_ids", np.array([tokens[t + 1 + depth] for t in rows]), **keys)
+                rec.log("draft.positions", np.array([t + advance * depth for t in rows]), **keys)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "diverged" and report.first_divergence.name == "draft.positions"
+    [found] = report.diagnoses
+    assert found.kind == "position_shift" and "x depth" in found.message
+    assert (found.evidence.value_offset, found.evidence.per_depth) == (-1, True)

@@ -98,12 +98,14 @@ class DirectMapEvidence:
 
 @dataclass
 class ValueOffsetEvidence:
-    """A tensor of positions is off by a constant."""
+    """A tensor of positions is off by a constant, or (``per_depth``) by a constant per draft depth:
+    one side's positions do not advance with depth as the other's do."""
 
     KINDS: ClassVar = ("position_shift",)
     tensor: str
     value_offset: int
     rows_checked: int
+    per_depth: bool = False
 
 
 @dataclass

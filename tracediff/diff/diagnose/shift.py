@@ -33,11 +33,19 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
     values_a = values(traces.a, keys.a, rows_a)
     labels = side_labels(traces)
     if "position" in first.name and len(rows_a):
-        offset = _constant_offset(values_a, values(traces.b, keys.b, sample.b))
+        values_b = values(traces.b, keys.b, sample.b)
+        offset = _constant_offset(values_a, values_b)
         if offset:
             return [Diagnosis("position_shift", f"{first.name}: {labels.b} = {labels.a} {offset:+d} on every "
                               f"checked row ({len(rows_a)}): positions are off by {abs(offset)}",
                               ValueOffsetEvidence(first.name, offset, len(rows_a)))]
+        step = _offset_per_depth(values_a, values_b, keys.a.depth[rows_a])
+        if step:
+            message = (f"{first.name}: {labels.b} = {labels.a} {step:+d} x depth on every checked row "
+                       f"({len(rows_a)}): one side's draft positions do not advance with depth as the "
+                       f"other's do (row t at depth d runs at t + d in SpecForge and SGLang)")
+            return [Diagnosis("position_shift", message,
+                              ValueOffsetEvidence(first.name, step, len(rows_a), per_depth=True))]
     bounds = comparison.tolerances.bounds(first.name, dtypes, first.worst)
     for k in SHIFTS:
         shifted = keys.a.position[rows_a] + k
@@ -64,3 +72,15 @@ def _constant_offset(a: np.ndarray, b: np.ndarray) -> int:
     if len(offsets) != 1 or offsets[0] == 0 or abs(offsets[0]) > max(abs(k) for k in SHIFTS):
         return 0
     return int(offsets[0])
+
+
+def _offset_per_depth(a: np.ndarray, b: np.ndarray, depth: np.ndarray) -> int:
+    """k when b = a + k * depth on every row, for one small k != 0, with a row at depth > 0; else 0."""
+    deep = depth > 0
+    if not deep.any():
+        return 0
+    diff = (b.astype(np.int64) - a.astype(np.int64)).reshape(len(depth), -1)
+    steps = np.unique(diff[deep] // depth[deep, None])
+    if len(steps) != 1 or steps[0] == 0 or abs(steps[0]) > max(abs(k) for k in SHIFTS):
+        return 0
+    return int(steps[0]) if (diff == steps[0] * depth[:, None]).all() else 0
