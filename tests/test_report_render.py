@@ -62,3 +62,30 @@ def test_a_missing_rank_file_is_noted(tmp_path) -> None:
     report = td.compare(tmp_path / "run.rank0.h5", tmp_path / "run.rank0.h5")
     assert report.a.world_size == 2 and len(report.a.paths) == 1
     assert any("holds 1 of the run's 2 rank files" in line for line in trace_notes(report))
+
+
+def test_show_prints_trace_text_as_data_never_markup_or_escapes(tmp_path) -> None:
+    """Names, request ids and metadata from a trace reach the terminal as the characters they are:
+    rich markup is printed literally, terminal escapes are shown escaped."""
+    import io
+
+    from rich.console import Console
+
+    from tracediff.report.show import render_stats, render_summary
+    from tracediff.trace.summary import summarize, tensor_stats
+
+    names = ["m.[bold red]RED[/bold red]", "m.a\x1b[31mANSI\x1b[0m", "m.[link=http://evil]x[/link]",
+             "m.\x1b]0;TITLE\x07t"]
+    with td.record(tmp_path / "t.h5", source="[red]src[/red]") as rec:
+        for name in names:
+            rec.log(name, np.ones((2, 4), np.float32), token_ids=[1, 2], request="[b]r[/b]\x1b[2J")
+    out = io.StringIO()
+    console = Console(file=out, width=200, force_terminal=True, color_system="truecolor")
+    with td.open_trace(tmp_path / "t.h5") as trace:
+        render_summary(console, summarize(trace))
+        render_stats(console, tensor_stats(trace.rows(names[0])), "request=[b]r[/b]")
+    text = out.getvalue()
+    for shown in ("m.[bold red]RED[/bold red]", "m.a\\x1b[31mANSI\\x1b[0m", "m.[link=http://evil]x[/link]",
+                  "m.\\x1b]0;TITLE\\x07t", "[red]src[/red]", "request=[b]r[/b]"):
+        assert shown in text, shown
+    assert "\x1b]" not in text and "\x1b[31m" not in text and "\x1b[2J" not in text  # none from the trace

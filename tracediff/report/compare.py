@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tracediff.diff.results import REASON_TEXT, Coverage, Report, RowRef, TensorResult, TraceInfo
+from tracediff.report.text import code, md, safe
 
 SHOWN = ("max_rel", "cosine", "argmax_agree", "kl", "equal")
 NO_EXPLANATION = "no known explanation holds"
@@ -20,30 +21,6 @@ COLOR = {"match": "green", "diverged": "bold red", "incomplete": "yellow", "inco
 STATUS_STYLE = {"match": "green", "diverged": "bold red", "downstream": "red", "unchecked": "dim",
                 "shape_mismatch": "yellow", "dtype_mismatch": "yellow", "mixed_records": "yellow",
                 "not_comparable": "yellow"}
-
-
-def safe(text: Any) -> str:
-    """Trace text with control characters (terminal escapes, newlines) shown as escapes."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
-
-
-MARKDOWN_SPECIAL = "\\`*_[]<>&|#"
-
-
-def md(text: Any) -> str:
-    """Trace text in Markdown prose: no markup, no HTML, no table breaks."""
-    return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in safe(text))
-
-
-def code(text: Any) -> str:
-    """Trace text as a Markdown code span, whatever backticks it holds."""
-    text = safe(text)
-    if "`" not in text:
-        return f"`{text}`"
-    fence = "``"
-    while fence in text:
-        fence += "`"
-    return f"{fence} {text} {fence}"
 
 
 def cell(text: Any) -> str:

@@ -1,12 +1,16 @@
-"""Terminal rendering of ``tracediff show``."""
+"""Terminal rendering of ``tracediff show``. Text from the trace goes into ``rich.text.Text`` through
+``safe``: never markup, never terminal escapes."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from tracediff.report.text import safe
 from tracediff.trace.summary import TensorStats, TraceSummary
 
 
@@ -19,42 +23,42 @@ def human_bytes(n: int) -> str:
     return f"{size:.1f} TiB"
 
 
-def _run_lines(summary: TraceSummary) -> list[str]:
+def _run_lines(summary: TraceSummary) -> list[Text]:
     meta = summary.meta
-    lines = [f"[bold]{', '.join(summary.paths)}[/bold]"]
+    lines = [Text(safe(", ".join(summary.paths)), style="bold")]
     if not summary.complete:
-        lines.append("[yellow]incomplete: the writer never closed (killed or out of disk); "
-                     "showing records up to its last flush[/yellow]")
+        lines.append(Text("incomplete: the writer never closed (killed or out of disk); showing records "
+                          "up to its last flush", style="yellow"))
     torch = meta.get("torch") or {}
-    lines.append(
-        f"source [bold]{meta.get('source')}[/bold] · {meta.get('producer')} {meta.get('producer_version')}"
-        f" · format v{meta.get('format_version')} · created {meta.get('created')}"
-    )
+    producer = f"{meta.get('producer')} {meta.get('producer_version')}"
+    lines.append(Text.assemble("source ", (safe(meta.get("source")), "bold"), safe(
+        f" · {producer} · format v{meta.get('format_version')} · created {meta.get('created')}")))
     host = meta.get("host") or {}
-    lines.append(f"host {host.get('hostname')} pid {host.get('pid')} · python {host.get('python')}"
-                 f" · torch {torch.get('version', '-')} on {torch.get('device', '-')}"
-                 f" · rank {meta.get('rank')}/{meta.get('world_size')}")
+    lines.append(Text(safe(f"host {host.get('hostname')} pid {host.get('pid')} · python {host.get('python')}"
+                           f" · torch {torch.get('version', '-')} on {torch.get('device', '-')}"
+                           f" · rank {meta.get('rank')}/{meta.get('world_size')}")))
     for path, final in zip(summary.paths, summary.finals):
         if final is None:
             continue
+        note = Text(safe(f"{final.get('records')} records, {human_bytes(final.get('bytes', 0))} written"))
         dropped = final.get("dropped_records", 0)
-        note = f"{final.get('records')} records, {human_bytes(final.get('bytes', 0))} written"
         if dropped:
             worst = sorted(final.get("dropped", {}).items(), key=lambda kv: -kv[1])[:3]
-            note += f", [yellow]{dropped} dropped[/yellow] ({', '.join(f'{k}: {v}' for k, v in worst)})"
+            note.append(", ").append(f"{dropped} dropped", style="yellow")
+            note.append(safe(f" ({', '.join(f'{k}: {v}' for k, v in worst)})"))
         if final.get("stopped"):
-            note += f", [yellow]stopped: {final['stopped']}[/yellow]"
-        lines.append(f"{path}: {note}" if len(summary.paths) > 1 else note)
+            note.append(", ").append(safe(f"stopped: {final['stopped']}"), style="yellow")
+        lines.append(Text(safe(path) + ": ").append_text(note) if len(summary.paths) > 1 else note)
     lines.append(_token_line(summary))
     return lines
 
 
-def _token_line(summary: TraceSummary) -> str:
+def _token_line(summary: TraceSummary) -> Text:
     if not summary.tokens and int(summary.meta.get("format_version") or 0) < 2:
-        return "token table: none (a format v1 trace)"
+        return Text("token table: none (a format v1 trace)")
     conflicts = sum((final or {}).get("token_conflicts", 0) for final in summary.finals)
-    line = f"token table: {summary.tokens} tokens of {summary.token_requests} requests"
-    return line + (f", [yellow]{conflicts} conflicting[/yellow]" if conflicts else "")
+    line = Text(f"token table: {summary.tokens} tokens of {summary.token_requests} requests")
+    return line.append(f", {conflicts} conflicting", style="yellow") if conflicts else line
 
 
 def render_summary(console: Console, summary: TraceSummary) -> None:
@@ -64,7 +68,8 @@ def render_summary(console: Console, summary: TraceSummary) -> None:
     for final in summary.finals:
         contract.update((final or {}).get("contract") or {})
     if contract:
-        console.print("contract:", json.dumps(contract, sort_keys=True), highlight=False, soft_wrap=True)
+        console.print(Text("contract: " + safe(json.dumps(contract, sort_keys=True))), highlight=False,
+                      soft_wrap=True)
     table = Table(title=None, header_style="bold", show_edge=False)
     longest = max((len(t.name) for t in summary.tensors), default=4)
     table.add_column("name", no_wrap=True, min_width=longest)
@@ -74,17 +79,16 @@ def render_summary(console: Console, summary: TraceSummary) -> None:
         table.add_column(column, justify="right")
     for t in summary.tensors:
         shape = "static " + str(tuple(t.row_shape)) if t.static else str(tuple(t.row_shape))
-        table.add_row(t.name, t.dtype, shape, str(t.rows), str(t.records), str(t.steps), str(t.requests),
-                      human_bytes(t.bytes))
+        cells: list[Any] = [t.name, t.dtype, shape, t.rows, t.records, t.steps, t.requests]
+        table.add_row(*(Text(safe(cell)) for cell in [*cells, human_bytes(t.bytes)]))
     console.print(table)
 
 
 def render_stats(console: Console, stats: TensorStats, where: str) -> None:
-    console.print(f"[bold]{stats.name}[/bold] {where}: {stats.dtype} {tuple(stats.shape)}", highlight=False)
-    bad = "[red]" if stats.nan or stats.inf else ""
-    console.print(
-        f"min {stats.min:.6g}  max {stats.max:.6g}  mean {stats.mean:.6g}  std {stats.std:.6g}  "
-        f"{bad}NaN {stats.nan}  Inf {stats.inf}", highlight=False,
-    )
-    console.print("first values:", ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v)
-                                             for v in stats.head), highlight=False)
+    heading = safe(f" {where}: {stats.dtype} {tuple(stats.shape)}")
+    console.print(Text.assemble((safe(stats.name), "bold"), heading), highlight=False)
+    line = Text(f"min {stats.min:.6g}  max {stats.max:.6g}  mean {stats.mean:.6g}  std {stats.std:.6g}  ")
+    line.append(f"NaN {stats.nan}  Inf {stats.inf}", style="red" if stats.nan or stats.inf else "")
+    console.print(line, highlight=False)
+    console.print(Text("first values: " + ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v)
+                                                    for v in stats.head)), highlight=False)

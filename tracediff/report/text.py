@@ -1,0 +1,31 @@
+"""Text read from a trace (names, requests, metadata) is data: these helpers keep it from acting as
+terminal escapes, rich markup (callers put it in ``rich.text.Text``, never in markup strings) or
+Markdown."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def safe(text: Any) -> str:
+    """Trace text with control characters (terminal escapes, newlines) shown as escapes."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+MARKDOWN_SPECIAL = "\\`*_[]<>&|#"
+
+
+def md(text: Any) -> str:
+    """Trace text in Markdown prose: no markup, no HTML, no table breaks."""
+    return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in safe(text))
+
+
+def code(text: Any) -> str:
+    """Trace text as a Markdown code span, whatever backticks it holds."""
+    text = safe(text)
+    if "`" not in text:
+        return f"`{text}`"
+    fence = "``"
+    while fence in text:
+        fence += "`"
+    return f"{fence} {text} {fence}"
