@@ -6,6 +6,7 @@ from __future__ import annotations
 import collections
 import gzip
 import io
+import pathlib
 
 import pytest
 
@@ -67,12 +68,23 @@ class Payload:
     """Not a tensor: loading it would need real unpickling."""
 
 
+class Smuggler:
+    """Unpickling it would run code: it touches a marker file."""
+
+    def __init__(self, marker) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (pathlib.Path.touch, (pathlib.Path(self.marker),))
+
+
 def test_files_that_are_not_feature_files_give_one_line_and_leave_nothing(model, tmp_path) -> None:
     good = sample(model, PROMPTS[0])
     cases = {
         "pickled.ckpt": {**good, "extra": Payload()},
         "missing.ckpt": {k: v for k, v in good.items() if k != "hidden_state"},
         "short.ckpt": {**good, "loss_mask": torch.ones(2)},
+        "smuggled.ckpt": {**good, "extra": Smuggler(tmp_path / "MARKER")},
     }
     for name, data in cases.items():
         folder = tmp_path / name.split(".")[0]
@@ -82,8 +94,11 @@ def test_files_that_are_not_feature_files_give_one_line_and_leave_nothing(model,
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {folder / name}: ")
         assert {"pickled.ckpt": "objects other than tensors", "missing.ckpt": "expected a dict with",
-                "short.ckpt": "loss_mask has 2 positions"}[name] in lines[0]
+                "short.ckpt": "loss_mask has 2 positions",
+                "smuggled.ckpt": "which would need unpickling (refused, never run)"}[name] in lines[0]
         assert not (tmp_path / f"{name}.h5").exists()
+        assert "weights_only` set to `False`" not in result.stderr  # torch's advice is not ours to give
+    assert not (tmp_path / "MARKER").exists()  # nothing was unpickled
     truncated = tmp_path / "truncated"
     truncated.mkdir()
     save(good, truncated / "data_0.ckpt")

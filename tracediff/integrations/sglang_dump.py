@@ -30,7 +30,7 @@ import numpy as np
 
 import tracediff as td
 from tracediff.errors import InputError
-from tracediff.integrations.specforge_ckpt import _why as why_unreadable
+from tracediff.integrations.torch_files import load_tensors
 from tracediff.record.host import tag_of_tensor
 
 PREFIX = "non_intrusive__"
@@ -122,15 +122,11 @@ def dump_files(source: Path) -> list[Path]:
 
 def load_dump(path: Path) -> Dump:
     """One file, checked: its name, then ``{"value", "meta"}`` loaded with weights_only=True."""
-    import torch
 
     match = FILE_NAME.fullmatch(path.name)
     if match is None:
         raise InputError(path, "not an SGLang dumper file name (step=S___rank=R___dump_index=I___name=X..)")
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated, foreign, or objects weights_only refuses to unpickle
-        raise InputError(path, f"not a dump torch.load(weights_only=True) reads: {_why(exc)}") from None
+    data = load_tensors(path, "a dump")
     if not isinstance(data, dict) or "value" not in data or not isinstance(data.get("meta"), dict):
         found = sorted(map(str, data)) if isinstance(data, dict) else type(data).__name__
         raise InputError(path, f"expected a dict with 'value' and 'meta'; found {found}")
@@ -139,12 +135,6 @@ def load_dump(path: Path) -> Dump:
     if (meta.get("step", step), meta.get("rank", rank), meta.get("name", name)) != (step, rank, name):
         raise InputError(path, "its file name and its meta disagree on step, rank or name")
     return Dump(path, step, rank, index, name, data["value"], meta)
-
-
-def _why(exc: Exception) -> str:
-    if "zip archive" in str(exc):  # torch's words for a cut-off (or non-torch) file span many lines
-        return "truncated, or not a torch.save file"
-    return why_unreadable(exc)
 
 
 def canonical(name: str, draft: bool) -> str:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import gzip
 import io
-import re
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tracediff as td
 from tracediff.errors import InputError
+from tracediff.integrations.torch_files import load_tensors, refusal
 
 SUFFIXES = (".ckpt", ".ckpt.gz")
 KEYS = ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state")
@@ -55,10 +56,9 @@ def load_sample(path: Path) -> dict[str, Any]:
         raw = path.read_bytes()
         if path.name.endswith(".gz"):
             raw = gzip.decompress(raw)
-        data = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
-    except Exception as exc:  # truncated, foreign, or pickled objects weights_only refuses
-        raise InputError(path, f"not a feature file torch.load(weights_only=True) reads: {_why(exc)}") \
-            from None
+    except (OSError, EOFError, zlib.error) as exc:  # unreadable, or a damaged .gz
+        raise InputError(path, f"cannot be read: {refusal(exc)}") from None
+    data = load_tensors(path, "a feature file", io.BytesIO(raw))
     if not isinstance(data, dict) or any(key not in data for key in KEYS):
         found = sorted(data) if isinstance(data, dict) else type(data).__name__
         raise InputError(path, f"expected a dict with {', '.join(KEYS)}; found {found}")
@@ -72,18 +72,6 @@ def load_sample(path: Path) -> dict[str, Any]:
         if (positions := per_token(key, data[key]).shape[0]) != length:
             raise InputError(path, f"{key} has {positions} positions, input_ids {length}")
     return data
-
-
-def _why(exc: Exception) -> str:
-    """torch.load's complaint in a few plain words (its own messages span lines and hold terminal
-    escapes)."""
-    text = str(exc)
-    if "Unsupported global" in text:
-        return "it holds objects other than tensors, which would need unpickling"
-    if "WeightsUnpickler error" in text:
-        return "not a torch.save file (or a damaged one)"
-    first = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text.strip().splitlines()[0] if text.strip() else "")
-    return "".join(c for c in first if c.isprintable())[:200] or type(exc).__name__
 
 
 def per_token(key: str, value: Any) -> Any:

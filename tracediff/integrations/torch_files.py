@@ -1,0 +1,39 @@
+"""Reading other producers' ``torch.save`` files without unpickling them: ``torch.load`` with
+``weights_only=True`` only, and its refusals said in a few plain words (torch's own messages span
+lines, hold terminal escapes and advise re-running with ``weights_only=False``, which we never do)."""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+from typing import IO, Any
+
+from tracediff.errors import InputError
+
+
+def load_tensors(path: Path, what: str, source: IO[bytes] | None = None) -> Any:
+    """``torch.load(weights_only=True)`` of ``path`` (or of ``source``, read from it); anything it
+    refuses or cannot read is an ``InputError`` naming ``path``: "not <what> ...: <why>"."""
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns on legacy formats: the error line says enough
+            return torch.load(path if source is None else source, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated, foreign, or objects weights_only refuses to unpickle
+        raise InputError(path, f"not {what} torch.load(weights_only=True) reads: {refusal(exc)}") from None
+
+
+def refusal(exc: Exception) -> str:
+    """Why torch.load refused, in a few plain words."""
+    text = str(exc)
+    lowered = text.lower()
+    if "unsupported global" in lowered or "weights only load failed" in lowered:
+        return "it holds Python objects other than tensors, which would need unpickling (refused, never run)"
+    if "weightsunpickler error" in lowered:
+        return "not a torch.save file (or a damaged one)"
+    if "zip archive" in lowered:
+        return "truncated, or not a torch.save file"
+    first = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text.strip().splitlines()[0] if text.strip() else "")
+    return "".join(c for c in first if c.isprintable())[:200] or type(exc).__name__
