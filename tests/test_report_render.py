@@ -89,3 +89,28 @@ def test_show_prints_trace_text_as_data_never_markup_or_escapes(tmp_path) -> Non
                   "m.\\x1b]0;TITLE\\x07t", "[red]src[/red]", "request=[b]r[/b]"):
         assert shown in text, shown
     assert "\x1b]" not in text and "\x1b[31m" not in text and "\x1b[2J" not in text  # none from the trace
+
+
+def test_tensors_on_one_side_and_remarks_beside_a_match_are_said_as_such(tmp_path) -> None:
+    """A match rests on the tensors both sides hold: the report names the ones it never compared, and
+    a diagnosis beside a match is a note, not a cause."""
+    import io
+
+    from rich.console import Console
+
+    from tracediff.report.compare import render
+
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", x, token_ids=[5, 6, 7], request="p")
+        rec.log("only.here", x, token_ids=[5, 6, 7], request="p")
+    with td.record(tmp_path / "b.h5") as rec:
+        rec.log("h", x, token_ids=[5, 6, 7], request="p")
+        rec.log("h", x, token_ids=[1, 2, 3], request="q")  # a request a never saw
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    out = io.StringIO()
+    render(Console(file=out, width=200), report)
+    text = out.getvalue()
+    assert report.verdict == "match" and "not compared, a: 1 tensor that b lacks (only.here)" in text
+    assert "note: token_mismatch" in text and "why:" not in text
+    assert "Not compared, a: 1 tensor that b lacks (only.here)." in to_markdown(report)

@@ -86,6 +86,26 @@ def trace_notes(report: Report) -> list[str]:
     return notes
 
 
+def one_sided(report: Report) -> list[str]:
+    """The tensors only one side holds: never compared, and outside the coverage figures (trace text
+    as is: the caller escapes it for its medium)."""
+    lines = []
+    for side, status in (("a", "missing_in_b"), ("b", "missing_in_a")):
+        names = [t.name for t in report.tensors if t.status == status]
+        if names:
+            other = "b" if side == "a" else "a"
+            what = "tensor" if len(names) == 1 else "tensors"
+            lines.append(f"{side}: {len(names)} {what} that {other} lacks ({', '.join(names[:8])}"
+                         f"{', ...' if len(names) > 8 else ''})")
+    return lines
+
+
+def diagnosis_label(report: Report) -> str:
+    """What a diagnosis is to the reader: the cause ("why") of what went wrong, or a remark beside a
+    match (e.g. requests on one side with no counterpart)."""
+    return "note" if report.verdict == "match" else "why"
+
+
 def producer(info: TraceInfo) -> str:
     made = f"{info.producer} {info.producer_version}".strip() or "unknown producer"
     torch = f"torch {info.torch} on {info.device}" if info.torch else ""
@@ -111,8 +131,11 @@ def render(console: Console, report: Report) -> None:
     console.print(Text(f"compared: {coverage_line(report.coverage)}"))
     for line in skipped_lines(report.coverage):
         console.print(Text(f"  not compared, {line}"))
+    for line in one_sided(report):
+        console.print(Text(f"  not compared, {safe(line)}"))
     for d in report.diagnoses:
-        console.print(Text.assemble("  why: ", (d.kind, "bold"), f": {safe(d.message)}"))
+        said = diagnosis_label(report)
+        console.print(Text.assemble(f"  {said}: ", (d.kind, "bold"), f": {safe(d.message)}"))
     first = report.first_divergence
     if first is not None and not [d for d in report.diagnoses if d.severity == "error"]:
         console.print(Text(f"  why: {NO_EXPLANATION}; {_numbers(first.row)}"))
@@ -155,7 +178,9 @@ def to_markdown(report: Report) -> str:
         lines += [f"First diverging tensor: {code(first.name)} ({where(first.row, md)})", ""]
     lines += [f"Compared: {coverage_line(report.coverage)}."]
     lines += [f"Not compared, {line}." for line in skipped_lines(report.coverage)]
-    bullets = [f"- **{d.kind}** ({d.severity}): {md(d.message)}" for d in report.diagnoses]
+    lines += [f"Not compared, {md(line)}." for line in one_sided(report)]
+    said = diagnosis_label(report)
+    bullets = [f"- {said}: **{d.kind}** ({d.severity}): {md(d.message)}" for d in report.diagnoses]
     if first is not None and not [d for d in report.diagnoses if d.severity == "error"]:
         bullets += [f"- {NO_EXPLANATION}; {_numbers(first.row)}"]
     label = report.verdict if first is None or report.verdict == "incomparable" else "also"
