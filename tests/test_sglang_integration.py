@@ -1,7 +1,7 @@
 """Recording SGLang 0.5.23's real serving code (CPU harness): every canonical name with content keys,
 values checked against HF transformers on the same weights, the aux wiring the contract states, the
-draft's vocab mapping, prefix-cache hits, request filters, the version guard, host safety, and
-compare on two serving runs."""
+draft's vocab mapping, prefix-cache hits, request filters, reused rids, the version guard, host
+safety, compare on two serving runs, and the harness's argument checks."""
 
 from __future__ import annotations
 
@@ -307,3 +307,72 @@ def test_compare_two_serving_runs(ckpt, served, tmp_path):
     assert report.first_divergence is not None and report.first_divergence.name == "draft.hidden"
     assert {t.name for t in report.tensors if t.status == "match"} >= {"target.aux", "draft.fc_out"}
     assert json.loads(report.to_json())["verdict"] == "diverged"
+
+
+def serve_in_turn(ckpt, path, calls, **options):
+    """One server, one serve call per (rid, prompt), one after the other: each request finishes
+    before the next arrives, as a client reusing a rid sees it."""
+    with td.record(path, source="serving") as rec:
+        server = CpuServer(*ckpt, num_steps=STEPS, recorder=rec, **options)
+        for rid, prompt in calls:
+            server.serve([prompt], 3, rids=[rid])
+        server.close()
+
+
+def test_reused_rid_is_a_request_of_its_own(ckpt, tmp_path):
+    """A rid reused for a later request names it rid#2 (then the first free rid#n) at prefill,
+    decode and in its draft chains; the same computation under distinct rids matches it in full."""
+    first, second = [1, 2, 3, 7], [1, 2, 4, 8]
+    serve_in_turn(ckpt, tmp_path / "reused.h5", [("x", first), ("x", second), ("x#3", C), ("x", C)])
+    serve_in_turn(ckpt, tmp_path / "distinct.h5", [("p", first), ("q", second), ("r", C), ("s", C)])
+    with td.open_trace(tmp_path / "reused.h5") as trace:
+        table = trace.request_tokens()
+        assert sorted(table.requests()) == ["x", "x#2", "x#3", "x#4"]
+        for rid, prompt in (("x", first), ("x#2", second), ("x#3", C), ("x#4", C)):
+            assert table.sequence(rid)[1].tolist()[: len(prompt)] == prompt
+        for name in ("target.embed", "draft.hidden", "draft.token_target"):
+            rows = trace.rows(name)
+            assert set(rows.request.tolist()) == {"x", "x#2", "x#3", "x#4"}, name
+        chain = trace.rows("draft.input_ids")
+        assert {r for r, d in zip(chain.request, chain.depth) if d > 0} == {"x", "x#2", "x#3", "x#4"}
+        for rid in ("x", "x#2"):  # each request's rows carry its own tokens (x#2 at position 2: 4, not 3)
+            rows = trace.rows("target.embed", request=rid)
+            _, ids = table.sequence(rid)
+            assert rows.token_id.tolist() == ids[rows.position].tolist()
+            assert ids[2] == (first if rid == "x" else second)[2]
+    report = td.compare(tmp_path / "distinct.h5", tmp_path / "reused.h5")
+    assert report.verdict == "match", report.reasons
+    assert report.coverage.fraction == 1.0 and report.coverage.rows_a == report.coverage.aligned
+
+
+def test_request_filters_decide_per_request_not_per_rid(ckpt, tmp_path):
+    """requests=1 records the first request only, not a later one under its rid; match_prefix
+    judges each request under a reused rid by its own prompt."""
+    calls = [("x", A), ("x", B)]
+    serve_in_turn(ckpt, tmp_path / "first.h5", calls, requests=1)
+    serve_in_turn(ckpt, tmp_path / "prefix.h5", calls, match_prefix=B[:5])
+    for path, (name, prompt) in (("first.h5", ("x", A)), ("prefix.h5", ("x#2", B))):
+        with td.open_trace(tmp_path / path) as trace:
+            assert list(trace.request_tokens().requests()) == [name], path
+            assert trace.request_tokens().sequence(name)[1].tolist()[: len(prompt)] == prompt
+            assert set(trace.rows("target.layer.0").request.tolist()) == {name}, path
+
+
+@pytest.fixture(scope="module")
+def plain_server(ckpt):
+    return CpuServer(*ckpt, num_steps=STEPS)
+
+
+@pytest.mark.parametrize(("prompts", "rids", "problem"), [
+    ([A, B], ["only"], r"1 rids for 2 prompts"),
+    ([A, B], ["x", "x"], r"duplicate rids in one call: \['x'\]"),
+    ([A, []], None, r"prompt 1 is empty"),
+    ([[1, 512, 3]], None, r"prompt 0 has token ids outside the vocab \[0, 512\): \[512\]"),
+    ([[1, -2, 3]], None, r"prompt 0 has token ids outside the vocab"),
+    ([list(range(1, 300))], None, r"prompt 0: 299 tokens \+ 2 new > max_len 256"),
+])
+def test_serve_refuses_bad_arguments_before_running(plain_server, prompts, rids, problem):
+    """Each bad argument is one ValueError naming it, raised before any request is admitted."""
+    with pytest.raises(ValueError, match=problem):
+        plain_server.serve(prompts, 2, rids=rids)
+    assert not plain_server.running

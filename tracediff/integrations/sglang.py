@@ -2,8 +2,13 @@
 
 ``install(recorder, target=..., draft=..., worker=...)`` attaches to SGLang's own objects; the
 scheduler side calls ``batch_context(reqs)`` once per batch so that every row is keyed by content:
-(request = ``Req.rid``, position, the request's token at that position), docs/FORMAT.md. The same
-function is called by the launcher plugin's scheduler patch and by the CPU harness (sglang_cpu.py).
+(request, position, the request's token at that position), docs/FORMAT.md. The same function is
+called by the launcher plugin's scheduler patch and by the CPU harness (sglang_cpu.py).
+
+A request is one ``Req`` object: it keeps its name from its first batch to its last. The name is
+its ``rid``; clients may reuse a rid once a request finished, so a later ``Req`` under a rid already
+named is ``rid#2``, then ``rid#3`` (the first free one): two requests never share a trace name, and
+the same sequence of requests names the same way in every run.
 
 Where each tensor comes from (SGLang 0.5.23):
 
@@ -30,6 +35,7 @@ import dataclasses
 import hashlib
 import inspect
 import logging
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -49,7 +55,7 @@ SPEC_ARGS = {"algorithm": "speculative_algorithm", "num_steps": "speculative_num
              "topk": "speculative_eagle_topk", "num_draft_tokens": "speculative_num_draft_tokens"}
 SERVER_ARGS = ("attention_backend", "dtype", "device", "tp_size", "page_size", "disable_cuda_graph",
                "disable_overlap_schedule", "speculative_draft_window_size")
-IDLE_BATCHES = 4096  # a request not seen in this many batches is forgotten (its rows were all recorded)
+IDLE_BATCHES = 4096  # a Req held strongly (no weak reference) is forgotten after this many idle batches
 
 
 class SglangInternalsError(RuntimeError):
@@ -153,13 +159,29 @@ def _check_draft(draft: Any) -> None:
 
 @dataclass
 class _Request:
-    """What the scheduler knows of one admitted request: its tokens so far (prompt + output)."""
+    """What the scheduler knows of one request (one ``Req`` object): its name in the trace, whether
+    it is recorded, and its tokens so far (prompt + output)."""
 
-    rid: str
+    name: str
+    recorded: bool
     tokens: np.ndarray
+    req: Callable[[], Any]  # the Req it tracks (a weak reference where the object allows one)
     declared: int = 0  # tokens already handed to the recorder's token table
     anchor: int | None = None  # position of its last depth-0 draft row (chain rows carry its key)
     seen: int = 0  # the batch it was last in
+
+    def kept(self, step: int) -> bool:
+        """Whether to keep tracking it: its Req lives (held weakly), or was seen lately (held strongly)."""
+        if isinstance(self.req, weakref.ref):
+            return self.req() is not None
+        return step - self.seen < IDLE_BATCHES
+
+
+def _reference(req: Any) -> Callable[[], Any]:
+    try:
+        return weakref.ref(req)
+    except TypeError:  # a stand-in without weak references (a namedtuple): held until idle
+        return lambda: req
 
 
 @dataclass
@@ -206,7 +228,9 @@ class Installation:
         self.gate = gate
         self.step = -1
         self.batch: list[_Request | None] = []  # the current batch, None for requests not recorded
-        self.requests: dict[str, _Request] = {}
+        self.requests: dict[int, _Request] = {}  # by id() of the Req object
+        self.names: set[str] = set()  # every name handed out (a reused rid gets the next free rid#n)
+        self.reuses: dict[str, int] = {}  # rid -> the n to try first for its next rid#n
         self.rows: _Rows | None = None  # keys of the model forward running now
         self.chain: _Rows | None = None  # keys of the draft chain running now
         self.chain_depth = 0
@@ -222,23 +246,43 @@ class Installation:
         self.step += 1
         batch: list[_Request | None] = []
         for req in reqs:
-            rid = str(req.rid)
-            state = self.requests.get(rid)
-            if state is None:
-                origin = np.asarray(req.origin_input_ids, dtype=np.int64)
-                if not self.gate.admit(rid, origin[: len(self.gate.prefix or ())].tolist()):
-                    batch.append(None)
-                    continue
-                state = self.requests[rid] = _Request(rid, origin)
+            state = self._state(req)
+            state.seen = self.step
+            if not state.recorded:
+                batch.append(None)
+                continue
             output = req.output_ids
             known = len(state.tokens) - len(req.origin_input_ids)
             if len(output) > known:
                 state.tokens = np.concatenate([state.tokens, np.asarray(output[known:], dtype=np.int64)])
-            state.seen = self.step
             batch.append(state)
         self.batch = batch
         if self.step % IDLE_BATCHES == 0:
-            self.requests = {k: v for k, v in self.requests.items() if self.step - v.seen < IDLE_BATCHES}
+            self.requests = {k: v for k, v in self.requests.items() if v.kept(self.step)}
+
+    def _state(self, req: Any) -> _Request:
+        """The state of this Req object; one not seen before is a new request, named and admitted
+        (or refused by the request filters) once, at its first batch."""
+        state = self.requests.get(id(req))
+        if state is not None and state.req() is req:
+            return state
+        name = self._name(str(req.rid))
+        origin = np.asarray(req.origin_input_ids, dtype=np.int64)
+        recorded = self.gate.admit(name, origin[: len(self.gate.prefix or ())].tolist())
+        state = self.requests[id(req)] = _Request(name, recorded, origin, _reference(req))
+        return state
+
+    def _name(self, rid: str) -> str:
+        """``rid`` for its first request, then the first free ``rid#n`` (n >= 2) for each later one."""
+        name = rid
+        if name in self.names:
+            n = self.reuses.get(rid, 2)
+            while f"{rid}#{n}" in self.names:
+                n += 1
+            self.reuses[rid] = n + 1
+            name = f"{rid}#{n}"
+        self.names.add(name)
+        return name
 
     def _forward_rows(self, fb: Any) -> _Rows | None:
         """Keys of every row of a target or depth-0 draft forward, from the batch context."""
@@ -256,7 +300,7 @@ class Installation:
                        f"context ({bs} requests): its rows are not recorded")
             return None
         owner = np.repeat(np.arange(bs), lens)
-        request = np.array([r.rid if r else "" for r in self.batch], dtype=object)[owner]
+        request = np.array([r.name if r else "" for r in self.batch], dtype=object)[owner]
         token = np.full(n, -1, dtype=np.int64)
         keep = np.zeros(n, dtype=bool)
         for i, state in enumerate(self.batch):
@@ -271,7 +315,7 @@ class Installation:
 
     def _declare(self, state: _Request) -> None:
         if len(state.tokens) > state.declared:
-            self.rec.request_tokens(state.rid, state.tokens[state.declared :], start=state.declared)
+            self.rec.request_tokens(state.name, state.tokens[state.declared :], start=state.declared)
             state.declared = len(state.tokens)
 
     # -- logging --------------------------------------------------------------------------------
@@ -489,7 +533,7 @@ class Installation:
             if state is not None and state.anchor is not None and state.anchor < len(state.tokens):
                 position[i], token[i] = state.anchor, state.tokens[state.anchor]
         keep = position >= 0
-        request = np.array([s.rid if s else "" for s in self.batch], dtype=object)
+        request = np.array([s.name if s else "" for s in self.batch], dtype=object)
         self.chain = _Rows(self.step, 0, request, position, token, keep, np.arange(n))
 
     def chain_end(self, result: Any) -> None:
@@ -680,8 +724,9 @@ def install(recorder: Recorder, *, target: Any = None, draft: Any = None, worker
 
 def batch_context(reqs: Sequence[Any]) -> None:
     """Called by the scheduler side once per batch, before its forward passes, with the batch's
-    requests in batch order (``ScheduleBatch.reqs``: ``rid``, ``origin_input_ids``, ``output_ids``).
-    Starts the next step of every installation; never raises."""
+    requests in batch order (``ScheduleBatch.reqs``: ``rid``, ``origin_input_ids``, ``output_ids``),
+    the same object for a request in every batch it is in (a new object is a new request, named
+    ``rid#n`` when its rid was used before). Starts the next step of every installation; never raises."""
     for inst in list(_ACTIVE):
         inst._guard("batch_context", inst.begin_batch)(reqs)
 

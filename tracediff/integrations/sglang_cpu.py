@@ -26,6 +26,7 @@ import importlib.util
 import os
 import platform
 import sys
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType, SimpleNamespace
@@ -394,7 +395,9 @@ class CpuServer:
 
     def serve(self, prompts: list[list[int]], new_tokens: int,
               rids: Sequence[str] | None = None) -> list[list[int]]:
-        """Greedy speculative serving of ``prompts`` (token ids); returns each request's new tokens."""
+        """Greedy speculative serving of ``prompts`` (token ids); returns each request's new tokens.
+        ``rids``: one per prompt, distinct (SGLang refuses a rid already in flight; a rid of an
+        earlier, finished call may be reused). Bad arguments raise ValueError before anything runs."""
         from tracediff.integrations.sglang import batch_context
 
         if self.draft is None:
@@ -403,6 +406,16 @@ class CpuServer:
             raise ValueError("new_tokens must be >= 1")
         if rids is None:
             rids = [f"req{len(self.running) + i}" for i in range(len(prompts))]
+        if len(rids) != len(prompts):
+            raise ValueError(f"{len(rids)} rids for {len(prompts)} prompts: give one rid per prompt")
+        repeated = sorted(rid for rid, n in Counter(rids).items() if n > 1)
+        if repeated:
+            raise ValueError(f"duplicate rids in one call: {repeated} (SGLang refuses a rid already in "
+                             "flight)")
+        if len(self.running) + len(prompts) > self.max_requests:
+            raise ValueError(f"{len(self.running)} requests held + {len(prompts)} new > max_requests "
+                             f"{self.max_requests}")
+        self._check_prompts(prompts, new_tokens)
         batch = [self._admit(rid, prompt, new_tokens) for rid, prompt in zip(rids, prompts)]
         for run in batch:
             batch_context([run.req])
@@ -412,12 +425,24 @@ class CpuServer:
             self._decode(batch)
         return [list(run.req.output_ids) for run in batch]
 
+    def _check_prompts(self, prompts: Sequence[Sequence[int]], new_tokens: int) -> None:
+        """A ValueError naming the first prompt that is empty, holds a token outside the vocab, or
+        does not fit max_len with its new tokens (before anything runs: the harness stays usable)."""
+        vocab = int(self.target.config.vocab_size)
+        for i, prompt in enumerate(prompts):
+            if len(prompt) == 0:
+                raise ValueError(f"prompt {i} is empty: a request needs at least one token")
+            bad = [int(t) for t in prompt if not 0 <= int(t) < vocab]
+            if bad:
+                raise ValueError(f"prompt {i} has token ids outside the vocab [0, {vocab}): {bad[:5]}")
+            if len(prompt) + new_tokens > self.max_len:
+                raise ValueError(f"prompt {i}: {len(prompt)} tokens + {new_tokens} new > max_len "
+                                 f"{self.max_len}")
+
     def _admit(self, rid: str, prompt: Sequence[int], new_tokens: int) -> _Running:
         from sglang.srt.managers.schedule_batch import Req
         from sglang.srt.sampling.sampling_params import SamplingParams
 
-        if len(self.running) >= self.max_requests or len(prompt) + new_tokens > self.max_len:
-            raise ValueError("the harness holds at most max_requests requests of max_len tokens")
         req = Req(rid=rid, origin_input_text="", origin_input_ids=[int(t) for t in prompt],
                   sampling_params=SamplingParams(temperature=0, max_new_tokens=new_tokens))
         run = _Running(req, len(self.running), list(req.origin_input_ids))
@@ -563,6 +588,7 @@ class CpuServer:
 
         from tracediff.integrations.sglang import batch_context
 
+        self._check_prompts(prompts, 0)
         self.target.set_eagle3_layers_to_capture(None if aux_ids is None else list(aux_ids))
         final: list[Any] = []
         handle = self.target.model.register_forward_hook(lambda m, a, out: final.append(out[0]))
