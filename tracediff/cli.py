@@ -223,7 +223,8 @@ def compare(
 
     guarded(a, run)
     report = reports[0]
-    from tracediff.report.compare import render, safe, to_markdown
+    from tracediff.report.compare import render, to_markdown
+    from tracediff.report.text import safe
 
     try:
         if as_json:
