@@ -1,216 +1,30 @@
-"""Recording SGLang's EAGLE-3 serving path (target, draft extend, draft chain) under canonical names.
-
-``install(recorder, target=..., draft=..., worker=...)`` attaches to SGLang's own objects; the
-scheduler side calls ``batch_context(reqs)`` once per batch so that every row is keyed by content:
-(request, position, the request's token at that position), docs/FORMAT.md. The same function is
-called by the launcher plugin's scheduler patch and by the CPU harness (sglang_cpu.py).
-
-A request is one ``Req`` object: it keeps its name from its first batch to its last. The name is
-its ``rid``; clients may reuse a rid once a request finished, so a later ``Req`` under a rid already
-named is ``rid#2``, then ``rid#3`` (the first free one): two requests never share a trace name, and
-the same sequence of requests names the same way in every run.
-
-Where each tensor comes from (SGLang 0.5.23):
-
-- ``target.layer.{i}``: SGLang defers the residual add (a layer's forward returns the MLP branch), so
-  the stream is read where SGLang itself reads it for aux capture: the residual the attention boundary
-  wrote on entering layer i+1 (``forward_batch.residual_stream.residual`` as ``self_attn`` starts),
-  and for the last layer the residual the final norm returns. Read only: nothing the model computes
-  or packs for the draft changes.
-- ``target.aux``: ``LogitsProcessorOutput.hidden_states`` of the target (what the draft is handed).
-- draft depth 0 (draft extend) and depth d >= 1 (``EagleDraftWorker.draft_forward``, topk = 1): a
-  depth-0 row at position t is fed x[t+1] and keyed (rid, t, x[t]); chain rows carry the key of the
-  request's last depth-0 row (its anchor); ``draft.input_ids`` holds what was fed.
-- ``draft.token_target``: the target-vocab tokens ``draft_forward`` returns (``hot_token_id`` applied
-  by SGLang), one column per depth.
-
-Rows whose token the scheduler does not know yet (verify rows of draft tokens) are left out: keying a
-speculative token would teach the trace a token the request may never have. Hooks never raise into
-SGLang: a failure is logged once and recording stops while the server keeps running.
-"""
+"""The hooks: ``install`` attaches to SGLang's target, draft and draft worker; ``batch_context``
+(called by the scheduler side once per batch) keys the rows of the forwards that follow."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import inspect
 import logging
-import weakref
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tracediff.integrations.sglang.contract import draft_contract, server_contract, tp_ranks
+from tracediff.integrations.sglang.guard import (
+    SUPPORTED_SGLANG,
+    check_internals,
+    parameter_names,
+    sglang_version,
+)
+from tracediff.integrations.sglang.keys import IDLE_BATCHES, Request, Rows, reference
 from tracediff.record.host import is_torch_tensor
-from tracediff.record.launch import LaunchConfig, RecorderFactory, RequestGate, when_imported
+from tracediff.record.launch import RequestGate
 
 if TYPE_CHECKING:  # the plugin is imported in every process of a launch: torch loads only when SGLang runs
     from tracediff.record.recorder import Recorder
 
 logger = logging.getLogger("tracediff")
-
-SUPPORTED_SGLANG = ("0.5.23",)
-SPEC_ARGS = {"algorithm": "speculative_algorithm", "num_steps": "speculative_num_steps",
-             "topk": "speculative_eagle_topk", "num_draft_tokens": "speculative_num_draft_tokens"}
-SERVER_ARGS = ("attention_backend", "dtype", "device", "tp_size", "page_size", "disable_cuda_graph",
-               "disable_overlap_schedule", "speculative_draft_window_size")
-IDLE_BATCHES = 4096  # a Req held strongly (no weak reference) is forgotten after this many idle batches
-
-
-class SglangInternalsError(RuntimeError):
-    """An SGLang internal the recording reads is missing or changed: recording would give wrong
-    tensors, so nothing is recorded."""
-
-
-def sglang_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("sglang")
-    except PackageNotFoundError:
-        return "not installed"
-
-
-# ---- the version guard ------------------------------------------------------------------------------
-
-
-def _params(fn: Any) -> list[str]:
-    try:
-        return list(inspect.signature(fn).parameters)
-    except (TypeError, ValueError):
-        return []
-
-
-def _require(ok: bool, internal: str) -> None:
-    if not ok:
-        supported = ", ".join(SUPPORTED_SGLANG)
-        raise SglangInternalsError(f"sglang {sglang_version()}: {internal} is missing or changed "
-                                   f"(tracediff records SGLang {supported}); nothing is recorded")
-
-
-def _has_fields(cls: type, names: Sequence[str], label: str) -> None:
-    fields = {f.name for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else set()
-    for name in names:
-        _require(name in fields, f"{label}.{name}")
-
-
-def check_internals(target: Any = None, draft: Any = None, worker: Any = None) -> None:
-    """Every SGLang internal the recording reads, checked before anything is attached; raises
-    SglangInternalsError naming the first one missing or changed, and the installed version."""
-    from sglang.srt.layers.layer_boundary.residual.stream import ResidualStream
-    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-
-    _has_fields(ForwardBatch, ("forward_mode", "batch_size", "input_ids", "positions", "extend_seq_lens_cpu",
-                               "spec_info", "residual_stream"), "ForwardBatch")
-    _require(callable(getattr(ForwardMode, "is_extend", None)), "ForwardMode.is_extend")
-    _require(callable(getattr(ForwardMode, "is_idle", None)), "ForwardMode.is_idle")
-    _has_fields(LogitsProcessorOutput, ("next_token_logits", "hidden_states"), "LogitsProcessorOutput")
-    _require("residual" in getattr(ResidualStream, "__slots__", ()), "ResidualStream.residual")
-    _require({"rid", "origin_input_ids"} <= set(_params(Req.__init__)), "Req(rid, origin_input_ids)")
-    _has_fields(ScheduleBatch, ("reqs",), "ScheduleBatch")
-    if target is not None:
-        _check_target(target)
-    if draft is not None:
-        _check_draft(draft)
-        from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
-
-        _require(_params(getattr(EagleDraftWorker, "draft_forward", None))[:2] == ["self", "forward_batch"],
-                 "EagleDraftWorker.draft_forward(self, forward_batch)")
-    if worker is not None:
-        for name in ("hot_token_id", "topk", "speculative_num_steps"):
-            _require(hasattr(worker, name), f"EagleDraftWorker.{name}")
-
-
-def _model_forward(module: Any, label: str) -> None:
-    _require(_params(module.forward)[:3] == ["input_ids", "positions", "forward_batch"],
-             f"{label}.forward(input_ids, positions, forward_batch)")
-
-
-def _check_target(target: Any) -> None:
-    name = type(target).__name__
-    model: Any = getattr(target, "model", None)
-    for attr in ("embed_tokens", "layers", "norm", "layers_to_capture"):
-        _require(hasattr(model, attr), f"{name}.model.{attr}")
-    _model_forward(model, f"{name}.model")
-    for attr in ("logits_processor", "set_eagle3_layers_to_capture", "capture_aux_hidden_states"):
-        _require(hasattr(target, attr), f"{name}.{attr}")
-    for i, layer in enumerate(model.layers):
-        attn = getattr(layer, "self_attn", None)
-        takes = set(_params(attn.forward)) if attn is not None else set()
-        _require({"positions", "hidden_states", "forward_batch"} <= takes,
-                 f"{name}.model.layers[{i}].self_attn.forward(positions, hidden_states, forward_batch)")
-
-
-def _check_draft(draft: Any) -> None:
-    name = type(draft).__name__
-    model: Any = getattr(draft, "model", None)
-    for attr in ("embed_tokens", "fc", "layers"):
-        _require(hasattr(model, attr), f"{name}.model.{attr}")
-    _model_forward(model, f"{name}.model")
-    for attr in ("logits_processor", "hot_token_id", "config"):
-        _require(hasattr(draft, attr), f"{name}.{attr}")
-
-
-# ---- row keys -----------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Request:
-    """What the scheduler knows of one request (one ``Req`` object): its name in the trace, whether
-    it is recorded, and its tokens so far (prompt + output)."""
-
-    name: str
-    recorded: bool
-    tokens: np.ndarray
-    req: Callable[[], Any]  # the Req it tracks (a weak reference where the object allows one)
-    declared: int = 0  # tokens already handed to the recorder's token table
-    anchor: int | None = None  # position of its last depth-0 draft row (chain rows carry its key)
-    seen: int = 0  # the batch it was last in
-
-    def kept(self, step: int) -> bool:
-        """Whether to keep tracking it: its Req lives (held weakly), or was seen lately (held strongly)."""
-        if isinstance(self.req, weakref.ref):
-            return self.req() is not None
-        return step - self.seen < IDLE_BATCHES
-
-
-def _reference(req: Any) -> Callable[[], Any]:
-    try:
-        return weakref.ref(req)
-    except TypeError:  # a stand-in without weak references (a namedtuple): held until idle
-        return lambda: req
-
-
-@dataclass
-class _Rows:
-    """Row keys of one model forward: one entry per row of the forward, in batch order."""
-
-    step: int
-    depth: int
-    request: np.ndarray  # object
-    position: np.ndarray
-    token: np.ndarray
-    keep: np.ndarray  # admitted request and known token
-    last: np.ndarray  # the row index of each request's last row
-    _memo: dict = dataclasses.field(default_factory=dict)
-
-    def select(self, n: int) -> tuple[np.ndarray, dict] | None:
-        """(rows of a tensor with ``n`` rows to keep, their keys), or None when ``n`` fits neither
-        every row of the forward nor one row per request. Keys are the same objects for every
-        tensor of the forward, so the recorder learns them once."""
-        kind = "all" if n == len(self.keep) else "last" if n == len(self.last) else None
-        if kind is None:
-            return None
-        if kind not in self._memo:
-            rows = np.arange(n) if kind == "all" else self.last
-            picked = np.flatnonzero(self.keep[rows])
-            at = rows[picked]
-            self._memo[kind] = (picked, dict(request=self.request[at], positions=self.position[at],
-                                             token_ids=self.token[at]))
-        return self._memo[kind]
 
 
 class _Failed(Exception):
@@ -227,12 +41,12 @@ class Installation:
         self.logits_topk = logits_topk
         self.gate = gate
         self.step = -1
-        self.batch: list[_Request | None] = []  # the current batch, None for requests not recorded
-        self.requests: dict[int, _Request] = {}  # by id() of the Req object
+        self.batch: list[Request | None] = []  # the current batch, None for requests not recorded
+        self.requests: dict[int, Request] = {}  # by id() of the Req object
         self.names: set[str] = set()  # every name handed out (a reused rid gets the next free rid#n)
         self.reuses: dict[str, int] = {}  # rid -> the n to try first for its next rid#n
-        self.rows: _Rows | None = None  # keys of the model forward running now
-        self.chain: _Rows | None = None  # keys of the draft chain running now
+        self.rows: Rows | None = None  # keys of the model forward running now
+        self.chain: Rows | None = None  # keys of the draft chain running now
         self.chain_depth = 0
         self.stopped: str | None = None
         self._handles: list[Any] = []
@@ -244,7 +58,7 @@ class Installation:
     def begin_batch(self, reqs: Sequence[Any]) -> None:
         """A new scheduler batch: the next step, and each request's tokens as the scheduler knows them."""
         self.step += 1
-        batch: list[_Request | None] = []
+        batch: list[Request | None] = []
         for req in reqs:
             state = self._state(req)
             state.seen = self.step
@@ -260,7 +74,7 @@ class Installation:
         if self.step % IDLE_BATCHES == 0:
             self.requests = {k: v for k, v in self.requests.items() if v.kept(self.step)}
 
-    def _state(self, req: Any) -> _Request:
+    def _state(self, req: Any) -> Request:
         """The state of this Req object; one not seen before is a new request, named and admitted
         (or refused by the request filters) once, at its first batch."""
         state = self.requests.get(id(req))
@@ -269,7 +83,7 @@ class Installation:
         name = self._name(str(req.rid))
         origin = np.asarray(req.origin_input_ids, dtype=np.int64)
         recorded = self.gate.admit(name, origin[: len(self.gate.prefix or ())].tolist())
-        state = self.requests[id(req)] = _Request(name, recorded, origin, _reference(req))
+        state = self.requests[id(req)] = Request(name, recorded, origin, reference(req))
         return state
 
     def _name(self, rid: str) -> str:
@@ -284,7 +98,7 @@ class Installation:
         self.names.add(name)
         return name
 
-    def _forward_rows(self, fb: Any) -> _Rows | None:
+    def _forward_rows(self, fb: Any) -> Rows | None:
         """Keys of every row of a target or depth-0 draft forward, from the batch context."""
         if self.chain is not None:
             self.chain_depth += 1
@@ -311,16 +125,16 @@ class Installation:
             token[known] = state.tokens[positions[known]]
             keep |= known
             self._declare(state)
-        return _Rows(self.step, 0, request, positions, token, keep, np.cumsum(lens) - 1)
+        return Rows(self.step, 0, request, positions, token, keep, np.cumsum(lens) - 1)
 
-    def _declare(self, state: _Request) -> None:
+    def _declare(self, state: Request) -> None:
         if len(state.tokens) > state.declared:
             self.rec.request_tokens(state.name, state.tokens[state.declared :], start=state.declared)
             state.declared = len(state.tokens)
 
     # -- logging --------------------------------------------------------------------------------
 
-    def _log(self, name: str, tensor: Any, rows: _Rows | None, depth: int | None = None) -> None:
+    def _log(self, name: str, tensor: Any, rows: Rows | None, depth: int | None = None) -> None:
         if rows is None or tensor is None:
             return
         found = rows.select(int(tensor.shape[0]))
@@ -534,7 +348,7 @@ class Installation:
                 position[i], token[i] = state.anchor, state.tokens[state.anchor]
         keep = position >= 0
         request = np.array([s.name if s else "" for s in self.batch], dtype=object)
-        self.chain = _Rows(self.step, 0, request, position, token, keep, np.arange(n))
+        self.chain = Rows(self.step, 0, request, position, token, keep, np.arange(n))
 
     def chain_end(self, result: Any) -> None:
         """``draft.token_target`` from the tokens draft_forward returned: column d is depth d."""
@@ -554,13 +368,13 @@ class Installation:
                                   "torch_version": torch.__version__, "target_logits": "full"
                                   if self.logits_topk is None else f"top{self.logits_topk} values; "
                                   "their ids in target.logits_topk_ids"}
-        values.update(_parallel())
-        values.update(_server_contract(self.server_args))
+        values.update(tp_ranks())
+        values.update(server_contract(self.server_args))
         if self.target is not None:
             values["dtypes"] = {"target": str(next(self.target.parameters()).dtype).replace("torch.", "")}
             values["target_num_layers"] = len(self.target.model.layers)
         if self.draft is not None:
-            values.update(_draft_contract(self.draft))
+            values.update(draft_contract(self.draft))
         return values
 
 
@@ -573,67 +387,8 @@ def _arg(module: Any, args: tuple, kwargs: dict, name: str) -> Any:
         return kwargs[name]
     params = _FORWARD_PARAMS.get(type(module))
     if params is None:
-        params = _FORWARD_PARAMS[type(module)] = _params(module.forward)
+        params = _FORWARD_PARAMS[type(module)] = parameter_names(module.forward)
     return args[params.index(name)]
-
-
-def _sha256(tensor: Any) -> str:
-    return hashlib.sha256(tensor.detach().to("cpu").contiguous().numpy().tobytes()).hexdigest()
-
-
-def _draft_contract(draft: Any) -> dict:
-    import torch
-
-    config = draft.config
-    eagle = getattr(config, "eagle_config", None) or {}
-    ids = eagle.get("eagle_aux_hidden_state_layer_ids")
-    model = draft.model
-    values: dict[str, Any] = {
-        "aux_layer_ids": None if ids is None else [int(i) for i in ids],
-        "draft_config": {k: getattr(config, k, None) for k in (
-            "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
-            "draft_vocab_size", "target_hidden_size", "rms_norm_eps", "rope_theta", "norm_output")},
-        # 0.5.23 builds norm_before_fc's input_norm and fc_norm from the config: it applies what the
-        # checkpoint asks for (the key's meaning in every producer's contract)
-        "fc_norms_applied": hasattr(model, "input_norm") and hasattr(model, "fc_norm"),
-        "draft_input_shift": 1,
-        "d2t_reading": "offset",
-    }
-    hot = draft.hot_token_id
-    if hot is not None:
-        hot = hot.detach().to("cpu", torch.int64)
-        values["hot_token_id_sha256"] = _sha256(hot)
-        values["d2t_sha256"] = _sha256(hot - torch.arange(len(hot)))
-    return values
-
-
-def _server_contract(server_args: Any) -> dict:
-    """Server arguments as SGLang resolved them (its rewrites show only in ``resolved_view``)."""
-    if server_args is None:
-        return {}
-    from sglang.srt.arg_groups.model_override_base import resolved_view
-
-    view = resolved_view(server_args)
-    spec = {k: _plain(getattr(view, attr, None)) for k, attr in SPEC_ARGS.items()}
-    args = {attr: _plain(getattr(view, attr, None)) for attr in SERVER_ARGS}
-    name = getattr(server_args, "served_model_name", None) or getattr(server_args, "model_path", None)
-    return {"speculative_args": spec, "server_args": args, "target_model": name,
-            "attention_backend": args["attention_backend"]}
-
-
-def _plain(value: Any) -> Any:
-    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
-
-
-def _parallel() -> dict:
-    """TP rank and size as SGLang holds them (the recorder writes one file per rank)."""
-    try:
-        from sglang.srt.runtime_context import get_parallel
-
-        parallel = get_parallel()
-        return {"tp_rank": int(parallel.tp_rank), "tp_size": int(parallel.tp_size)}
-    except Exception:  # no parallel context published (a model built outside a server)
-        return {}
 
 
 # ---- the draft worker patch (one wrapper for every installation) ----------------------------------------
@@ -701,7 +456,7 @@ def install(recorder: Recorder, *, target: Any = None, draft: Any = None, worker
         logger.warning("tracediff: sglang %s is not a version tracediff was tested with (%s); its internals "
                        "checked out, recording anyway", sglang_version(), ", ".join(SUPPORTED_SGLANG))
     if server_args is None:
-        server_args = _published_server_args()
+        server_args = published_server_args()
     gate = RequestGate(requests, None if match_prefix is None else tuple(int(t) for t in match_prefix))
     inst = Installation(recorder, target, draft, worker, server_args, logits_topk, gate)
     _ACTIVE.append(inst)
@@ -731,77 +486,10 @@ def batch_context(reqs: Sequence[Any]) -> None:
         inst._guard("batch_context", inst.begin_batch)(reqs)
 
 
-def _published_server_args() -> Any:
+def published_server_args() -> Any:
     try:
         from sglang.srt.runtime_context import get_server_args
 
         return get_server_args()
     except Exception:  # nothing published: the contract goes without server arguments
         return None
-
-
-# ---- the launcher plugin ------------------------------------------------------------------------
-
-
-class _Plugin:
-    """Attaches ``install`` in a server process as SGLang loads its models (``tracediff record``)."""
-
-    def __init__(self, config: LaunchConfig, factory: RecorderFactory) -> None:
-        self.config, self.factory = config, factory
-        self.failed = False
-        self.models: set[int] = set()
-
-    def attach(self, **models: Any) -> None:
-        """install(...) on a model SGLang just loaded; failures are one warning, never raised."""
-        model = next(iter(models.values()))
-        if self.failed or id(model) in self.models:
-            return
-        self.models.add(id(model))
-        try:
-            rank = _parallel()
-            rec = self.factory(rank.get("tp_rank"), rank.get("tp_size"), source="serving")
-            if rec.active:
-                install(rec, requests=self.config.requests, match_prefix=self.config.match_prefix, **models)
-        except Exception as exc:
-            self.failed = True
-            logger.warning("tracediff: not recording SGLang (%s: %s); the server runs as usual",
-                           type(exc).__name__, exc)
-
-    def patch_loader(self, cls: Any, role: str) -> None:
-        original = cls.load_weights
-
-        def load_weights(model: Any, *args: Any, **kwargs: Any) -> Any:
-            result = original(model, *args, **kwargs)
-            self.attach(**{role: model})
-            return result
-
-        cls.load_weights = load_weights
-
-    def patch_scheduler(self, module: Any) -> None:
-        """Each batch the scheduler runs starts with ``batch_context(batch.reqs)``."""
-        original = module.Scheduler.run_batch
-
-        def run_batch(scheduler: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
-            batch_context(getattr(batch, "reqs", None) or ())
-            return original(scheduler, batch, *args, **kwargs)
-
-        module.Scheduler.run_batch = run_batch
-
-
-def at_startup(config: LaunchConfig, recorder: RecorderFactory) -> None:
-    """In every process: once SGLang's Llama / EAGLE-3 model modules are imported, record each model
-    as it finishes loading its weights; rows are keyed from the batches ``Scheduler.run_batch`` runs."""
-    try:
-        plugin = _Plugin(config, recorder)
-        when_imported("sglang.srt.models.llama",
-                      lambda m: plugin.patch_loader(m.LlamaForCausalLM, "target"))
-        when_imported("sglang.srt.models.llama_eagle3",
-                      lambda m: plugin.patch_loader(m.LlamaForCausalLMEagle3, "draft"))
-        when_imported("sglang.srt.managers.scheduler", plugin.patch_scheduler)
-    except Exception as exc:
-        logger.warning("tracediff: the SGLang plugin did not start (%s: %s); nothing is recorded",
-                       type(exc).__name__, exc)
-
-
-__all__ = ["SUPPORTED_SGLANG", "Installation", "SglangInternalsError", "at_startup", "batch_context",
-           "check_internals", "install"]

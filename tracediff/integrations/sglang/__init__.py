@@ -1,0 +1,40 @@
+"""Recording SGLang's EAGLE-3 serving path (target, draft extend, draft chain) under canonical names.
+
+``install(recorder, target=..., draft=..., worker=...)`` attaches to SGLang's own objects; the
+scheduler side calls ``batch_context(reqs)`` once per batch so that every row is keyed by content:
+(request, position, the request's token at that position), docs/FORMAT.md. The same function is
+called by the launcher plugin's scheduler patch and by the CPU harness (sglang_cpu.py).
+
+Modules: ``guard`` (the version guard), ``keys`` (row keys), ``install`` (the hooks), ``contract``
+(what the trace states about the run), ``plugin`` (the launcher's start-up plugin).
+
+A request is one ``Req`` object: it keeps its name from its first batch to its last. The name is
+its ``rid``; clients may reuse a rid once a request finished, so a later ``Req`` under a rid already
+named is ``rid#2``, then ``rid#3`` (the first free one): two requests never share a trace name, and
+the same sequence of requests names the same way in every run.
+
+Where each tensor comes from (SGLang 0.5.23):
+
+- ``target.layer.{i}``: SGLang defers the residual add (a layer's forward returns the MLP branch), so
+  the stream is read where SGLang itself reads it for aux capture: the residual the attention boundary
+  wrote on entering layer i+1 (``forward_batch.residual_stream.residual`` as ``self_attn`` starts),
+  and for the last layer the residual the final norm returns. Read only: nothing the model computes
+  or packs for the draft changes.
+- ``target.aux``: ``LogitsProcessorOutput.hidden_states`` of the target (what the draft is handed).
+- draft depth 0 (draft extend) and depth d >= 1 (``EagleDraftWorker.draft_forward``, topk = 1): a
+  depth-0 row at position t is fed x[t+1] and keyed (rid, t, x[t]); chain rows carry the key of the
+  request's last depth-0 row (its anchor); ``draft.input_ids`` holds what was fed.
+- ``draft.token_target``: the target-vocab tokens ``draft_forward`` returns (``hot_token_id`` applied
+  by SGLang), one column per depth.
+
+Rows whose token the scheduler does not know yet (verify rows of draft tokens) are left out: keying a
+speculative token would teach the trace a token the request may never have. Hooks never raise into
+SGLang: a failure is logged once and recording stops while the server keeps running.
+"""
+
+from tracediff.integrations.sglang.guard import SUPPORTED_SGLANG, SglangInternalsError, check_internals
+from tracediff.integrations.sglang.install import Installation, batch_context, install
+from tracediff.integrations.sglang.plugin import at_startup
+
+__all__ = ["SUPPORTED_SGLANG", "Installation", "SglangInternalsError", "at_startup", "batch_context",
+           "check_internals", "install"]
