@@ -234,3 +234,290 @@ def test_watch_with_requests_and_match_prefix_records_only_the_admitted_requests
         rows = trace.rows("target.layer.0")
         assert sorted(set(rows.request)) == ["s1b0", "s2b0"]  # not s0b0 (prefix), not s3b0 (third)
         assert rows.token_id.tolist() == [*prompts[1], *prompts[2]]
+
+
+# ---- where files go, forks, signals: CLI runs with a numpy-only probe plugin (no torch: fast) --------
+
+PROBE = '''
+"""A recording plugin for these tests: hands this process's recorder factory to the program."""
+factory = None
+
+
+def at_startup(config, recorder):
+    global factory
+    factory = recorder
+
+
+def log(step, rows=2):
+    import numpy as np
+    factory(source="probe").log("x", np.full((rows, 4), step, np.float32), token_ids=[7] * rows, step=step)
+'''
+
+
+def probe_env(tmp_path) -> dict:
+    (tmp_path / "probe.py").write_text(PROBE)
+    return {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+
+
+def steps_by_file(out) -> dict[str, list[int]]:
+    """Every file a run wrote (all must be closed), with the steps of its records."""
+    files = launch.written(out)
+    assert all(f.closed for f in files), [(f.path.name, f.records) for f in files]
+    found = {}
+    for f in files:
+        with td.open_trace(f.path) as trace:
+            found[f.path.name] = sorted(int(s) for s in trace.index.step[trace.select(name="x")])
+    return found
+
+
+def test_a_relative_out_is_the_launchers_even_when_the_program_changes_directory(tmp_path) -> None:
+    (tmp_path / "sub").mkdir()
+    program = host(tmp_path, """
+        import os, probe
+        os.chdir("sub")
+        probe.log(0)
+    """)
+    done = record("--out", "rel.h5", "--plugin", "probe", "--", sys.executable, program, cwd=tmp_path,
+                  env=probe_env(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert not list((tmp_path / "sub").iterdir())
+    assert f"tracediff: wrote {tmp_path / 'rel.h5'}: 1 records\n" in done.stderr
+    assert steps_by_file(tmp_path / "rel.h5") == {"rel.h5": [0]}
+
+
+def test_forked_children_record_to_files_of_their_own_closed_however_they_end(tmp_path) -> None:
+    program = host(tmp_path, """
+        import multiprocessing as mp, os, sys, time
+        import probe
+
+        def work(step):
+            probe.log(step)
+
+        if __name__ == "__main__":
+            probe.log(0)  # the parent records first: every fork below inherits its open recorder
+            fork = mp.get_context("fork")
+            for step in (1, 2):  # multiprocessing ends a child with os._exit: no atexit
+                child = fork.Process(target=work, args=(step,))
+                child.start()
+                child.join()
+            with fork.Pool(2) as pool:  # leaving the block terminates the workers, maybe mid-close
+                pool.map(work, [3, 4, 5, 6])
+            with mp.get_context("spawn").Pool(2) as pool:
+                pool.map(work, [7, 8])
+            parent = os.getpid()
+            if os.fork() == 0:  # a bare fork that exits normally once the parent has closed its file
+                work(9)
+                while os.getppid() == parent:
+                    time.sleep(0.01)
+                sys.exit(0)
+            probe.log(10)
+    """)
+    out = tmp_path / "run.h5"
+    done = record("--out", str(out), "--plugin", "probe", "--", sys.executable, program,
+                  env=probe_env(tmp_path))  # returns once the last process has closed its stdout
+    assert done.returncode == 0, done.stderr
+    found = steps_by_file(out)
+    assert found.pop("run.h5") == [0, 10]  # the parent's file, intact after its forks exited
+    assert sorted(s for steps in found.values() for s in steps) == list(range(1, 10))
+    assert all(name.startswith("run.pid") for name in found)
+
+
+def test_ctrl_c_at_exit_neither_cuts_the_close_short_nor_prints_a_traceback(tmp_path) -> None:
+    program = host(tmp_path, """
+        import atexit, os, signal, threading, time
+        import numpy as np
+        import probe
+
+        rows = 4096  # 32 MiB still queued at exit: the close takes a while
+        probe.factory(source="probe").log("big", np.zeros((rows, 2048), np.float32), token_ids=[7] * rows)
+
+        def ctrl_c_again_and_again():
+            def loop():
+                while True:
+                    os.kill(os.getpid(), signal.SIGINT)
+                    time.sleep(0.002)
+            threading.Thread(target=loop, daemon=True).start()
+
+        atexit.register(ctrl_c_again_and_again)  # runs first: atexit is last in, first out
+    """)
+    out = tmp_path / "run.h5"
+    done = record("--out", str(out), "--plugin", "probe", "--", sys.executable, program,
+                  env=probe_env(tmp_path))
+    assert "Recorder.close" not in done.stderr and "tracediff/record" not in done.stderr, done.stderr
+    assert [(f.records, f.closed) for f in launch.written(out)] == [(1, True)]
+
+
+@pytest.mark.parametrize("redirected", [(0,), (0, 1, 2)], ids=["stdin", "stdin-stdout-stderr"])
+def test_ctrl_c_in_a_terminal_reaches_the_child_once_with_its_fds_redirected(tmp_path, redirected) -> None:
+    import pty
+
+    count, ready = tmp_path / "count", tmp_path / "ready"
+    program = host(tmp_path, f"""
+        import signal, time
+        got = []
+        signal.signal(signal.SIGINT, lambda *_: got.append(time.monotonic()))
+        open({str(ready)!r}, "w").close()
+        end = time.monotonic() + 20
+        while time.monotonic() < end and not (got and time.monotonic() > got[0] + 1):
+            time.sleep(0.02)
+        open({str(count)!r}, "w").write(str(len(got)))
+    """)
+    argv = [sys.executable, "-c", "from tracediff.cli import main; main()", "record", "--out",
+            str(tmp_path / "run.h5"), "--watch", "x", "--", sys.executable, program]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    pid, terminal = pty.fork()
+    if pid == 0:  # a session of its own, the pty as its controlling terminal: Ctrl-C goes to its group
+        try:
+            for fd in redirected:
+                os.dup2(os.open(os.devnull, os.O_RDWR), fd)
+            os.execve(sys.executable, argv, env)
+        finally:
+            os._exit(127)
+    try:
+        deadline = time.monotonic() + 30
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.write(terminal, b"\x03")
+        while True:  # drain the terminal until the session ends
+            try:
+                if not os.read(terminal, 4096):
+                    break
+            except OSError:
+                break
+    finally:
+        os.waitpid(pid, 0)
+        os.close(terminal)
+    assert count.read_text() == "1"
+
+
+# ---- --watch in-process: what gets recorded, under which keys, and what compare makes of it ----------
+
+
+@pytest.fixture(scope="module")
+def llama():
+    from tests.conftest import tiny_llama
+
+    return tiny_llama(seed=0, layers=2)
+
+
+def watch_run(path, calls, **options):
+    """``calls()`` under a --watch Watcher in this process, into ``path``; returns the watcher."""
+    from tracediff.record.watch_plugin import Watcher
+
+    config = LaunchConfig(out=str(path), plugins=(), **options)
+    factory = launch._ProcessRecorder(config)
+    watcher = Watcher(config, factory)
+    watcher.install(torch)
+    try:
+        with torch.no_grad():
+            calls()
+    finally:
+        watcher.remove()
+        factory.close()
+    return watcher
+
+
+def test_watch_all_modules_never_takes_the_root_and_records_every_forward(tmp_path, llama) -> None:
+    prompt = torch.tensor([[5, 77, 300]])
+    watcher = watch_run(tmp_path / "run.h5", lambda: [llama(input_ids=prompt) for _ in range(2)],
+                        watch=("**",))
+    assert not watcher.failed
+    with td.open_trace(tmp_path / "run.h5") as trace:
+        assert "" not in trace.names() and {"target.layer.1", "lm_head", "model.norm"} <= set(trace.names())
+        assert sorted(set(trace.keys("target.layer.1").step.tolist())) == [0, 1]
+
+
+def test_outputs_of_calls_without_token_ids_are_keyed_by_step_and_position_and_compare_by_step(tmp_path):
+    def program(perturb_at: int | None = None, steps: int = 3):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8))
+        inputs = [torch.randn(3, 5, 8), torch.randn(4, 8), torch.randn(3, 5, 8)][:steps]  # [B, T, H], [N, H]
+
+        def calls():
+            for step, x in enumerate(inputs):
+                if step == perturb_at:
+                    net[2].weight.mul_(1.01)
+                net(x)
+        return calls
+
+    for name, perturb_at in (("a", None), ("b", None), ("c", 2)):
+        watch_run(tmp_path / f"{name}.h5", program(perturb_at), watch=("*",))
+    with td.open_trace(tmp_path / "a.h5") as trace:
+        rows = trace.keys("2")
+        assert (rows.token_id == -1 - rows.step).all()  # a placeholder: never a vocabulary id
+        assert rows.position.tolist() == [*range(5)] * 3 + [*range(4)] + [*range(5)] * 3
+        assert sorted(set(rows.request.tolist())) == ["s0b0", "s0b1", "s0b2", "s1", "s2b0", "s2b1", "s2b2"]
+    assert launch.written(tmp_path / "a.h5")[0].row_keys == "step_position"  # the contract says so
+    fewer = tmp_path / "two_steps.h5"  # the same program, stopped one step earlier
+    watch_run(fewer, program(None, steps=2), watch=("*",))
+    for align in ("step", "prefix"):  # the placeholder names the step: content alignment pairs by step too
+        same = td.compare(tmp_path / "a.h5", tmp_path / "b.h5", align=align)
+        assert same.verdict == "match" and (same.coverage.compared_a, same.coverage.compared_b) == (102, 102)
+        changed = td.compare(tmp_path / "a.h5", tmp_path / "c.h5", align=align)
+        assert changed.verdict == "diverged"
+        assert (changed.first_divergence.name, changed.first_divergence.row.step_a) == ("2", 2)
+        shorter = td.compare(tmp_path / "a.h5", fewer, align=align)
+        assert shorter.verdict == "match" and shorter.coverage.compared_b == 57  # its two steps, no more
+
+
+def test_inputs_embeds_rows_never_align_with_rows_of_real_tokens(tmp_path, llama) -> None:
+    prompt = torch.tensor([[5, 77, 300]])
+    watch_run(tmp_path / "ids.h5", lambda: llama(input_ids=prompt), watch=("model.layers.*",))
+    watch_run(tmp_path / "embeds.h5", lambda: llama(inputs_embeds=llama.model.embed_tokens(prompt)),
+              watch=("model.layers.*",))
+    with td.open_trace(tmp_path / "ids.h5") as ids, td.open_trace(tmp_path / "embeds.h5") as embeds:
+        by_ids, by_embeds = ids.rows("target.layer.1"), embeds.rows("target.layer.1")
+        assert torch.equal(torch.from_numpy(by_ids.numpy()), torch.from_numpy(by_embeds.numpy()))
+        assert by_embeds.position.tolist() == [0, 1, 2] and by_embeds.token_id.tolist() == [-1, -1, -1]
+    assert td.compare(tmp_path / "ids.h5", tmp_path / "embeds.h5").verdict == "incomparable"
+
+
+def test_lm_head_under_generate_is_keyed_at_every_step_from_the_prefills_last_token_on(tmp_path, llama):
+    prompt = torch.tensor([[5, 77, 300, 12]])
+    generated: list[int] = []
+
+    def generate() -> None:
+        out = llama.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        generated.extend(out[0].tolist())
+
+    watch_run(tmp_path / "run.h5", generate, watch=("lm_head",))
+    full = llama(input_ids=torch.tensor([generated[:6]])).logits[0]
+    with td.open_trace(tmp_path / "run.h5") as trace:
+        assert trace.finals[0]["mixed_records"] == []
+        rows = trace.rows("lm_head")
+        assert rows.step.tolist() == [0, 1, 2] and rows.position.tolist() == [3, 4, 5]
+        assert rows.token_id.tolist() == generated[3:6]
+        assert torch.allclose(torch.from_numpy(rows.numpy()), full[3:6], atol=1e-5)
+        assert trace.request_tokens().sequence(rows.request[0])[1].tolist() == generated[:6]
+
+
+def test_the_contract_names_the_hf_model_so_other_models_are_incomparable(tmp_path) -> None:
+    from tests.conftest import tiny_llama
+    from tracediff.record.watch_plugin import model_identity
+
+    prompt = torch.tensor([[5, 77, 300]])
+    for name, model in (("a", tiny_llama(seed=0, layers=2)), ("other_weights", tiny_llama(seed=1, layers=2)),
+                        ("other_model", tiny_llama(seed=0, layers=3))):
+        watch_run(tmp_path / f"{name}.h5", lambda m=model: m(input_ids=prompt), watch=("model.layers.*",))
+    assert td.compare(tmp_path / "a.h5", tmp_path / "other_weights.h5").verdict == "diverged"
+    report = td.compare(tmp_path / "a.h5", tmp_path / "other_model.h5")
+    assert report.verdict == "incomparable" and "different target models" in report.reasons[0]
+    named = tiny_llama(seed=0, layers=2)
+    named.config._name_or_path = "org/tiny-llama"
+    assert model_identity(named) == "org/tiny-llama"
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"names": ("target.*",), "exclude": ("target.*",)}, "--names target.* --exclude target.*"),
+    ({"match_prefix": (2,)}, "--match-prefix 2")])
+def test_filters_that_keep_nothing_write_nothing_and_say_so_by_name(tmp_path, llama, caplog, options,
+                                                                    named) -> None:
+    prompt = torch.tensor([[5, 77, 300]])
+    watcher = watch_run(tmp_path / "run.h5", lambda: llama(input_ids=prompt), watch=("model.layers.*",),
+                        **options)
+    assert not list(tmp_path.iterdir())
+    with caplog.at_level("WARNING", logger="tracediff"):
+        watcher.report_left_out()
+    assert f"its watched modules ran, but {named} left out everything" in caplog.text
+    config = LaunchConfig(out="run.h5", plugins=(launch.WATCH_PLUGIN,), watch=("model.layers.*",), **options)
+    assert launch.nothing_recorded(config).startswith(f"nothing was recorded: {named} may have left out")

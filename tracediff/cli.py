@@ -293,7 +293,7 @@ def record_command(
     """Run CMD and record its tensors: tracediff record --out run.h5 OPTIONS -- CMD ARGS...
 
     Exits with CMD's exit code (2 for bad input, before anything starts)."""
-    from tracediff.record.launch import LaunchConfig, plugins_for
+    from tracediff.record.launch import LaunchConfig, nothing_recorded, plugins_for
     from tracediff.record.launch import run as run_launch
 
     argv = list(command or [])
@@ -308,12 +308,16 @@ def record_command(
     guarded(out, lambda: results.append(run_launch(config, argv, eager_only=eager_only)))
     result = results[0]
     for f in result.files:
-        state = "" if f.closed else " (not closed: its writer was stopped; readable up to its last flush)"
+        state = "" if f.closed else (" (not closed: its process was killed, ended with os._exit, or its "
+                                     "writer stopped; readable up to its last flush)")
         print(f"tracediff: wrote {f.path}: {f.records} records{state}", file=sys.stderr)
+    untokened = [str(f.path) for f in result.files if f.row_keys in ("step_position", "mixed")]
+    if untokened:
+        print(f"tracediff: note: {', '.join(untokened)}: rows of calls without token ids are keyed by step "
+              "and position only (placeholder token -1 - step): they align with another run of the same "
+              "program, never with a trace of real tokens", file=sys.stderr)
     if not result.files:
-        print("tracediff: nothing was recorded: no plugin recorded a tensor (with --watch: no module matched "
-              "the globs or none ran; SGLang: CUDA graphs hide tensors from hooks; or the command's Python "
-              "cannot import tracediff, or ignores PYTHONPATH: -E / -I)", file=sys.stderr)
+        print(f"tracediff: {nothing_recorded(config)}", file=sys.stderr)
     raise typer.Exit(result.exit_code)
 
 

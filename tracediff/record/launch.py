@@ -9,9 +9,18 @@ return the same Recorder, so a process that never records writes nothing. A file
 exclusive create, so two processes never clobber each other: the one that would take a path already
 taken (two processes of one rank, e.g. a server's helper processes) writes ``NAME.pid{PID}.EXT``
 instead, and the launcher lists every file written. Recorders close at interpreter exit, waiting at
-most ``CLOSE_TIMEOUT`` seconds for their writer; on SIGTERM (where the default action was in place)
-a recording process closes its file first, then dies of the signal as it would have. Processes that
-never record keep their signal handling untouched.
+most ``CLOSE_TIMEOUT`` seconds for their writer (a Ctrl-C meanwhile does not cut the close short,
+nor print a traceback); a multiprocessing child closes in multiprocessing's own exit handlers,
+which run before its ``os._exit``; on SIGTERM (where the default action was in place) a recording
+process closes its file first, then dies of the signal as it would have. Processes that never
+record keep their signal handling untouched.
+
+A forked child starts with no recorder of its own: the parent's (its file, queue and writer thread,
+which does not survive a fork) stays the parent's, and the child's descriptors of the parent's file
+are pointed at a scratch file, so that nothing the child does, down to HDF5 flushing its metadata
+when the library shuts down, can write into the parent's trace. The child's first record opens its
+own file. Only a bare ``os.fork()`` child that ends with ``os._exit()`` leaves its file unclosed
+(readable up to its last flush; the launcher's summary says so).
 
 Only the standard library is imported here: ``startup()`` runs in every Python process of the tree.
 """
@@ -29,9 +38,12 @@ import re
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
@@ -160,16 +172,87 @@ class _ProcessRecorder:
             if not rec.active:  # it could not open the file it claimed: leave no empty file behind
                 _unlink_if_empty(path)
             atexit.unregister(rec.close)
-            atexit.register(rec.close, CLOSE_TIMEOUT)
+            atexit.unregister(self.close)  # registered once, also after a fork
+            atexit.register(self.close)
+            _close_before_os_exit(self)
             if _started is self:  # the process's own factory, not one a test or tool made
                 _close_on_sigterm(self)
             return rec
         logger.warning("tracediff: %s is taken; this process records nothing", base)
         return Recorder(base, enabled=False)
 
-    def close(self) -> None:
-        if self.rec is not None:
-            self.rec.close(CLOSE_TIMEOUT)
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Close this process's file, waiting at most ``timeout`` seconds for its writer, also for a
+        close already under way (atexit, then a SIGTERM). Never raises: a Ctrl-C meanwhile neither
+        cuts the close short nor prints a traceback."""
+        rec = self.rec
+        if rec is None:
+            return
+        deadline = time.monotonic() + timeout
+        with _sigint_held():
+            try:
+                rec.close(timeout)  # returns at once when a close is already under way: wait for that one
+                writer = getattr(rec, "_thread", None)
+                if writer is not None and writer is not threading.current_thread():
+                    writer.join(max(0.0, deadline - time.monotonic()))
+            except KeyboardInterrupt:  # a SIGINT handler we could not hold off: leave quietly
+                pass
+            except Exception as exc:
+                logger.warning("tracediff: closing %s failed (%s: %s)", rec.path, type(exc).__name__, exc)
+
+    def forked(self) -> None:
+        """In a forked child (``os.register_at_fork``): leave the parent's recorder to the parent and
+        record to a file of this process's own from its first record on."""
+        inherited, self.rec = self.rec, None
+        self._lock = threading.Lock()  # the parent's may have been held by another thread
+        if inherited is None:
+            return
+        atexit.unregister(inherited.close)
+        _inherited.append(inherited)  # never closed here, never collected: that would write its file
+        try:
+            _shadow_descriptors(inherited.path)
+        except Exception as exc:
+            logger.warning("tracediff: could not detach %s from this forked process (%s: %s)",
+                           inherited.path, type(exc).__name__, exc)
+
+
+_inherited: list[Recorder] = []
+
+
+def _shadow_descriptors(path: Path) -> None:
+    """Point this process's descriptors of ``path`` at an unlinked scratch file: whatever a writer
+    inherited by a fork still does (HDF5 flushes its metadata cache when the library shuts down at
+    exit) then reaches no trace."""
+    try:
+        target = os.stat(path)
+        names = os.listdir("/proc/self/fd" if os.path.isdir("/proc/self/fd") else "/dev/fd")
+    except OSError:
+        return
+    scratch = -1
+    try:
+        for name in names:
+            try:
+                fd = int(name)
+                info = os.fstat(fd)
+            except (ValueError, OSError):
+                continue
+            if (info.st_dev, info.st_ino) != (target.st_dev, target.st_ino):
+                continue
+            if scratch < 0:
+                scratch, scratch_path = tempfile.mkstemp(prefix="tracediff-inherited-")
+                os.unlink(scratch_path)
+            os.dup2(scratch, fd, inheritable=False)
+    finally:
+        if scratch >= 0:
+            os.close(scratch)
+
+
+def _close_before_os_exit(factory: _ProcessRecorder) -> None:
+    """multiprocessing ends its children with ``os._exit``, which skips atexit, right after running
+    its own exit finalizers: close there too (last, after the child's own children are joined)."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        util.Finalize(None, factory.close, exitpriority=-100)
 
 
 def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -206,6 +289,8 @@ def startup() -> None:
         logger.warning("tracediff: ignoring %s (%s: %s); nothing is recorded", ENV, type(exc).__name__, exc)
         return
     factory = _started = _ProcessRecorder(config)
+    if hasattr(os, "register_at_fork"):
+        os.register_at_fork(after_in_child=factory.forked)
     for name in config.plugins:
         try:
             importlib.import_module(name).at_startup(config, factory)
@@ -217,22 +302,57 @@ def startup() -> None:
 def _close_on_sigterm(factory: _ProcessRecorder) -> None:
     """Under the default SIGTERM action a process dies without running atexit: in a process that
     records (only there), close the trace first, then die of the signal as before. Set from the main
-    thread only; a handler the host installs later replaces this one."""
+    thread only; a handler the host installs later replaces this one.
+
+    The close runs in a thread of its own: the handler may have interrupted the host inside the
+    recorder (holding the lock its writer needs) or inside a close under way, which must go on for
+    the writer to finish. A second SIGTERM meanwhile kills at once."""
     try:
         if threading.current_thread() is not threading.main_thread() or \
                 signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
             return
 
         def on_sigterm(signum: int, frame: FrameType | None) -> None:
-            try:
-                factory.close()
-            finally:
-                signal.signal(signum, signal.SIG_DFL)
-                os.kill(os.getpid(), signum)
+            signal.signal(signum, signal.SIG_DFL)
+            threading.Thread(target=_close_then_die, args=(factory, signum), name="tracediff-sigterm",
+                             daemon=True).start()
 
         signal.signal(signal.SIGTERM, on_sigterm)
     except (ValueError, OSError):
         pass
+
+
+def _close_then_die(factory: _ProcessRecorder, signum: int) -> None:
+    try:
+        factory.close()
+    finally:
+        os.kill(os.getpid(), signum)
+
+
+@contextmanager
+def _sigint_held() -> Iterator[None]:
+    """In the main thread, a Python-level SIGINT handler (KeyboardInterrupt) is held off for the
+    duration: a Ctrl-C must not cut a bounded close short, leaving the file unclosed and a
+    traceback printed."""
+    previous: Any = None
+    try:
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if callable(previous):
+                signal.signal(signal.SIGINT, _ignore)
+            else:
+                previous = None
+    except (ValueError, OSError):
+        previous = None
+    try:
+        yield
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """A SIGINT while closing at exit: the process is ending anyway."""
 
 
 # ---- lazy attachment: run a callback once a module has been imported -------------------------------
@@ -304,6 +424,7 @@ class WrittenFile:
     path: Path
     records: int
     closed: bool
+    row_keys: str | None = None  # the contract's: "step_position" / "mixed" where rows lack token ids
 
 
 @dataclass
@@ -392,16 +513,30 @@ _FORWARDED = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGINT")
 
 def run(config: LaunchConfig, command: Sequence[str], eager_only: bool = False) -> LaunchResult:
     """Run CMD under ``config``; its exit status (128 + N when killed by signal N) and the trace
-    files it wrote. Signals reach the child; a terminal's Ctrl-C already reaches it directly."""
+    files it wrote. ``--out`` is taken relative to the launcher's directory, whatever CMD's is.
+    Signals reach the child once: a terminal's Ctrl-C already reaches it directly."""
+    config = replace(config, out=os.path.abspath(config.out))
     check(config, command, eager_only)
+    terminals = _terminal_fds()
     try:
-        child = subprocess.Popen(list(command), env=child_env(config))
-    except OSError as exc:
-        raise InputError(command[0], f"cannot run: {exc.strerror or exc}") from None
+        try:
+            child = subprocess.Popen(list(command), env=child_env(config))
+        except OSError as exc:
+            raise InputError(command[0], f"cannot run: {exc.strerror or exc}") from None
+        code = _wait_forwarding(child, terminals)
+    finally:
+        for fd in terminals.opened:
+            os.close(fd)
+    return LaunchResult(exit_code=128 - code if code < 0 else code, files=written(Path(config.out)))
+
+
+def _wait_forwarding(child: subprocess.Popen, terminals: _Terminals) -> int:
+    """Wait for the child, passing it the signals the launcher gets (SIGINT only where the terminal
+    did not already deliver it to the child's process group)."""
     saved = {}
 
     def forward(signum: int, frame: FrameType | None) -> None:
-        if signum == signal.SIGINT and _terminal_delivers_sigint():
+        if signum == signal.SIGINT and terminals.deliver_sigint_to(child.pid):
             return
         try:
             child.send_signal(signum)
@@ -413,23 +548,56 @@ def run(config: LaunchConfig, command: Sequence[str], eager_only: bool = False) 
         if signum is not None and signal.getsignal(signum) is not signal.SIG_IGN:  # nohup & co stay as set
             saved[signum] = signal.signal(signum, forward)
     try:
-        code = child.wait()
+        return child.wait()
     finally:
         for signum, handler in saved.items():
             signal.signal(signum, handler)
-    return LaunchResult(exit_code=128 - code if code < 0 else code, files=written(Path(config.out)))
 
 
-def _terminal_delivers_sigint() -> bool:
-    """Ctrl-C in a terminal goes to the whole foreground group, the child included."""
+@dataclass
+class _Terminals:
+    """Descriptors of the launcher's terminal: fds 0-2 that are terminals and ``/dev/tty`` (the
+    controlling terminal even when all three are redirected); ``opened``: the ones to close."""
+
+    fds: list[int]
+    opened: list[int]
+
+    def deliver_sigint_to(self, pid: int) -> bool:
+        """Whether Ctrl-C in the controlling terminal reaches ``pid``: the terminal sends it to its
+        whole foreground process group, so when that is ``pid``'s group, ``pid`` has it already."""
+        try:
+            group = os.getpgid(pid)
+        except OSError:  # gone: nothing to forward to
+            return True
+        for fd in self.fds:
+            try:
+                if os.tcgetpgrp(fd) == group:
+                    return True
+            except OSError:  # not our controlling terminal, or none
+                continue
+        return False
+
+
+def _terminal_fds() -> _Terminals:
+    fds = [fd for fd in (0, 1, 2) if _isatty(fd)]
+    opened = []
     try:
-        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
-    except (OSError, ValueError, AttributeError):
+        opened.append(os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)))
+    except OSError:  # no controlling terminal
+        pass
+    return _Terminals(fds + opened, opened)
+
+
+def _isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
         return False
 
 
 def written(out: Path) -> list[WrittenFile]:
     """The trace files a run wrote, with their record counts."""
+    from tracediff.diff.contract import contract
     from tracediff.trace.reader import Trace
 
     files = []
@@ -439,12 +607,31 @@ def written(out: Path) -> list[WrittenFile]:
             continue
         try:
             with Trace([path]) as trace:
-                files.append(WrittenFile(path, len(trace.index), trace.complete))
-        except InputError:
+                keys = contract(trace).get("row_keys")
+                files.append(WrittenFile(path, len(trace.index), trace.complete,
+                                         keys if isinstance(keys, str) else None))
+        except Exception:  # unreadable (a writer killed mid-write): listed, never a traceback here
             files.append(WrittenFile(path, 0, False))
     return files
 
 
+def nothing_recorded(config: LaunchConfig) -> str:
+    """Why a run may have written no file, most likely first: the filters it was given, by name."""
+    filters = [*(f"--names {g}" for g in config.names), *(f"--exclude {g}" for g in config.exclude)]
+    if config.requests is not None:
+        filters.append(f"--requests {config.requests}")
+    if config.match_prefix is not None:
+        filters.append("--match-prefix " + ",".join(map(str, config.match_prefix)))
+    causes = [f"{' '.join(filters)} may have left out everything"] if filters else []
+    if config.watch:
+        causes.append("no module matched the --watch globs, or none ran")
+    if SGLANG_PLUGIN in config.plugins:
+        causes.append("SGLang's CUDA graphs hide tensors from hooks")
+    causes.append("no plugin recorded a tensor, or the command's Python cannot import tracediff or ignores "
+                  "PYTHONPATH (-E / -I)")
+    return "nothing was recorded: " + "; or ".join(causes)
+
+
 __all__ = ["CLOSE_TIMEOUT", "ENV", "LaunchConfig", "LaunchResult", "RecorderFactory", "RequestGate",
-           "WrittenFile", "check", "child_env", "plugins_for", "run", "runs_sglang_server", "startup",
-           "when_imported", "written"]
+           "WrittenFile", "check", "child_env", "nothing_recorded", "plugins_for", "run",
+           "runs_sglang_server", "startup", "when_imported", "written"]
