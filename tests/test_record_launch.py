@@ -170,6 +170,18 @@ def test_sglang_server_with_cuda_graphs_is_refused_with_what_to_do(tmp_path) -> 
     assert launch.plugins_for(["python", "train.py"], (), ()) == ()
 
 
+def test_an_attached_module_flag_is_read_too() -> None:
+    serve = ["python", "-msglang.launch_server", "--port", "1"]
+    assert launch.SGLANG_PLUGIN in launch.plugins_for(serve, (), ())
+    assert launch.SPECFORGE_PLUGIN in launch.plugins_for(["python", "-mspecforge.cli", "train"], (), ())
+
+
+def test_an_empty_watch_glob_is_refused(tmp_path) -> None:
+    result = cli("record", "--out", str(tmp_path / "w.h5"), "--watch", "", "--", "python", "-c", "pass")
+    assert result.exit_code == 2 and "--watch: an empty module glob" in result.stderr
+    assert not (tmp_path / "w.h5").exists()
+
+
 @pytest.mark.parametrize("command", [["specforge", "train", "--config", "c.yaml"],
                                      ["/opt/venv/bin/specforge", "train"],
                                      ["python", "-m", "specforge.cli", "train"]])

@@ -114,3 +114,31 @@ def test_tensors_on_one_side_and_remarks_beside_a_match_are_said_as_such(tmp_pat
     assert report.verdict == "match" and "not compared, a: 1 tensor that b lacks (only.here)" in text
     assert "note: token_mismatch" in text and "why:" not in text
     assert "Not compared, a: 1 tensor that b lacks (only.here)." in to_markdown(report)
+
+
+def test_an_incomparable_pair_is_not_reported_as_a_divergence_to_chase(tmp_path) -> None:
+    """Different target models: the verdict says so, and the report offers no unexplained-divergence
+    line and no next step into the rows; a divergence's next step is a command that pastes."""
+    import io
+
+    from rich.console import Console
+
+    from tracediff.report.compare import render
+
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    name = "m.[b]x y[/b]"
+    for path, model, shift in (("a.h5", "llama-a", 0.0), ("b.h5", "llama-b", 1.0), ("c.h5", "llama-a", 1.0)):
+        with td.record(tmp_path / path) as rec:
+            rec.update_contract(target_model=model)
+            rec.log(name, x + shift, token_ids=[5, 6, 7], request="p")
+
+    def text(b: str) -> str:
+        out = io.StringIO()
+        render(Console(file=out, width=300), td.compare(tmp_path / "a.h5", tmp_path / b))
+        return out.getvalue()
+
+    incomparable = text("b.h5")
+    assert incomparable.startswith("incomparable") and "next:" not in incomparable
+    assert "no known explanation" not in incomparable
+    diverged = text("c.h5")
+    assert f"next: tracediff show {tmp_path / 'c.h5'} --name 'm.[b]x y[/b]'" in diverged

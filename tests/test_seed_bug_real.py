@@ -57,6 +57,8 @@ def test_the_same_aux_ids_on_both_sides_match_with_full_coverage(reports) -> Non
     assert (report.verdict, report.first_divergence, report.coverage.fraction) == ("match", None, 1.0)
     # training learns from the served text: serving's last chains ran past it, and are not held against it
     assert report.coverage.skipped_b.get("past_other_text", 0) > 0
+    # both integrations state the draft config the same way: it differs only where the drafts do
+    assert "draft_config" not in {e.key for e in report.contract.differing}
     compared = {t.name: t.coverage.aligned for t in report.tensors if t.coverage is not None}
     for name in ("target.embed", "target.layer.5", *DRAFT_INPUT, "draft.fc_out", "draft.hidden",
                  "draft.logits", "draft.token_target", "target.token"):

@@ -370,9 +370,22 @@ def plain_server(ckpt):
     ([[1, 512, 3]], None, r"prompt 0 has token ids outside the vocab \[0, 512\): \[512\]"),
     ([[1, -2, 3]], None, r"prompt 0 has token ids outside the vocab"),
     ([list(range(1, 300))], None, r"prompt 0: 299 tokens \+ 2 new > max_len 256"),
+    ([], None, r"no prompts to serve"),
+    ([A, B], "ab", r"rids must be a list of non-empty strings"),
+    ([A], [5], r"rids must be a list of non-empty strings"),
+    ([A], [""], r"rids must be a list of non-empty strings"),
+    ([1, 2, 3], None, r"prompt 0 is not a list of token ids"),
+    ([[1, 2.7, 3]], None, r"prompt 0 holds token ids that are not ints"),
 ])
 def test_serve_refuses_bad_arguments_before_running(plain_server, prompts, rids, problem):
     """Each bad argument is one ValueError naming it, raised before any request is admitted."""
     with pytest.raises(ValueError, match=problem):
         plain_server.serve(prompts, 2, rids=rids)
+    assert not plain_server.running
+
+
+@pytest.mark.parametrize("new_tokens", [0, 2.5, True])
+def test_serve_refuses_a_bad_token_count_before_running(plain_server, new_tokens):
+    with pytest.raises(ValueError, match="new_tokens must be an int >= 1"):
+        plain_server.serve([A], new_tokens)
     assert not plain_server.running

@@ -402,10 +402,14 @@ class CpuServer:
 
         if self.draft is None:
             raise RuntimeError("serve needs a draft model")
-        if new_tokens < 1:
-            raise ValueError("new_tokens must be >= 1")
+        if isinstance(new_tokens, bool) or not isinstance(new_tokens, int) or new_tokens < 1:
+            raise ValueError(f"new_tokens must be an int >= 1, got {new_tokens!r}")
+        if not prompts:
+            raise ValueError("no prompts to serve")
         if rids is None:
             rids = [f"req{len(self.running) + i}" for i in range(len(prompts))]
+        if isinstance(rids, str) or not all(isinstance(rid, str) and rid for rid in rids):
+            raise ValueError(f"rids must be a list of non-empty strings, one per prompt, got {rids!r}")
         if len(rids) != len(prompts):
             raise ValueError(f"{len(rids)} rids for {len(prompts)} prompts: give one rid per prompt")
         repeated = sorted(rid for rid, n in Counter(rids).items() if n > 1)
@@ -413,8 +417,9 @@ class CpuServer:
             raise ValueError(f"duplicate rids in one call: {repeated} (SGLang refuses a rid already in "
                              "flight)")
         if len(self.running) + len(prompts) > self.max_requests:
-            raise ValueError(f"{len(self.running)} requests held + {len(prompts)} new > max_requests "
-                             f"{self.max_requests}")
+            raise ValueError(f"{len(self.running)} requests served + {len(prompts)} new > max_requests "
+                             f"{self.max_requests}: the harness keeps every request's KV for prefix reuse "
+                             "and never frees it; build it with a larger max_requests")
         self._check_prompts(prompts, new_tokens)
         batch = [self._admit(rid, prompt, new_tokens) for rid, prompt in zip(rids, prompts)]
         for run in batch:
@@ -430,8 +435,13 @@ class CpuServer:
         does not fit max_len with its new tokens (before anything runs: the harness stays usable)."""
         vocab = int(self.target.config.vocab_size)
         for i, prompt in enumerate(prompts):
+            if isinstance(prompt, (str, bytes)) or not isinstance(prompt, Sequence):
+                raise ValueError(f"prompt {i} is not a list of token ids: {prompt!r} (serve takes a list of "
+                                 "prompts)")
             if len(prompt) == 0:
                 raise ValueError(f"prompt {i} is empty: a request needs at least one token")
+            if not all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                raise ValueError(f"prompt {i} holds token ids that are not ints: {list(prompt)[:5]}")
             bad = [int(t) for t in prompt if not 0 <= int(t) < vocab]
             if bad:
                 raise ValueError(f"prompt {i} has token ids outside the vocab [0, {vocab}): {bad[:5]}")

@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import inspect
-import json
 import logging
 import threading
 from collections.abc import Callable, Sequence
@@ -44,6 +43,7 @@ import numpy as np
 
 from tracediff.eagle3.canonical import log_vocab_map
 from tracediff.eagle3.capture import OUTPUT_OF_LAYER, AuxSpec
+from tracediff.integrations.draft_summary import draft_config_summary
 from tracediff.record.recorder import Recorder
 
 logger = logging.getLogger("tracediff")
@@ -282,7 +282,7 @@ class Recording:
             "source": "training", "producer_integration": "specforge",
             "ttt_length": int(self.model.length), "attention_backend": str(self.model.attention_backend),
             "d2t_sha256": hashlib.sha256(_host(self.draft.d2t).tobytes()).hexdigest(),
-            "draft_config": json.loads(json.dumps(config.to_dict(), default=str)),
+            "draft_config": draft_config_summary(config),
             "d2t_reading": "offset", "draft_input_shift": 1, "draft_position_offset": 0,
             # SpecForge applies fc_norm and has no norm_before_fc: a config asking for it trains without
             "fc_norms_applied": not getattr(config, "norm_before_fc", False),

@@ -29,11 +29,11 @@ def refusal(exc: Exception) -> str:
     """Why torch.load refused, in a few plain words."""
     text = str(exc)
     lowered = text.lower()
-    if "unsupported global" in lowered or "weights only load failed" in lowered:
+    if "unsupported global" in lowered:  # a pickled object: weights_only names the class it would build
         return "it holds Python objects other than tensors, which would need unpickling (refused, never run)"
-    if "weightsunpickler error" in lowered:
-        return "not a torch.save file (or a damaged one)"
     if "zip archive" in lowered:
         return "truncated, or not a torch.save file"
-    first = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text.strip().splitlines()[0] if text.strip() else "")
-    return "".join(c for c in first if c.isprintable())[:200] or type(exc).__name__
+    if isinstance(exc, OSError):  # the file itself: permissions, a directory, an I/O error
+        first = re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text.strip().splitlines()[0] if text.strip() else "")
+        return "".join(c for c in first if c.isprintable())[:200] or type(exc).__name__
+    return "not a torch.save file (or a damaged one)"  # random bytes, .npy, text: the unpickler's guesses

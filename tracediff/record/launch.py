@@ -443,15 +443,22 @@ def plugins_for(command: Sequence[str], watch: Sequence[str], extra: Sequence[st
     return tuple(dict.fromkeys([*found, *extra]))
 
 
+def modules_run(command: Sequence[str]) -> list[str]:
+    """The modules a command runs with ``-m MODULE`` or ``-mMODULE``."""
+    spaced = [arg for flag, arg in zip(command, command[1:]) if flag == "-m"]
+    return spaced + [arg[2:] for arg in command if arg.startswith("-m") and len(arg) > 2]
+
+
 def runs_specforge(command: Sequence[str]) -> bool:
     """The ``specforge`` console script (``specforge train ...``) or ``python -m specforge.cli``."""
-    modules = [arg for flag, arg in zip(command, command[1:]) if flag == "-m"]
     return (any(os.path.basename(arg) == "specforge" for arg in command)
-            or any(m == "specforge" or m.startswith("specforge.") for m in modules))
+            or any(m == "specforge" or m.startswith("specforge.") for m in modules_run(command)))
 
 
 def runs_sglang_server(command: Sequence[str]) -> bool:
     """``python -m sglang.launch_server ...``, its file, or the ``sglang serve`` script."""
+    if "sglang.launch_server" in modules_run(command):
+        return True
     for i, arg in enumerate(command):
         if arg == "sglang.launch_server" or arg.replace(os.sep, "/").endswith("sglang/launch_server.py"):
             return True
@@ -473,6 +480,8 @@ def check(config: LaunchConfig, command: Sequence[str], eager_only: bool = False
         raise InputError(taken[0], "already exists: choose another --out (a trace is never overwritten)")
     if config.every < 1:
         raise InputError("--every", f"must be >= 1, got {config.every}")
+    if any(not glob.strip() for glob in config.watch):
+        raise InputError("--watch", "an empty module glob matches nothing: give e.g. 'model.layers.*'")
     if config.requests is not None and config.requests < 1:
         raise InputError("--requests", f"must be >= 1, got {config.requests}")
     if SGLANG_PLUGIN in config.plugins and runs_sglang_server(command) and not eager_only \

@@ -5,6 +5,7 @@ it goes into rich ``Text`` objects, never into markup, and control characters ar
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Callable
 from typing import Any
 
@@ -100,6 +101,12 @@ def one_sided(report: Report) -> list[str]:
     return lines
 
 
+def unexplained(report: Report) -> bool:
+    """A divergence no diagnosis explains (an incomparable pair's rows are not a divergence to explain)."""
+    return report.first_divergence is not None and report.verdict == "diverged" \
+        and not [d for d in report.diagnoses if d.severity == "error"]
+
+
 def diagnosis_label(report: Report) -> str:
     """What a diagnosis is to the reader: the cause ("why") of what went wrong, or a remark beside a
     match (e.g. requests on one side with no counterpart)."""
@@ -137,7 +144,7 @@ def render(console: Console, report: Report) -> None:
         said = diagnosis_label(report)
         console.print(Text.assemble(f"  {said}: ", (d.kind, "bold"), f": {safe(d.message)}"))
     first = report.first_divergence
-    if first is not None and not [d for d in report.diagnoses if d.severity == "error"]:
+    if first is not None and unexplained(report):
         console.print(Text(f"  why: {NO_EXPLANATION}; {_numbers(first.row)}"))
     told = first is None or report.verdict == "incomparable"  # the headline gave the first reason
     for reason in report.reasons[1 if told else 0:]:
@@ -166,8 +173,9 @@ def render(console: Console, report: Report) -> None:
         console.print("rows not compared:")
         for names, line in grouped:
             console.print(Text(f"  {safe(', '.join(names))}: {line}"), soft_wrap=True)
-    if first is not None:
-        console.print(Text(f"next: tracediff show {safe(report.b.paths[0])} --name {safe(first.name)}"))
+    if first is not None and report.verdict == "diverged" and safe(first.name) == first.name:
+        command = shlex.join(["tracediff", "show", report.b.paths[0], "--name", first.name])
+        console.print(Text(f"next: {safe(command)}"))
 
 
 def to_markdown(report: Report) -> str:
@@ -181,7 +189,7 @@ def to_markdown(report: Report) -> str:
     lines += [f"Not compared, {md(line)}." for line in one_sided(report)]
     said = diagnosis_label(report)
     bullets = [f"- {said}: **{d.kind}** ({d.severity}): {md(d.message)}" for d in report.diagnoses]
-    if first is not None and not [d for d in report.diagnoses if d.severity == "error"]:
+    if first is not None and unexplained(report):
         bullets += [f"- {NO_EXPLANATION}; {_numbers(first.row)}"]
     label = report.verdict if first is None or report.verdict == "incomparable" else "also"
     bullets += [f"- {label}: {md(r)}" for r in report.reasons]

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+from tracediff.integrations.draft_summary import draft_config_summary
+
 SPEC_ARGS = {"algorithm": "speculative_algorithm", "num_steps": "speculative_num_steps",
              "topk": "speculative_eagle_topk", "num_draft_tokens": "speculative_num_draft_tokens"}
 SERVER_ARGS = ("attention_backend", "dtype", "device", "tp_size", "page_size", "disable_cuda_graph",
@@ -25,9 +27,7 @@ def draft_contract(draft: Any) -> dict:
     model = draft.model
     values: dict[str, Any] = {
         "aux_layer_ids": None if ids is None else [int(i) for i in ids],
-        "draft_config": {k: getattr(config, k, None) for k in (
-            "hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
-            "draft_vocab_size", "target_hidden_size", "rms_norm_eps", "rope_theta", "norm_output")},
+        "draft_config": draft_config_summary(config),
         # 0.5.23 builds norm_before_fc's input_norm and fc_norm from the config: it applies what the
         # checkpoint asks for (the key's meaning in every producer's contract)
         "fc_norms_applied": hasattr(model, "input_norm") and hasattr(model, "fc_norm"),
