@@ -50,6 +50,10 @@ def corner_rows(width: int, tag: str, seed: int = 0) -> tuple[np.ndarray, np.nda
     a[13, -1] = b[13, -1] = a[13].max() + 5  # the largest value in the last (partial) block
     a[14], b[14] = np.round(a[14]), np.round(b[14])  # many ties across the k-th place
     b[15] = a[15] * (1 + 1e-6 * rng.standard_normal(width))  # KL near 0: rounding must not make it < 0
+    if tag == "float64":  # squares that overflow (1e300) or vanish (1e-300) in float64 too: scaled
+        a[16], b[16] = a[16] * 1e300, b[16] * 1e300
+        a[17], b[17] = a[17] * 1e-300, b[17] * 1e-300
+        a[18] = b[18] = a[18] * 1e300
     return stored(a, tag), stored(b, tag)
 
 
@@ -78,6 +82,8 @@ def test_numpy_engine_matches_compiled_rows(tag, width) -> None:
         got = NUMPY.measure_rows(name, (tag, tag), raw_a, raw_b)
         assert_same(got, want)
     assert np.isnan(got["max_abs"][[3, 4, 12]]).all() and np.isfinite(got["max_abs"][[5, 6]]).all()
+    if tag == "float64":
+        assert np.isfinite(got["cosine"][16:19]).all() and got["max_abs"][18] == 0 and got["cosine"][18] == 1
     assert got["cosine"][11] == pytest.approx(1.0, abs=1e-12) and got["kl"][0] == 0.0
     assert (got["kl"][np.isfinite(got["kl"])] >= 0).all() and (want["kl"][np.isfinite(want["kl"])] >= 0).all()
 

@@ -1,6 +1,8 @@
 """Execute a comparison plan: read corresponding rows chunk by chunk (the next chunk is read while
 this one is measured), check tolerances and keep per-tensor tallies. The first failing chunk in
-the plan's order holds the first divergence; tensors failing later are downstream of it.
+the plan's order holds the first divergence; tensors failing later are downstream of it. A tensor
+stored as integers on one side and floats on the other is measured by value too, but is a
+``dtype_mismatch`` whatever its values: it never holds the first divergence, and never matches.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from tracediff.diff.metrics import Engine, engine_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, SideKeys, TensorPlan, make_plan
 from tracediff.diff.results import ContractDiff, Coverage, RowRef, TensorResult, TokenMismatch
+from tracediff.diff.shapes import agreement, kinds_differ
 from tracediff.diff.statics import compare_static
 from tracediff.diff.tolerance import Tolerances, failing_rows
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
@@ -78,6 +81,7 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
                             token_mismatch=first_token_difference(plan.prefixes),
                             tallies={t.name: Tally() for t in plan.tensors}, tolerances=tolerances)
     first_failure: dict[str, tuple[int, int]] = {}  # name -> (baseline step of its first failing row, order)
+    across_kinds = {t.name for t in plan.tensors if kinds_differ((t.keys.a.dtype, t.keys.b.dtype))}
     done, total, read = 0, plan.nbytes, 0
     engine = engine_for(total)  # small compares never wait for the compiled kernels to build
     for chunk, values in read_ahead(traces, plan.chunks):
@@ -86,7 +90,7 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
         done += 1
         name = chunk.tensor.name
         bad = _measure(traces, chunk, values, results[name], comparison, tolerances, engine)
-        if bad is not None and name not in first_failure:
+        if bad is not None and name not in first_failure and name not in across_kinds:
             first_failure[name] = (int(chunk.tensor.keys.a.step[chunk.rows.a[bad]]), chunk.order)
         if progress is not None:
             read += chunk.nbytes.a + chunk.nbytes.b
@@ -96,7 +100,10 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
     for name, result in results.items():
         if result.status != "not_comparable":
             continue  # a problem found while planning
-        if name in failing:
+        if name in across_kinds:
+            result.status = "dtype_mismatch"
+            result.add_note(agreement(result.rows, result.failed))
+        elif name in failing:
             result.status = "diverged" if name == failing[0] else "downstream"
         elif name in unread:
             result.status = "unchecked"
@@ -217,7 +224,7 @@ def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorR
     else:
         assert rows.raw is not None  # rows not mapped were read
         metrics = engine.measure_rows(result.name, dtypes, rows.raw.a, rows.raw.b)
-    if dtypes[0] in FLOAT_TAGS and dtypes[1] in FLOAT_TAGS:
+    if dtypes[0] in FLOAT_TAGS or dtypes[1] in FLOAT_TAGS:
         _note_non_finite(traces, metrics["max_abs"], chunk, tally, comparison)
     for k, v in metrics.items():
         # a NaN row (NaN/Inf on a side) is the worst there is: it stays the worst value once seen
@@ -228,7 +235,7 @@ def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorR
         if old is None or np.isnan(worst) or (worst > old if k in LARGER_IS_WORSE else worst < old):
             result.worst[k] = float(worst)
     bad = failing_rows(metrics, tolerances.bounds(result.name, dtypes, metrics))
-    result.note = result.note or tolerances.unused_rule(result.name, metrics)
+    result.add_note(tolerances.unused_rule(result.name, metrics))
     if not bad.any():
         return None
     result.failed += int(bad.sum())

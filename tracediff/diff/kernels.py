@@ -8,6 +8,18 @@ bfloat16's own rounding (wider inputs sum in float64 throughout). A row whose fi
 off (NaN/Inf anywhere, values too large or too small to square in float32) is measured again in
 float64 with infinities handled.
 
+Overflow-safe: a row whose largest finite magnitude (of both sides) lies outside ``F64_RANGE``,
+where squares or their sums leave float64's normal range (only float64 inputs get there: bfloat16
+and float32 values square within it), is measured a third time with both sides multiplied by one
+power of two that brings that magnitude into [1/2, 1). Multiplying by a power of two only moves
+the exponent: exact for every value that stays normal (scaled down, values more than 2^-1021 below
+the peak turn subnormal and lose bits, far below anything a float64 sum dominated by the peak can
+hold), and the same on both sides, so rel_l2, cosine and max_rel, ratios of sums, are those of the
+true values; max_abs and mean_abs are divided back by the scale (Inf only where the true value
+exceeds float64). The scaling sits in the masked pass only, so the common row pays nothing for it
+(measured: the same throughput before and after, within noise). KL shifts float64 logits in
+float64 before narrowing them to float32 (beyond float32's range they would become Inf - Inf).
+
 Compiled on first use and cached next to this file (``cache=True``); ``numpy_kernels`` computes the
 same tables without compiling, for inputs too small to repay it. Fast-math is limited to
 reassociation, contraction and approximate functions: NaN and Inf keep their IEEE meaning, so a
@@ -23,6 +35,7 @@ from numba import njit, prange, types
 from numba.extending import overload
 
 from tracediff.diff.numpy_kernels import COLUMNS as COLUMNS  # the table's columns, for callers
+from tracediff.diff.numpy_kernels import F64_RANGE
 
 FAST = {"reassoc", "contract", "afn"}
 BLOCK = 256  # elements summed in float32 before the partial sums move to float64
@@ -69,6 +82,31 @@ def _accumulator_for(row):
     if isinstance(row.dtype, types.Integer):
         return lambda row: np.float32(0)
     return lambda row: np.float64(0)
+
+
+def shift_for(row, maximum):
+    """A row's maximum in the type its shift is taken in: float64 for float64 rows, else float32."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(shift_for, inline="always")
+def _shift_for_for(row, maximum):
+    if row.dtype == types.float64:
+        return lambda row, maximum: np.float64(maximum)
+    return lambda row, maximum: np.float32(maximum)
+
+
+def shifted(value, shift):
+    """A stored element less ``shift`` (from ``shift_for``), as float32. float64 values are shifted
+    before they are narrowed: beyond float32's range they would become Inf, and Inf - Inf NaN."""
+    raise NotImplementedError("compiled code only")
+
+
+@overload(shifted, inline="always")
+def _shifted_for(value, shift):
+    if value == types.float64:
+        return lambda value, shift: np.float32(value - shift)
+    return lambda value, shift: np.float32(element(value)) - shift
 
 
 def order_key(value):
@@ -153,15 +191,20 @@ def _row_metrics(a: np.ndarray, b: np.ndarray, logits: bool, k: int, out: np.nda
     1 - (|a-b|^2 - (|a|-|b|)^2) / (2|a||b|), exact near 1; with a side all zero it is 1 if both
     are, 0 otherwise."""
     width = len(a)
-    sums = _sums(a, b, False, accumulator(a))
+    zero = accumulator(a)
+    sums = _sums(a, b, False, zero, zero + np.float32(1))
+    scale = 1.0
     if not _sums_hold(sums):
-        sums = _sums(a, b, True, np.float64(0))
+        sums = _sums(a, b, True, np.float64(0), 1.0)
+        scale = _scale(sums[5], sums[6])
+        if scale != 1.0:
+            sums = _sums(a, b, True, np.float64(0), scale)
     max_abs, sum_abs, dd, aa, bb, peak, _ = sums
     if not sum_abs <= 1.7976931348623157e308:  # a NaN or Inf difference somewhere in the row
         return
     norm_d, norm_a, norm_b = math.sqrt(dd), math.sqrt(aa), math.sqrt(bb)
-    out[0] = max_abs
-    out[1] = sum_abs / width if width else 0.0
+    out[0] = max_abs / scale
+    out[1] = sum_abs / width / scale if width else 0.0
     out[2] = norm_d / max(norm_a, TINY)
     span = 2.0 * norm_a * norm_b  # 0 when a side is all zero: the formula would divide noise by 0
     out[3] = 1.0 - (dd - (norm_a - norm_b) ** 2) / span if span > 0.0 else (1.0 if dd == 0.0 else 0.0)
@@ -190,10 +233,22 @@ def _sums_hold(sums: tuple) -> bool:
     return finite and in_range
 
 
+@njit(inline="always")
+def _scale(peak_a: float, peak_b: float) -> float:
+    """1, or the power of two that brings the larger peak into [1/2, 1) when it is finite and
+    outside ``F64_RANGE`` (the sums of its squares would overflow or lose their precision)."""
+    peak = max(peak_a, peak_b)
+    low, high = F64_RANGE
+    if not (peak <= 1.7976931348623157e308 and (peak > high or (0.0 < peak < low))):
+        return 1.0
+    return math.ldexp(1.0, -math.frexp(peak)[1])
+
+
 @njit(cache=True, nogil=True, fastmath=FAST)
-def _sums(a: np.ndarray, b: np.ndarray, masked: bool, zero) -> tuple:
+def _sums(a: np.ndarray, b: np.ndarray, masked: bool, zero, scale) -> tuple:
     """(max|a-b|, sum|a-b|, |a-b|^2, |a|^2, |b|^2, max|a|, max|b|) as float64, summed in the type
-    of ``zero`` within each block. ``masked``: the same infinity on both sides counts as 0."""
+    of ``zero`` within each block. ``masked``: the same infinity on both sides counts as 0, and
+    both sides are multiplied by ``scale`` (of ``zero``'s type: the fast pass stays in float32)."""
     width = len(a)
     sum_abs, dd, aa, bb = 0.0, 0.0, 0.0, 0.0
     m = pa = pb = order_key(zero)  # maxima of |a-b|, |a|, |b| as order keys
@@ -202,6 +257,7 @@ def _sums(a: np.ndarray, b: np.ndarray, masked: bool, zero) -> tuple:
         for j in range(start, min(start + BLOCK, width)):  # branch-free but for ``masked``: vectorizes
             x, y = zero + element(a[j]), zero + element(b[j])
             if masked:
+                x, y = x * scale, y * scale
                 same_infinity = (x == y) & (x - x != 0.0)
                 x = zero if same_infinity else x
                 y = zero if same_infinity else y
@@ -279,15 +335,15 @@ def _kl(a: np.ndarray, b: np.ndarray, max_a: float, max_b: float) -> float:
     """KL(softmax(a) || softmax(b)) = sum p_a (u - v) - log sum e^u + log sum e^v, clamped at 0,
     with u = a - max a and v = b - max b: every term is shifted, so logits of any size keep their
     precision (the shifts cancel exactly). A NaN term (the same -inf both sides) counts as 0."""
-    shift_a, shift_b = np.float32(max_a), np.float32(max_b)
+    shift_a, shift_b = shift_for(a, max_a), shift_for(b, max_b)
     scale, zero = np.float32(LOG2E), np.float32(0)
     sum_a, sum_b, weighted = np.float64(0.0), np.float64(0.0), np.float64(0.0)  # float64 across blocks
     for start in range(0, len(a), BLOCK):
         sa, sb, w = zero, zero, zero
         block_a, block_b = a[start : start + BLOCK], b[start : start + BLOCK]
         for j in range(len(block_a)):  # float32 throughout: vectorizes
-            u = np.float32(element(block_a[j])) - shift_a
-            v = np.float32(element(block_b[j])) - shift_b
+            u = shifted(block_a[j], shift_a)
+            v = shifted(block_b[j], shift_b)
             ea = _exp2_nonpositive(u * scale)
             sa += ea
             sb += _exp2_nonpositive(v * scale)

@@ -2,7 +2,9 @@
 
 Floats: ``max_abs``, ``mean_abs``, ``rel_l2`` (|a-b| / |a|), ``cosine`` and ``max_rel``
 (max|a-b| / max|a|); for logits also ``argmax_agree``, ``topk_overlap`` (top ``TOP_K``) and ``kl``
-(KL(a || b) of the softmaxes). Integers: ``equal``.
+(KL(a || b) of the softmaxes). Integers: ``equal``. Values are compared, never stored bits: two
+sides of other dtypes compare as numbers (floats in the wider float, an integer side against a
+float side as float64 values), integers of any widths exactly.
 
 Two engines give the same numbers: ``numpy`` (``numpy_kernels``, nothing to compile) and
 ``compiled`` (numba, ``kernels``: 3-10x faster, but its first use on a machine compiles for seconds
@@ -47,9 +49,11 @@ class Engine:
 
     def float_metrics(self, a: np.ndarray, b: np.ndarray, logits: bool = False) -> dict[str, np.ndarray]:
         """The float metrics of decoded rows (or of two uint16 arrays of bfloat16 bit patterns);
-        with ``logits``, the logit metrics too."""
+        with ``logits``, the logit metrics too. Rows of integers (or bools) are measured as float64
+        values: float32 would round integers above 2^24."""
         if not a.dtype == b.dtype == np.uint16:
-            wide = np.float64 if np.float64 in (a.dtype, b.dtype) else np.float32
+            wide = np.float64 if any(x.dtype == np.float64 or x.dtype.kind in "iub" for x in (a, b)) \
+                else np.float32
             a, b = a.astype(wide, copy=False), b.astype(wide, copy=False)
         a, b = _flat(a), _flat(b)
         return _named(self.kernels().compare_rows(a, b, logits, _top_k(a.shape[1])), logits)
@@ -57,7 +61,7 @@ class Engine:
     def measure_rows(self, name: str, dtypes: tuple[str, str], raw_a: np.ndarray,
                      raw_b: np.ndarray) -> dict[str, np.ndarray]:
         """``metrics_for`` over raw stored rows; bfloat16 on both sides is decoded inside the kernel."""
-        if not all(d in FLOAT_TAGS for d in dtypes):
+        if not any(d in FLOAT_TAGS for d in dtypes):
             return token_metrics(raw_a, raw_b)
         logits = name.endswith("logits")
         if dtypes == ("bfloat16", "bfloat16"):
@@ -88,14 +92,16 @@ def float_metrics(a: np.ndarray, b: np.ndarray, logits: bool = False) -> dict[st
 
 
 def token_metrics(a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
-    """Exact equality per row, for integer tensors (token ids, accept lengths)."""
+    """Exact equality per row, for integer tensors (token ids, accept lengths), by value whatever
+    the two widths (numpy compares int8 with int64 as numbers)."""
     return {"equal": (_flat(a) == _flat(b)).all(axis=1).astype(np.float64)}
 
 
 def metrics_for(name: str, dtypes: tuple[str, str], a: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
-    """The metrics that fit a tensor, of decoded rows: exact equality for integers, float metrics
-    otherwise, logit metrics too for names ending in ``logits``."""
-    if not all(d in FLOAT_TAGS for d in dtypes):
+    """The metrics that fit a tensor, of decoded rows: exact equality when both sides are integers,
+    float metrics otherwise (an integer side measured by value against the float one), logit
+    metrics too for names ending in ``logits``."""
+    if not any(d in FLOAT_TAGS for d in dtypes):
         return token_metrics(a, b)
     return float_metrics(a, b, logits=name.endswith("logits"))
 

@@ -5,9 +5,16 @@ samples) never wait for a compiler.
 
 Semantics follow the kernels exactly: a row with a NaN/Inf difference is all NaN, the same
 infinity on both sides agrees, cosine comes from the norms (exact near 1), top-k ties go to the
-earlier index, and KL is taken of float32 logits shifted by each side's maximum, with 2^t held at
-2^-126 below t = -126 as the kernels' exp2 does. Sums run in float64 throughout (the kernels sum
-bfloat16 in float32 blocks), so the two agree to ~1e-7 relative (KL to ~1e-6).
+earlier index, and KL is taken of float32 logits shifted by each side's maximum (float64 logits
+shifted in float64 first), with 2^t held at 2^-126 below t = -126 as the kernels' exp2 does. Sums
+run in float64 throughout (the kernels sum bfloat16 in float32 blocks), so the two agree to ~1e-7
+relative (KL to ~1e-6).
+
+Overflow: a row whose largest magnitude (of both sides) lies outside ``F64_RANGE`` is measured
+again with both sides multiplied by one power of two that brings it into [1/2, 1): exact, and the
+same for both sides, so the ratios (rel_l2, cosine, max_rel) are those of the true values, and
+max_abs, mean_abs are divided back (infinite only where the true value exceeds float64). Float64
+values of 1e300 then compare as equal instead of overflowing their squares to Inf.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ LOG2E = np.float32(1.4426950408889634)
 EXP2_FLOOR = np.float32(-126.0)  # the kernels' exp2 never goes below 2^-126
 BATCH_ELEMENTS = 1 << 14  # elements per side measured at once: float64 temporaries stay in cache
 SHORT_ROW = 256  # bfloat16 rows read in place shorter than this are gathered by one fancy index
+# Rows whose largest magnitude lies in this range (or is 0) are summed as they are: squares of such
+# values and their sums over any row stay normal float64 numbers. Others are scaled first.
+F64_RANGE = (2.0**-400, 2.0**400)
 
 
 def compare_rows(a: np.ndarray, b: np.ndarray, logits: bool, k: int) -> np.ndarray:
@@ -73,16 +83,19 @@ def _measure(a: np.ndarray, b: np.ndarray, logits: bool, k: int, out: np.ndarray
         return
     x, y = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
     sums = _sums(x, y)
-    odd = np.flatnonzero(~np.isfinite(sums[1]))  # NaN/Inf in the row: measured again, masked
+    odd = np.flatnonzero(~np.isfinite(sums[1]))  # NaN/Inf in the row (or |x-y| overflowed): masked
     if len(odd):
-        same_infinity = (x[odd] == y[odd]) & np.isinf(x[odd])  # a masked logit both sides counts as 0
-        sums[:, odd] = _sums(np.where(same_infinity, 0.0, x[odd]), np.where(same_infinity, 0.0, y[odd]))
-    max_abs, sum_abs, dd, aa, bb, peak = sums
+        sums[:, odd] = _sums(*_masked(x[odd], y[odd]))
+    scale = _scales(sums[5], sums[6])
+    far = np.flatnonzero(scale != 1.0)  # too large or too small to square: measured again, scaled
+    if len(far):
+        sums[:, far] = _sums(*_masked(x[far] * scale[far, None], y[far] * scale[far, None]))
+    max_abs, sum_abs, dd, aa, bb, peak, _ = sums
     good = np.isfinite(sum_abs)  # otherwise a NaN or Inf difference somewhere in the row
     norm_d, norm_a, norm_b = np.sqrt(dd), np.sqrt(aa), np.sqrt(bb)
     span = 2.0 * norm_a * norm_b  # 0 when a side is all zero: cosine 1 if both are, else 0
     cosine = np.where(span > 0.0, 1.0 - (dd - (norm_a - norm_b) ** 2) / np.maximum(span, TINY), dd == 0.0)
-    columns = [max_abs, sum_abs / width, norm_d / np.maximum(norm_a, TINY), cosine,
+    columns = [max_abs / scale, sum_abs / width / scale, norm_d / np.maximum(norm_a, TINY), cosine,
                max_abs / np.maximum(peak, TINY)]
     if logits:
         top_a, top_b = _top(a, k), _top(b, k)
@@ -91,12 +104,29 @@ def _measure(a: np.ndarray, b: np.ndarray, logits: bool, k: int, out: np.ndarray
     out[good, : len(columns)] = np.stack(columns, axis=1)[good]
 
 
+def _masked(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The same infinity on both sides (a masked logit) as 0 on both."""
+    same_infinity = (x == y) & np.isinf(x)
+    return np.where(same_infinity, 0.0, x), np.where(same_infinity, 0.0, y)
+
+
+def _scales(peak_a: np.ndarray, peak_b: np.ndarray) -> np.ndarray:
+    """Per row, 1, or the power of two that brings the larger finite peak outside ``F64_RANGE``
+    into [1/2, 1) (``kernels._scale``)."""
+    peak = np.maximum(peak_a, peak_b)
+    low, high = F64_RANGE
+    far = np.isfinite(peak) & ((peak > high) | ((peak < low) & (peak > 0.0)))
+    _, exponent = np.frexp(np.where(far, peak, 1.0))
+    return np.where(far, np.ldexp(1.0, -exponent), 1.0)
+
+
 def _sums(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """[6, rows]: max|x-y|, sum|x-y|, |x-y|^2, |x|^2, |y|^2, max|x| (float64 rows)."""
+    """[7, rows]: max|x-y|, sum|x-y|, |x-y|^2, |x|^2, |y|^2, max|x|, max|y| (float64 rows)."""
     d = np.subtract(x, y)
     np.abs(d, out=d)
     return np.stack([d.max(axis=1), d.sum(axis=1), np.einsum("ij,ij->i", d, d), np.einsum("ij,ij->i", x, x),
-                     np.einsum("ij,ij->i", y, y), np.maximum(x.max(axis=1), -x.min(axis=1))])
+                     np.einsum("ij,ij->i", y, y), np.maximum(x.max(axis=1), -x.min(axis=1)),
+                     np.maximum(y.max(axis=1), -y.min(axis=1))])
 
 
 def _top(x: np.ndarray, k: int) -> np.ndarray:
@@ -114,10 +144,9 @@ def _top(x: np.ndarray, k: int) -> np.ndarray:
 
 def _kl(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """``kernels._kl``: sum p_a (u - v) - log sum e^u + log sum e^v, clamped at 0, with u, v the
-    float32 logits less each row's maximum; a NaN term (the same -inf both sides) counts as 0."""
-    u, v = x.astype(np.float32), y.astype(np.float32)  # copies
-    u -= u.max(axis=1, keepdims=True)
-    v -= v.max(axis=1, keepdims=True)
+    float32 logits less each row's maximum (float64 logits shifted before they are narrowed: they
+    may lie beyond float32's range); a NaN term (the same -inf both sides) counts as 0."""
+    u, v = _shifted(x), _shifted(y)
     ea = np.exp2(np.maximum(u * LOG2E, EXP2_FLOOR))
     eb = np.exp2(np.maximum(v * LOG2E, EXP2_FLOOR))
     gap = u - v
@@ -125,3 +154,12 @@ def _kl(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     gap *= ea
     sum_a, sum_b = ea.sum(axis=1, dtype=np.float64), eb.sum(axis=1, dtype=np.float64)
     return np.maximum(gap.sum(axis=1, dtype=np.float64) / sum_a - np.log(sum_a) + np.log(sum_b), 0.0)
+
+
+def _shifted(x: np.ndarray) -> np.ndarray:
+    """Each row less its maximum, as float32 (``kernels.shifted``); a copy."""
+    if x.dtype == np.float64:
+        return (x - x.max(axis=1, keepdims=True)).astype(np.float32)
+    u = x.astype(np.float32)
+    u -= u.max(axis=1, keepdims=True)
+    return u

@@ -20,7 +20,7 @@ from tracediff.diff.align import FED, Declared, Matched, Prefixes, Sides, fed_to
 from tracediff.diff.pair import Pair
 from tracediff.diff.rename import renamed
 from tracediff.diff.results import Coverage, Status
-from tracediff.diff.shapes import mismatch
+from tracediff.diff.shapes import dtype_note, mismatch
 from tracediff.diff.statics import StaticPair
 from tracediff.errors import TraceError
 from tracediff.trace.reader import MixedRecords, RowKeys, Trace
@@ -75,7 +75,7 @@ class SideKeys:
 @dataclass
 class TensorPlan:
     """One tensor name present on both sides: its rows, the ones that correspond, and why it cannot
-    be compared at all (``problem``) if so."""
+    be compared at all (``problem``) if so; ``note`` says what else differs (dtypes)."""
 
     name: str  # as the baseline (a) calls it
     keys: Pair[RowKeys]
@@ -175,14 +175,14 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
         if name not in tensors_by_name.b:
             continue
         both = Pair(keys_a, tensors_by_name.b[name])
-        problem = mismatch(name, both.map(lambda k: k.dtype), both.map(lambda k: k.row_shape))
+        problem = mismatch(name, both.map(lambda k: k.row_shape))
         if problem is not None:
             skipped = both.map(_counted_as(problem[0]))
             matched = Matched(both.map(lambda k: np.zeros(0, np.int64)), skipped)
             tensors.append(TensorPlan(name, both, matched, problem[0], problem[1]))
             continue
         matched = match(both, sides) if sides is not None else match_by_step(both, prefixes, every)
-        tensors.append(TensorPlan(name, both, matched))
+        tensors.append(TensorPlan(name, both, matched, note=dtype_note((keys_a.dtype, both.b.dtype))))
     names = Pair([*tensors_by_name.a, *mixed_by_name.a], [*tensors_by_name.b, *mixed_by_name.b])
     either = dict.fromkeys([*mixed_by_name.a, *mixed_by_name.b])
     mixed = [_mixed(n, tensors_by_name, mixed_by_name) for n in either if n in names.a and n in names.b]

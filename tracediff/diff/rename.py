@@ -11,18 +11,25 @@ from pathlib import Path
 
 from tracediff.errors import InputError
 
+MAX_FILE_BYTES = 64 << 20  # far beyond any list of names; a larger file is not a mapping file
+SHOWN = 80  # characters of a bad line quoted in an error
+
 
 def parse_pair(item: str) -> tuple[str, str]:
     """'NAME_IN_B=NAME_IN_A' -> (name in b, name in a); ValueError when malformed."""
     name_b, sep, name_a = item.partition("=")
     name_b, name_a = name_b.strip(), name_a.strip()
     if not sep or not name_b or not name_a or "=" in name_a:
-        raise ValueError(f"expected NAME_IN_B=NAME_IN_A, got {item!r}")
+        shown = item if len(item) <= SHOWN else item[: SHOWN - 3] + "..."
+        raise ValueError(f"expected NAME_IN_B=NAME_IN_A, got {shown!r}")
     return name_b, name_a
 
 
 def read_mapping_file(path: Path) -> dict[str, str]:
+    """The mapping in ``path`` (either form); ``InputError`` with one line for anything else."""
     try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise InputError(path, f"over {MAX_FILE_BYTES >> 20} MiB: not a mapping file")
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise InputError(path, "no such mapping file") from None
@@ -33,6 +40,9 @@ def read_mapping_file(path: Path) -> dict[str, str]:
             pairs = json.loads(text, object_pairs_hook=list)
         except json.JSONDecodeError as exc:
             raise InputError(path, f"not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        except RecursionError:  # the parser recurses per level: a hostile file must not take it down
+            raise InputError(path, "JSON nested too deeply (a mapping file is one flat object of "
+                                   "strings)") from None
         if not all(isinstance(p, tuple) and len(p) == 2 and isinstance(p[1], str) and p[0] and p[1]
                    for p in pairs):
             raise InputError(path, 'expected a JSON object of {"name in b": "name in a"} strings')
@@ -66,7 +76,7 @@ def renamed(names: list[str], rename: dict[str, str], names_a: list[str]) -> dic
     out = {name: rename.get(name, name) for name in names}
     for name, target in out.items():
         if name in names_a and target not in names_a:
-            raise InputError("--map", f"{name}={target}: both traces hold {name!r} and a has no tensor "
+            raise InputError("--map", f"{name!r}={target!r}: both traces hold {name!r} and a has no tensor "
                                       f"named {target!r}: the map would hide {name!r} from the compare")
     seen: dict[str, str] = {}
     for name, target in out.items():

@@ -24,13 +24,14 @@ Status = Literal[
     "unchecked",  # --stop-at-first stopped before its last rows
     "not_comparable",  # no row could be compared (see coverage)
     "shape_mismatch",  # row shapes differ between the sides
-    "dtype_mismatch",  # integer on one side, float on the other
+    "dtype_mismatch",  # integer on one side, float on the other: compared by value, never a match
     "mixed_records",  # one side's records of this name differ in dtype or row shape
     "missing_in_a",
     "missing_in_b",
 ]
-# Statuses that leave rows of a tensor present on both sides uncompared.
-UNCOMPARED_STATUSES = ("not_comparable", "shape_mismatch", "dtype_mismatch", "mixed_records")
+# Statuses that keep a tensor present on both sides from a match without a divergence (rows not
+# compared, or compared across kinds of dtype): the verdict is at best incomplete.
+INCOMPLETE_STATUSES = ("not_comparable", "shape_mismatch", "dtype_mismatch", "mixed_records")
 
 Reason = Literal[
     "padding",  # a padded row (position -1): never compared
@@ -43,7 +44,6 @@ Reason = Literal[
     "fed_unknown",  # depth > 0: a side did not record draft.input_ids
     "past_other_text",  # depth > 0: fed a token past the other side's text (it cannot hold the row)
     "shape_mismatch",
-    "dtype_mismatch",
     "mixed_records",
 ]
 # Rows left out by design, not for want of data: they do not count against coverage.
@@ -59,7 +59,6 @@ REASON_TEXT: dict[str, str] = {
     "past_other_text": "draft rows past the other side's text",
     "fed_unknown": "fed tokens unknown at depth > 0 (no draft.input_ids)",
     "shape_mismatch": "shape mismatch",
-    "dtype_mismatch": "dtype mismatch",
     "mixed_records": "records of mixed dtype or shape",
 }
 
@@ -140,7 +139,12 @@ class TensorResult:
     coverage: Coverage | None = None
     worst: dict[str, float] = field(default_factory=dict)
     first_bad: RowRef | None = None
-    note: str = ""  # e.g. the likely cause of a shape mismatch
+    note: str = ""  # e.g. the likely cause of a shape mismatch; "; " between several
+
+    def add_note(self, text: str) -> None:
+        """Append ``text`` to the note, once (chunks of a tensor find the same things again)."""
+        if text and text not in self.note.split("; "):
+            self.note = f"{self.note}; {text}" if self.note else text
 
 
 @dataclass

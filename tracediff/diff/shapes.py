@@ -1,5 +1,6 @@
-"""Tensors that cannot be compared row by row: row shapes or kinds of dtype differ. Says so with
-the likely cause, instead of failing every row with numbers that mean nothing."""
+"""Tensors whose two sides differ in layout or dtype. Rows of other shapes cannot be compared: says
+so with the likely cause, instead of failing every row with numbers that mean nothing. Dtypes that
+differ never stop a comparison (rows compare by value, ``metrics``), but are always said."""
 
 from __future__ import annotations
 
@@ -10,16 +11,41 @@ from tracediff.trace.dtypes import FLOAT_TAGS
 CONCATENATED = ("target.aux", "draft.fc_in")
 
 
-def mismatch(name: str, dtypes: Pair[str], shapes: Pair[tuple[int, ...]]) -> tuple[Status, str] | None:
-    """(status, note) when the two sides' rows of ``name`` cannot be compared, else None. Floats of
-    different precision compare (in the wider one); integers compare with integers."""
+def mismatch(name: str, shapes: Pair[tuple[int, ...]]) -> tuple[Status, str] | None:
+    """(status, note) when the two sides' rows of ``name`` cannot be compared, else None."""
     if shapes.a != shapes.b:
         cause = likely_cause(name, shapes)
         return "shape_mismatch", f"row shape {list(shapes.a)} vs {list(shapes.b)}: {cause}"
-    if (dtypes.a in FLOAT_TAGS) != (dtypes.b in FLOAT_TAGS):
-        return "dtype_mismatch", f"{dtypes.a} vs {dtypes.b}: a float tensor on one side, an integer one on " \
-                                 "the other (another tensor under this name?)"
     return None
+
+
+def kinds_differ(dtypes: tuple[str, str]) -> bool:
+    """An integer (or bool) tensor on one side, a float one on the other: a ``dtype_mismatch``."""
+    return (dtypes[0] in FLOAT_TAGS) != (dtypes[1] in FLOAT_TAGS)
+
+
+def dtype_note(dtypes: tuple[str, str]) -> str:
+    """'' for one dtype on both sides; else what differs and how the rows were compared. Floats of
+    other precision compare in the wider (the looser one's default bounds), integers of other
+    widths exactly, an integer side against a float one as float64 values."""
+    a, b = dtypes
+    if a == b:
+        return ""
+    if kinds_differ(dtypes):  # the status says dtype_mismatch
+        return (f"{a} vs {b}: an integer tensor on one side, a float one on the other (a cast, or "
+                "another tensor under this name?), compared by value as float64")
+    if a in FLOAT_TAGS:
+        wide = "float64" if "float64" in dtypes else "float32"  # as ``metrics`` widens them
+        return f"dtypes differ: {a} vs {b} (compared by value, in {wide})"
+    return f"dtypes differ: {a} vs {b} (compared by value, exactly)"
+
+
+def agreement(rows: int, failed: int) -> str:
+    """How the values of a ``dtype_mismatch`` tensor compared, for its note."""
+    if not rows:
+        return "no row compared"
+    counted = f"{rows} row{'' if rows == 1 else 's'} compared"
+    return f"the values agree ({counted})" if not failed else f"the values differ in {failed} of {counted}"
 
 
 def likely_cause(name: str, shapes: Pair[tuple[int, ...]]) -> str:

@@ -75,12 +75,19 @@ class Tolerances:
         return DEFAULTS[max(floats, key=LOOSENESS.index)] if floats else {}
 
     def unused_rule(self, name: str, metrics: Collection[str]) -> str:
-        """A note when the rule matching ``name`` bounds no metric the tensor has, else ''."""
+        """A note when the rule matching ``name`` bounds a metric the tensor lacks (an integer
+        tensor has no cosine, only logits have kl), else '': such a bound checks nothing, and a
+        user reading the rule would think it did."""
         rule = self.rule(name)
-        if rule is None or rule[1].keys() & set(metrics):
+        absent = [] if rule is None else [m for m in rule[1] if m not in metrics]
+        if rule is None or not absent:
             return ""
-        return (f"--tol {rule[0]}:{','.join(rule[1])} bounds no metric of this tensor (it has "
-                f"{', '.join(sorted(metrics))}): the default bounds were used")
+        has = ", ".join(sorted(metrics))
+        if len(absent) == len(rule[1]):
+            return f"--tol {rule[0]}:{','.join(rule[1])} bounds no metric of this tensor (it has {has}): " \
+                   "the default bounds were used"
+        return (f"--tol {rule[0]}: this tensor has no {', '.join(absent)} (it has {has}): that bound checks "
+                "nothing here, the rule's other bounds apply")
 
 
 def failing_rows(metrics: dict[str, np.ndarray], bounds: dict[str, tuple[str, float]]) -> np.ndarray:

@@ -9,7 +9,7 @@ from tracediff.diff.differ import Comparison
 from tracediff.diff.pair import Pair
 from tracediff.diff.results import (
     EXCUSED,
-    UNCOMPARED_STATUSES,
+    INCOMPLETE_STATUSES,
     Coverage,
     Diagnosis,
     FirstDivergence,
@@ -44,7 +44,7 @@ def shortfalls(tensors: list[TensorResult], min_coverage: float) -> list[str]:
     """One line per tensor present on both sides that was not compared well enough."""
     lines = []
     for t in tensors:
-        if t.status in UNCOMPARED_STATUSES[1:]:
+        if t.status in INCOMPLETE_STATUSES[1:]:
             lines.append(f"{t.name}: {t.status.replace('_', ' ')}: {t.note}")
         elif t.coverage is not None and not t.coverage.aligned:
             lines.append(f"{t.name}: no row compared: {t.coverage.describe()}")

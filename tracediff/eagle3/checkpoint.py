@@ -13,7 +13,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from tracediff.eagle3.config import DraftConfig
+from tracediff.eagle3.config import DraftConfig, read_json_object
 from tracediff.eagle3.draft import Eagle3Draft
 from tracediff.errors import CheckpointError
 
@@ -34,14 +34,16 @@ def canonical_key(key: str) -> str:
 
 
 def read_config(path: str | Path) -> DraftConfig:
+    """The draft's config.json, typed (its values are judged by ``DraftConfig.problems``)."""
     path = Path(path)
     try:
-        return DraftConfig.from_dict(json.loads((path / CONFIG).read_text()))
+        return DraftConfig.from_dict(read_json_object(path / CONFIG))
     except FileNotFoundError:
         raise CheckpointError(path, f"no {CONFIG}") from None
-    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-        raise CheckpointError(path / CONFIG, f"not an EAGLE-3 draft config ({type(exc).__name__}: {exc})") \
-            from None
+    except OSError as exc:
+        raise CheckpointError(path / CONFIG, f"cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CheckpointError(path / CONFIG, f"not an EAGLE-3 draft config: {exc}") from None
 
 
 def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
@@ -63,10 +65,17 @@ def target_embedding(path: str | Path) -> torch.Tensor:
     if not shards:
         raise CheckpointError(path, "no *.safetensors files in the target directory")
     for shard in shards:
-        with safe_open(shard, framework="pt") as f:
-            for key in ("model.embed_tokens.weight", "embed_tokens.weight"):
-                if key in f.keys():
-                    return f.get_tensor(key)
+        try:
+            with safe_open(shard, framework="pt") as f:
+                key = next((k for k in ("model.embed_tokens.weight", "embed_tokens.weight") if k in f.keys()),
+                           None)
+                embed = None if key is None else f.get_tensor(key)
+        except (SafetensorError, OSError) as exc:
+            raise CheckpointError(shard, f"unreadable safetensors file: {exc}") from None
+        if embed is not None and embed.dim() != 2:
+            raise CheckpointError(shard, f"{key} has shape {tuple(embed.shape)}, not [vocab, hidden]")
+        if embed is not None:
+            return embed
     raise CheckpointError(path, "no model.embed_tokens.weight in the target's safetensors files")
 
 
@@ -75,6 +84,8 @@ def load_draft(path: str | Path, target_embed: torch.Tensor | None = None,
     """A draft ready to run; ``target_embed`` stands in for embeddings the checkpoint lacks."""
     path = Path(path)
     config = read_config(path)
+    if config.problems():  # building the model would divide by zero or fail deep inside torch
+        raise CheckpointError(path / CONFIG, "; ".join(config.problems()))
     weights = read_weights(path)
     if "embed_tokens.weight" not in weights:
         if target_embed is None:

@@ -1,12 +1,88 @@
-"""An EAGLE-3 draft's config.json (SpecForge export format), as one typed object."""
+"""An EAGLE-3 draft's config.json (SpecForge export format), as one typed object.
+
+Read as untrusted input: ``read_json_object`` refuses what is not one JSON object of bounded size
+and depth, ``from_dict`` what does not have the field types, and ``problems`` names the values no
+engine can build a draft from (0 attention heads divides by zero in every engine's head size).
+"""
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 DEFAULT_NUM_AUX = 3
+MAX_CONFIG_BYTES = 16 << 20  # model configs are a few KB; a larger file is not one
+MAX_DEPTH = 32  # nesting of a model config: a few levels
+# Upper bounds on sizes, far above any model's (vocabularies reach ~2^18, hidden sizes 2^14) and low
+# enough that no weight's element count overflows int64 when doctor lays the draft out.
+MAX_SIZE = {"vocab_size": 1 << 24, "draft_vocab_size": 1 << 24}
+MAX_WIDTH = 1 << 20
+
+
+def read_json_object(path: Path) -> dict:
+    """The JSON object in ``path``. ValueError (one line) for a file too large, not UTF-8, not
+    JSON, nested deeper than ``MAX_DEPTH`` or not an object; OSError as raised."""
+    if path.stat().st_size > MAX_CONFIG_BYTES:
+        raise ValueError(f"over {MAX_CONFIG_BYTES >> 20} MiB: not a model config")
+    text = path.read_bytes().decode("utf-8")  # UnicodeDecodeError is a ValueError
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON: {exc.msg} at line {exc.lineno}") from None
+    except RecursionError:  # the parser recurses per level
+        raise ValueError("JSON nested too deeply") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a JSON object, got a {type(value).__name__}")
+    if _depth(value) > MAX_DEPTH:
+        raise ValueError(f"JSON nested over {MAX_DEPTH} levels deep")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """Levels of nesting, without recursion (a value the parser accepted may still be deep)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            todo.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _required(raw: dict, key: str) -> int:
+    value = _int(raw, key)
+    if value is None:
+        raise ValueError(f"no {key}")
+    return value
+
+
+def _int(raw: dict, key: str) -> int | None:
+    """An integer field, None when absent; ValueError naming it for anything else (true, 4.5, "64")."""
+    value = raw.get(key)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # 64.0: some exporters write floats
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{key} must be an integer, not {json.dumps(value)[:40]}")
+    return value
+
+
+def _float(raw: dict, key: str, default: float) -> float:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key} must be a number, not {json.dumps(value)[:40]}")
+    return float(value)
+
+
+def _object(raw: dict, key: str) -> dict:
+    value = raw.get(key) or {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{key} must be a JSON object, not a {type(value).__name__}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -51,30 +127,71 @@ class DraftConfig:
 
     @classmethod
     def from_dict(cls, raw: dict) -> DraftConfig:
-        eagle = raw.get("eagle_config") or {}
-        rope = raw.get("rope_parameters") or {}
+        """The typed config; ValueError (naming the field) for a missing or mistyped field. Values
+        are not judged here: ``problems`` does that, so doctor can report them all at once."""
+        if not isinstance(raw, dict):
+            raise ValueError(f"expected a JSON object, got a {type(raw).__name__}")
+        eagle, rope = _object(raw, "eagle_config"), _object(raw, "rope_parameters")
         aux = eagle.get("eagle_aux_hidden_state_layer_ids")
+        if aux is not None and (not isinstance(aux, list) or not all(
+                isinstance(i, int) and not isinstance(i, bool) for i in aux)):
+            raise ValueError("eagle_aux_hidden_state_layer_ids must be a list of integers")
+        hidden, heads = _required(raw, "hidden_size"), _required(raw, "num_attention_heads")
+        kv_heads, positions = _int(raw, "num_key_value_heads"), _int(raw, "max_position_embeddings")
         return cls(
-            hidden_size=int(raw["hidden_size"]),
-            num_attention_heads=int(raw["num_attention_heads"]),
-            num_key_value_heads=int(raw.get("num_key_value_heads") or raw["num_attention_heads"]),
-            intermediate_size=int(raw["intermediate_size"]),
-            vocab_size=int(raw["vocab_size"]),
-            draft_vocab_size=raw.get("draft_vocab_size"),
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(raw.get("rope_theta", rope.get("rope_theta", 10000.0))),
-            head_dim=raw.get("head_dim"),
-            target_hidden_size=raw.get("target_hidden_size"),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            hidden_size=hidden,
+            num_attention_heads=heads,
+            num_key_value_heads=heads if kv_heads is None else kv_heads,
+            intermediate_size=_required(raw, "intermediate_size"),
+            vocab_size=_required(raw, "vocab_size"),
+            draft_vocab_size=_int(raw, "draft_vocab_size"),
+            rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
+            rope_theta=_float(raw, "rope_theta", _float(rope, "rope_theta", 10000.0)),
+            head_dim=_int(raw, "head_dim"),
+            target_hidden_size=_int(raw, "target_hidden_size"),
+            max_position_embeddings=2048 if positions is None else positions,
             fc_norm=bool(raw.get("fc_norm", False)),
             norm_before_fc=bool(eagle.get("norm_before_fc", raw.get("norm_before_fc", False))),
-            aux_layer_ids=tuple(int(i) for i in aux) if aux else None,
+            aux_layer_ids=tuple(aux) if aux else None,
             raw=raw,
         )
 
     @classmethod
     def load(cls, path: str | Path) -> DraftConfig:
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        return cls.from_dict(read_json_object(Path(path)))
+
+    def problems(self) -> list[str]:
+        """Values no draft can be built from, one line each: sizes that are not positive, a head
+        size that does not divide, key/value heads that do not divide the heads, a draft vocab
+        larger than the vocab."""
+        sizes = {"hidden_size": self.hidden_size, "num_attention_heads": self.num_attention_heads,
+                 "num_key_value_heads": self.num_key_value_heads, "intermediate_size": self.intermediate_size,
+                 "vocab_size": self.vocab_size, "draft_vocab_size": self.draft_vocab_size,
+                 "head_dim": self.head_dim, "target_hidden_size": self.target_hidden_size}
+        out = [f"{key} is {value}: it must be positive" for key, value in
+               [*sizes.items(), ("max_position_embeddings", self.max_position_embeddings)]
+               if value is not None and value <= 0]
+        out += [f"{key} is {value}: larger than any model's (at most {MAX_SIZE.get(key, MAX_WIDTH)})"
+                for key, value in sizes.items() if value is not None and value > MAX_SIZE.get(key, MAX_WIDTH)]
+        if self.aux_layer_ids is not None and len(self.aux_layer_ids) > 1024:
+            out.append(f"{len(self.aux_layer_ids)} aux layer ids: more than any model has layers")
+        if out:
+            return out  # the checks below divide by these
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            out.append(f"hidden_size {self.hidden_size} is not a multiple of num_attention_heads "
+                       f"{self.num_attention_heads} (and no head_dim is given)")
+        elif self.attention_head_dim % 2:
+            out.append(f"the head size {self.attention_head_dim} is odd: rotary embeddings rotate pairs")
+        if self.num_attention_heads % self.num_key_value_heads:
+            out.append(f"num_key_value_heads {self.num_key_value_heads} does not divide num_attention_heads "
+                       f"{self.num_attention_heads}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size > self.vocab_size:
+            out.append(f"draft_vocab_size {self.draft_vocab_size} exceeds vocab_size {self.vocab_size}")
+        if not (math.isfinite(self.rms_norm_eps) and self.rms_norm_eps >= 0):
+            out.append(f"rms_norm_eps is {self.rms_norm_eps}: it must be a finite number >= 0")
+        if not (math.isfinite(self.rope_theta) and self.rope_theta > 0):
+            out.append(f"rope_theta is {self.rope_theta}: it must be a finite number > 0")
+        return out
 
     def to_dict(self) -> dict:
         """config.json as SpecForge exports it for SGLang."""

@@ -1,7 +1,9 @@
 """Static checks of a draft checkpoint against its target and the serving arguments.
 
 Each check looks at one convention the two pipelines must share and returns findings with the
-fix; nothing here runs a model. The findings' codes are stable identifiers.
+fix; nothing here runs a model. The findings' codes are stable identifiers. Files that cannot be
+read as a draft (config.json not an object, not JSON, mistyped fields) raise ``CheckpointError``
+(the CLI's exit 2); values and weights no engine can serve are ``error`` findings (exit 1).
 """
 
 from __future__ import annotations
@@ -14,10 +16,19 @@ from pathlib import Path
 import torch
 
 from tracediff.eagle3.capture import default_aux_ids
-from tracediff.eagle3.checkpoint import read_config, read_weights
-from tracediff.eagle3.config import DraftConfig
+from tracediff.eagle3.checkpoint import CONFIG, WEIGHTS, read_config, read_weights
+from tracediff.eagle3.config import DraftConfig, read_json_object
+from tracediff.eagle3.draft import Eagle3Draft
 from tracediff.eagle3.vocab import Finding, check_vocab_map
-from tracediff.errors import CheckpointError
+from tracediff.errors import CheckpointError, InputError
+
+TARGET_FIELDS = ("hidden_size", "num_hidden_layers")  # what the checks read of the target's config
+# Weights whose absence other checks report (or that may be absent): not listed as missing again.
+CHECKED_ELSEWHERE = {"embed_tokens.weight",  # optional: engines share the target's
+                     "d2t", "t2d",  # the vocab map checks (a full-vocab draft needs none)
+                     "fc.weight",  # fc_missing
+                     "fc_norm.0.weight", "input_norm.weight"}  # the norm flags' checks
+SHOWN = 6  # weight names listed in one finding
 
 
 @dataclass
@@ -31,19 +42,71 @@ class Checkpoint:
 
     @property
     def target_layers(self) -> int | None:
-        return None if self.target is None else int(self.target["num_hidden_layers"])
+        return None if self.target is None else self.target["num_hidden_layers"]
 
 
 def read_checkpoint(draft: str | Path, target: str | Path | None = None) -> Checkpoint:
-    target_config = None
-    if target is not None:
-        try:
-            target_config = json.loads((Path(target) / "config.json").read_text())
-        except FileNotFoundError:
-            raise CheckpointError(target, "no config.json in the target directory") from None
-        except json.JSONDecodeError as exc:
-            raise CheckpointError(Path(target) / "config.json", f"not JSON: {exc}") from None
-    return Checkpoint(Path(draft), read_config(draft), read_weights(draft), target_config)
+    config = read_config(draft)
+    target_config = None if target is None else read_target_config(Path(target))
+    return Checkpoint(Path(draft), config, read_weights(draft), target_config)
+
+
+def read_target_config(target: Path) -> dict:
+    """The target's config.json, with the fields the checks read as positive integers."""
+    path = target / CONFIG
+    try:
+        raw = read_json_object(path)
+    except FileNotFoundError:
+        raise CheckpointError(target, "no config.json in the target directory") from None
+    except OSError as exc:
+        raise CheckpointError(path, f"cannot read it: {exc.strerror or exc}") from None
+    except ValueError as exc:
+        raise CheckpointError(path, f"not a model config: {exc}") from None
+    for key in TARGET_FIELDS:
+        value = raw.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise CheckpointError(path, f"{key} must be a positive integer, not {json.dumps(value)[:40]}")
+    return raw
+
+
+def check_config(ck: Checkpoint) -> list[Finding]:
+    """Values no engine can build the draft from (0 heads: every engine divides by it)."""
+    return [Finding("error", "config_value", f"config.json: {problem}",
+                    "correct config.json: it must describe the draft the weights were trained as")
+            for problem in ck.config.problems()]
+
+
+def check_weights(ck: Checkpoint) -> list[Finding]:
+    """Weights the draft needs that the file lacks (engines serve them uninitialised) or holds in
+    another shape than config.json implies. The shapes come from our draft model built on the meta
+    device (no memory); skipped when config.json's values cannot build one."""
+    if ck.config.problems():
+        return []
+    with torch.device("meta"):
+        expected = {k: tuple(v.shape) for k, v in Eagle3Draft(ck.config).state_dict().items()}
+    findings = []
+    missing = sorted(set(expected) - set(ck.weights) - CHECKED_ELSEWHERE)
+    if missing:
+        more = len(missing) - SHOWN
+        listed = ", ".join(missing[:SHOWN]) + (f" and {more} more" if more > 0 else "")
+        findings.append(Finding("error", "weights_missing", f"{WEIGHTS} lacks {listed}: engines run "
+                                "those weights uninitialised", "export every weight of the trained draft"))
+    for key, shape in expected.items():
+        have = ck.weights.get(key)
+        if key == "t2d" or have is None or tuple(have.shape) == shape or _own_check(key, have, shape):
+            continue
+        findings.append(Finding("error", "weight_shape", f"{key} has shape {list(have.shape)}, config.json "
+                                f"implies {list(shape)}", "config.json and the weights describe different "
+                                "drafts: export them together"))
+    return findings
+
+
+def _own_check(key: str, have: torch.Tensor, shape: tuple[int, ...]) -> bool:
+    """A shape difference a named check reports: fc.weight's inputs (fc_width), lm_head's rows."""
+    if have.dim() != 2:
+        return False
+    return (key == "fc.weight" and have.shape[0] == shape[0]) or (key == "lm_head.weight"
+                                                                    and have.shape[1] == shape[1])
 
 
 def check_vocab(ck: Checkpoint) -> list[Finding]:
@@ -60,7 +123,7 @@ def check_vocab(ck: Checkpoint) -> list[Finding]:
             )
         )
     head = ck.weights.get("lm_head.weight")
-    if head is not None and head.shape[0] != cfg.draft_vocab:
+    if head is not None and head.dim() == 2 and head.shape[0] != cfg.draft_vocab:
         findings.append(
             Finding(
                 "error",
@@ -72,17 +135,31 @@ def check_vocab(ck: Checkpoint) -> list[Finding]:
         )
     if cfg.draft_vocab < cfg.vocab_size or "d2t" in ck.weights:
         d2t, t2d = ck.weights.get("d2t"), ck.weights.get("t2d")
+        malformed = [f"{name} is {_described(x)}" for name, x in (("d2t", d2t), ("t2d", t2d))
+                     if x is not None and (x.dim() != 1 or x.is_floating_point() or x.is_complex())]
+        if malformed:
+            return findings + [Finding("error", "vocab_map_malformed", "; ".join(malformed) + ": engines "
+                                       "index token ids with the vocab map, one integer per token",
+                                       "export d2t (int64 offsets) and t2d (bool mask) as 1-D tensors")]
         findings += check_vocab_map(
             None if d2t is None else d2t.numpy(), None if t2d is None else t2d.numpy(), cfg.vocab_size
         )
     return findings
 
 
+def _described(x: torch.Tensor) -> str:
+    return f"{str(x.dtype).removeprefix('torch.')} of shape {list(x.shape)}"
+
+
 def check_fc(ck: Checkpoint) -> list[Finding]:
     cfg = ck.config
     findings = []
     fc = ck.weights.get("fc.weight")
-    if fc is not None and fc.shape[1] != cfg.num_aux * cfg.target_hidden:
+    if fc is None:
+        findings.append(Finding("error", "fc_missing", f"{WEIGHTS} has no fc.weight, the projection of the "
+                                "concatenated aux states: engines serve it uninitialised",
+                                "export fc.weight with the draft"))
+    elif fc.dim() == 2 and fc.shape[1] != cfg.num_aux * cfg.target_hidden:
         findings.append(
             Finding(
                 "error",
@@ -222,7 +299,11 @@ def check_server_args(ck: Checkpoint, server_args: str | None) -> list[Finding]:
 
 
 def _parse_args(text: str) -> dict[str, str]:
-    words = shlex.split(text)
+    """``--key value`` / ``--key=value`` words; the speculative counts must be integers."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        raise InputError("--server-args", f"cannot split into words: {exc}") from None
     args = {}
     for i, word in enumerate(words):
         if word.startswith("--"):
@@ -230,10 +311,13 @@ def _parse_args(text: str) -> dict[str, str]:
             args[key] = value or (
                 words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else "true"
             )
+    for key in ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens"):
+        if key in args and not args[key].isdigit():
+            raise InputError("--server-args", f"--{key} takes a whole number, not {args[key][:40]!r}")
     return args
 
 
-CHECKS = (check_vocab, check_fc, check_aux)
+CHECKS = (check_config, check_weights, check_vocab, check_fc, check_aux)
 
 
 def doctor(

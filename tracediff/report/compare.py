@@ -166,7 +166,7 @@ def render(console: Console, report: Report) -> None:
         c = t.coverage
         table.add_row(Text(safe(t.name)), Text(t.status, style=STATUS_STYLE.get(t.status, "")),
                       "" if c is None else str(c.aligned), "" if c is None else f"{c.rows_a} / {c.rows_b}",
-                      str(t.failed), Text(_worst(t) or safe(t.note)))
+                      str(t.failed), Text("; ".join(filter(None, (_worst(t), safe(t.note))))))
     console.print(table)
     grouped = skipped_by_tensor(report)
     if grouped:
@@ -200,7 +200,7 @@ def to_markdown(report: Report) -> str:
         c = t.coverage
         lines.append(f"| {cell(t.name)} | {t.status} | {'' if c is None else c.aligned} | "
                      f"{'' if c is None else f'{c.rows_a} / {c.rows_b}'} | {t.failed} | "
-                     f"{_worst(t) or md(t.note)} |")
+                     f"{'; '.join(filter(None, (_worst(t), md(t.note))))} |")
     grouped = skipped_by_tensor(report)
     if grouped:
         lines += ["", "<details><summary>Rows not compared, per tensor</summary>", ""]

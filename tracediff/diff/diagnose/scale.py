@@ -31,11 +31,15 @@ def scale_or_norm(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis
     if len(x.a) < 2 or x.a.shape != x.b.shape:
         return []
     labels = side_labels(traces)
-    norms = x.map(lambda v: np.linalg.norm(v, axis=1))
-    if (norms.a == 0).any() or (norms.b == 0).any():
+    peaks = x.map(lambda v: np.abs(v).max(axis=1))
+    usable = peaks.map(lambda p: bool(np.isfinite(p).all() and (p > 0).all()))
+    if not (usable.a and usable.b):  # a row of zeros, or NaN/Inf (nan_inf's to explain)
         return []
-    cosine = (x.a * x.b).sum(axis=1) / (norms.a * norms.b)
-    ratio = norms.b / norms.a
+    # Rows divided by their peak: squares of float64 values of any size (1e300) cannot overflow.
+    unit = x.zip(peaks).starmap(lambda v, peak: v / peak[:, None])
+    norms = unit.map(lambda v: np.linalg.norm(v, axis=1))
+    cosine = (unit.a * unit.b).sum(axis=1) / (norms.a * norms.b)
+    ratio = norms.b / norms.a * (peaks.b / peaks.a)
     spread = float(ratio.std() / ratio.mean())
     evidence = ScaleEvidence(tensor=first.name, rows_checked=len(ratio), min_cosine=float(cosine.min()),
                              norm_ratio_b_over_a=float(ratio.mean()), ratio_spread=spread)
@@ -44,7 +48,8 @@ def scale_or_norm(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis
                           f"(cosine >= {cosine.min():.6f}): one side is scaled", evidence)]
     if len(ratio) < MIN_ROWS:
         return []
-    candidates: tuple[tuple[np.ndarray, np.ndarray, Side], ...] = ((x.b, x.a, "b"), (x.a, x.b, "a"))
+    # RMSNorm does not see its input's scale: the raw side is fitted as unit rows
+    candidates: tuple[tuple[np.ndarray, np.ndarray, Side], ...] = ((x.b, unit.a, "b"), (x.a, unit.b, "a"))
     for normed, raw, name in candidates:
         weight, fit = rms_norm_fit(raw, normed)
         if fit < FITS and spread >= STEADY:
