@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -97,19 +98,70 @@ def test_bad_log_call_warns_once_stops_and_never_raises(tmp_path, fmt, caplog) -
         assert "log('bad')" in trace.finals[0]["stopped"]
 
 
-def test_writer_thread_failure_keeps_earlier_records(tmp_path, caplog) -> None:
-    path = tmp_path / "w.h5"
+def fill_disk_under(path) -> None:
+    """Point this process's descriptors of ``path`` at /dev/full: the writer's next write fails
+    with ENOSPC, as on a disk that filled up between its free-space check and its write."""
+    target = os.stat(path)
+    with open("/dev/full", "wb") as full:
+        for fd in map(int, os.listdir("/proc/self/fd")):
+            try:
+                same = os.path.samestat(os.fstat(fd), target)
+            except OSError:
+                continue
+            if same:
+                os.dup2(full.fileno(), fd)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_writer_thread_failure_keeps_earlier_records(tmp_path, fmt, caplog) -> None:
+    path = tmp_path / f"w.{fmt}"
     with caplog.at_level(logging.WARNING, logger="tracediff"):
         with td.record(path) as rec:
             rec.log("ok", step_tensor(0), token_ids=np.arange(16))
             assert rec.flush()
-            rec.log("nine_dims", np.zeros((2,) + (1,) * 8, np.float32), token_ids=np.arange(2))
-            rec.flush()
+            fill_disk_under(path)
             rec.log("ok", step_tensor(1), step=1, token_ids=np.arange(16))
-    assert not rec.active and "error in writer" in rec.stopped and "at most 8" in rec.stopped
+            assert not rec.flush()
+            rec.log("ok", step_tensor(2), step=2, token_ids=np.arange(16))
+    assert not rec.active and "error in writer" in rec.stopped
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1
     with td.open_trace(path) as trace:
+        assert not trace.complete
         assert trace.names() == ["ok"] and np.array_equal(trace.rows("ok").data, step_tensor(0))
+
+
+def test_tensors_no_trace_can_hold_are_refused_counted_and_recording_goes_on(tmp_path, fmt, caplog) -> None:
+    """A 9-D, meta-device, complex or sparse tensor once stopped the writer and cost the trace its
+    final metadata: now it is dropped at ``log`` with its reason (one warning), strict mode raises."""
+    torch = pytest.importorskip("torch")
+    path = tmp_path / f"refused.{fmt}"
+    bad = {"nine_dims": torch.zeros((2,) + (1,) * 8), "meta": torch.empty(2, 3, device="meta"),
+           "complex": torch.zeros(2, 3, dtype=torch.complex64), "sparse": torch.zeros(2, 3).to_sparse(),
+           "numpy_nine_dims": np.zeros((2,) + (1,) * 8, np.float32)}
+    with caplog.at_level(logging.WARNING, logger="tracediff"):
+        with td.record(path) as rec:
+            for step in range(2):
+                rec.log("ok", step_tensor(step), step=step, token_ids=np.arange(16))
+                for name, x in bad.items():
+                    rec.log(name, x, step=step, token_ids=np.arange(2))
+            rec.log_static("static_meta", torch.empty(4, device="meta"))
+            assert rec.active
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "9 dims (at most 8)" in warnings[0]
+    with td.open_trace(path) as trace:
+        assert trace.complete and trace.names() == ["ok"] and len(trace.index) == 2
+        final = trace.finals[0]
+    assert final["stopped"] is None
+    assert final["dropped"] == {**{name: 2 for name in bad}, "static_meta": 1}
+    assert final["dropped_reasons"] == {"unrecordable: 9 dims (at most 8)": 4,
+                                        "unrecordable: meta tensor (no data)": 3,
+                                        "unrecordable: dtype torch.complex64": 2,
+                                        "unrecordable: layout torch.sparse_coo": 2}
+    with td.record(tmp_path / f"strict.{fmt}", strict=True) as rec:
+        for name, x in bad.items():
+            with pytest.raises(ValueError):
+                rec.log(name, x, token_ids=np.arange(2))
+        assert rec.active
 
 
 def test_unwritable_path_never_raises(tmp_path, caplog) -> None:

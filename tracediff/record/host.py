@@ -2,6 +2,8 @@
 
 The caller of ``log`` pays only for starting a copy: a CUDA tensor is copied non-blocking into
 pinned memory and a CUDA event marks when it is done; the writer thread waits on that event.
+Tensors a trace cannot hold are recognised here, before any copy (``unrecordable``), so that one
+never reaches the writer thread.
 """
 
 from __future__ import annotations
@@ -12,10 +14,14 @@ import numpy as np
 
 from tracediff.trace.dtypes import storage_dtype, tag_of
 
+MAX_NDIM = 8  # the most dims a record may have: HDF5 traces' shape column (docs/FORMAT.md)
+PAGE = 4096  # the least host memory one pinned (page-locked) allocation takes
+
 if TYPE_CHECKING:
     import torch
 
 _TORCH_TAGS: dict[Any, str] | None = None
+_STRIDED: Any = None  # torch.strided, once torch is known to be loaded
 
 
 def is_torch_tensor(x: Any) -> bool:
@@ -23,10 +29,11 @@ def is_torch_tensor(x: Any) -> bool:
 
 
 def _torch_tags() -> dict[Any, str]:
-    global _TORCH_TAGS
+    global _TORCH_TAGS, _STRIDED
     if _TORCH_TAGS is None:
         import torch
 
+        _STRIDED = torch.strided
         _TORCH_TAGS = {
             torch.float64: "float64", torch.float32: "float32", torch.float16: "float16",
             torch.bfloat16: "bfloat16", torch.int64: "int64", torch.int32: "int32",
@@ -43,6 +50,35 @@ def tag_of_tensor(x: Any) -> str:
         except KeyError:
             raise ValueError(f"dtype {x.dtype} cannot be recorded") from None
     return tag_of(np.asarray(x).dtype)
+
+
+def unrecordable(x: Any) -> str | None:
+    """Why a trace cannot hold this tensor (an unknown dtype, more dims than every format holds, no
+    data: a meta tensor, a sparse layout), or None; cheap enough for every ``log`` call."""
+    if is_torch_tensor(x):
+        if x.dtype not in _torch_tags():
+            return f"dtype {x.dtype}"
+        if x.is_meta:
+            return "meta tensor (no data)"
+        if x.layout is not _STRIDED:
+            return f"layout {x.layout}"
+        ndim = x.dim()
+    else:
+        try:
+            tag_of(np.asarray(x).dtype)
+        except (TypeError, ValueError):
+            return f"dtype {np.asarray(x).dtype}"
+        ndim = np.ndim(x)
+    return f"{ndim} dims (at most {MAX_NDIM})" if ndim > MAX_NDIM else None
+
+
+def host_bytes(x: Any) -> int:
+    """Host memory a copy of ``x`` holds: its bytes, or for a CUDA tensor the pinned block torch's
+    caching host allocator gives it (rounded up to a power of two, at least a page)."""
+    if not is_torch_tensor(x):
+        return int(np.asarray(x).nbytes)
+    nbytes = int(x.nelement() * x.element_size())
+    return max(PAGE, 1 << max(nbytes - 1, 0).bit_length()) if x.is_cuda else nbytes
 
 
 class HostCopy:
@@ -65,8 +101,10 @@ class HostCopy:
             self._buffer.copy_(x, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record()
-        else:
+        elif x.is_cpu:
             self._buffer = x.clone(memory_format=torch.contiguous_format)
+        else:  # another accelerator: a plain copy, which the writer thread can read
+            self._buffer = x.to("cpu", memory_format=torch.contiguous_format, copy=True)
 
     def numpy(self) -> np.ndarray:
         buf = self._buffer

@@ -1,9 +1,20 @@
 """The recorder: cheap ``log`` calls on the host's thread, all file work on one writer thread.
 
-Rules it keeps for the host (training job or server): memory is bounded by ``queue_bytes``;
-a full queue drops (and counts) or blocks for at most ``block_timeout``; any failure is logged
-once, stops recording and never raises into the caller. Strict mode (``strict=True`` or
-``TRACEDIFF_STRICT=1``), for people writing an integration, raises misuse in the caller instead.
+Rules it keeps for the host (training job or server), whatever the caller logs:
+
+- Memory: what the queue holds, tensors and each record's bookkeeping (objects, row keys), is
+  charged against ``queue_bytes``; the writer takes at most ``WRITE_BATCH`` records into one write.
+  A full queue drops (counted) or blocks for at most ``block_timeout``.
+- Time: ``close`` (and interpreter exit, which calls it) waits at most ``close_timeout`` seconds
+  for the writer, then abandons a writer still busy (one warning): it stops at its next write, at
+  most ``ABANDON_GRACE`` seconds later, and leaves the trace readable up to its last flush.
+- Failures: any failure is logged once, stops recording and never raises into the caller. A tensor
+  no trace can hold (an unknown dtype, more than 8 dims, a meta tensor) is refused at ``log``:
+  dropped, counted with its reason, one warning; recording goes on.
+- Accounting: every record a ``log`` call hands over is written or counted in ``dropped`` (by name)
+  and ``dropped_reasons`` (queue full, closed, abandoned, unrecordable), also calls racing
+  ``close``. Strict mode (``strict=True`` or ``TRACEDIFF_STRICT=1``), for people writing an
+  integration, raises misuse (unrecordable tensors included) in the caller instead.
 
 Every ``log`` call, recorded or filtered out, also teaches the writer its (request, position,
 token_id) keys: the trace's token table (``__tokens__`` records) knows every request's tokens.
@@ -31,7 +42,7 @@ from typing import Any, Iterable, Iterator
 import numpy as np
 
 from tracediff.record.filters import RecordFilter
-from tracediff.record.host import HostCopy, is_torch_tensor, tag_of_tensor
+from tracediff.record.host import HostCopy, host_bytes, is_torch_tensor, tag_of_tensor, unrecordable
 from tracediff.record.rowkeys import RowContext, RowKeys, resolve_keys, resolve_rows, sequence_keys
 from tracediff.record.tokens import TokenBook
 from tracediff.trace.schema import (
@@ -54,11 +65,26 @@ logger = logging.getLogger("tracediff")
 
 MiB = 1 << 20
 ROOM_MARGIN = 8 * MiB  # room kept free for the format's own metadata and a clean close
-TOKEN_ROW_BYTES = 24  # what one row's keys cost while queued for the token book
+CLOSE_TIMEOUT = 15.0  # seconds close() and interpreter exit wait for a busy writer, by default
+ABANDON_GRACE = 2.0  # seconds an abandoned writer has to stop at its next write
+EXIT_FENCE = 1.0  # seconds the exit handler waits for h5py's lock before it says so
+WRITE_BATCH = 1024  # records one write takes at most: bounds its memory and how soon it can stop
+# Host memory a queued record holds beside its tensor's bytes, what queue_bytes counts: its objects
+# (queue entry, host copy, row keys, their arrays, and once the writer has learned them the keys
+# expanded one per row) and, per row, the caller's keys copied (token ids, positions, mask) and
+# their expansion (request, position, token). Measured (CPython 3.11, numpy and torch CPU tensors
+# of 1 and 16 rows): 1.1-1.9 KB a record, 30-46 bytes a row; these keep a margin above that.
+RECORD_OVERHEAD = 2048
+ROW_BYTES = 64
+LEARN_OVERHEAD = 256  # a call's keys queued for the token book (their arrays counted above)
+TOKEN_ROW_BYTES = 24  # per row of those keys: expanded while the book learns them
 STRICT_ENV = "TRACEDIFF_STRICT"
+QUEUE_FULL, CLOSED, ABANDONED, STOPPED = "queue full", "closed", "abandoned", "stopped"
+
+_WRITERS: set[threading.Thread] = set()  # writer threads still running, for the exit handler
 
 
-@dataclass
+@dataclass(slots=True)
 class _Pending:
     """A logged tensor waiting for the writer thread."""
 
@@ -67,12 +93,12 @@ class _Pending:
     step: int
     depth: int
     data: HostCopy
-    nbytes: int
+    nbytes: int  # what it is charged against queue_bytes
     keys: RowKeys | None  # None for a static record
     row_mask: np.ndarray | None
 
 
-@dataclass
+@dataclass(slots=True)
 class _Learn:
     """Row keys for the writer's token book (from a log call, or declared by request_tokens)."""
 
@@ -100,6 +126,7 @@ class Recorder:
         queue_bytes: int = 256 * MiB,
         on_full: str = "drop",
         block_timeout: float = 1.0,
+        close_timeout: float = CLOSE_TIMEOUT,
         flush_interval: float = 1.0,
         flush_bytes: int = 64 * MiB,
         rank: int | None = None,
@@ -116,10 +143,12 @@ class Recorder:
         self.queue_bytes = queue_bytes
         self.on_full = on_full
         self.block_timeout = block_timeout
+        self.close_timeout = close_timeout
         self.flush_interval = flush_interval
         self.flush_bytes = min(flush_bytes, max(1, queue_bytes // 2))
         self.strict = _strict_from_env() if strict is None else bool(strict)
-        self.dropped: Counter[str] = Counter()
+        self.dropped: Counter[str] = Counter()  # records not written, by name
+        self.dropped_reasons: Counter[str] = Counter()  # the same records, by reason
         self.stopped: str | None = None
         self.records_written = 0
         self.bytes_written = 0
@@ -131,13 +160,17 @@ class Recorder:
         self._queue: deque[_Pending | _Learn] = deque()
         self._cv = threading.Condition()
         self._closing = False
+        self._sealed = False  # the writer takes nothing more from the queue: log counts what comes
+        self._abandoned = False  # close gave up waiting: the writer stops at its next write
+        self._warned_refused = False
         self._flush_requests = 0  # flush() asks the writer to write now without waiting for the interval
         self._flush_done = 0  # the last request the writer has honoured
         self._active = False
         self._static_once: set[str] = set()
         self._book = TokenBook()
         self._token_queued = 0  # bytes of row keys queued for the book (bounded apart from tensors)
-        self._token_limit = max(MiB, queue_bytes // 16)
+        self._token_limit = queue_bytes // 16
+        self._record_limit = queue_bytes - self._token_limit
         self.token_calls_dropped = 0  # calls whose keys were not learned: the book's queue was full
         self._last_learned: tuple | None = None  # (token_ids, positions, request, mask, step) last learned
         self._strict_layouts: dict[str, tuple] = {}  # host side, strict mode only
@@ -161,6 +194,7 @@ class Recorder:
             return
         self._active = True
         self._thread = threading.Thread(target=self._write_loop, name="tracediff-writer", daemon=True)
+        _WRITERS.add(self._thread)
         self._thread.start()
         atexit.register(self.close)
 
@@ -177,6 +211,8 @@ class Recorder:
         """Record a per-token tensor. Omitted keys come from the current context; ``attention_mask``
         (shaped like token_ids, 0 = padding) gives padded rows position -1."""
         if not self._active:
+            if self._closing and self.stopped is None and self._thread is not None:
+                self._drop(name, CLOSED)  # a call racing close(), or after it
             return
         try:
             self._log(name, tensor, step, request, positions, token_ids, depth, attention_mask)
@@ -189,6 +225,8 @@ class Recorder:
         """Record a tensor without a token axis (a weight, d2t, a config tensor); with ``once``, only
         the first call for a name records (for callers that run every step)."""
         if not self._active or (once and name in self._static_once):
+            if not self._active and self._closing and self.stopped is None and self._thread is not None:
+                self._drop(name, CLOSED)
             return
         try:
             if once:
@@ -277,19 +315,34 @@ class Recorder:
                 self._cv.wait(0.01)
             return self._active and self._flush_done >= target
 
-    def close(self, timeout: float = 60.0) -> None:
-        """Write what is queued, then the end-of-run metadata. Safe to call twice."""
+    def close(self, timeout: float | None = None) -> None:
+        """Write what is queued, then the end-of-run metadata; returns within ``timeout`` (default
+        ``close_timeout``) + ``ABANDON_GRACE`` seconds. A writer still busy at ``timeout`` is
+        abandoned: what it had not written is dropped (counted), the file left as last flushed,
+        without final metadata. Returns at once when a close is already under way."""
+        timeout = self.close_timeout if timeout is None else timeout
         atexit.unregister(self.close)
         with self._cv:
             if self._closing:
                 return
             self._closing = True
+            self._active = False
             self._cv.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                logger.warning("tracediff: writer for %s did not finish within %.0fs", self.path, timeout)
-        self._active = False
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return
+        thread.join(timeout)
+        if not thread.is_alive():
+            return
+        with self._cv:
+            self._abandoned = True
+            if self.stopped is None:
+                self.stopped = f"writer abandoned: still busy {timeout:.1f}s after close"
+            self._cv.notify_all()
+        thread.join(ABANDON_GRACE)
+        lost = "" if thread.is_alive() else f", {self.dropped_reasons[ABANDONED]} records not written"
+        logger.warning("tracediff: writer for %s still busy %.1fs after close: abandoned%s; the trace "
+                       "is readable up to its last flush", self.path, timeout, lost)
 
     def __enter__(self) -> Recorder:
         return self
@@ -334,9 +387,10 @@ class Recorder:
         if self.strict:
             self._book.learn(*keys.expand(), declared=declared, strict=True)
         else:
-            nbytes = keys.n_rows * TOKEN_ROW_BYTES
+            nbytes = LEARN_OVERHEAD + keys.n_rows * TOKEN_ROW_BYTES
             with self._cv:
-                if self._token_queued + nbytes > self._token_limit and self._token_queued > 0:
+                full = self._token_queued + nbytes > self._token_limit and self._token_queued > 0
+                if self._sealed or full:
                     self.token_calls_dropped += 1
                     return
                 self._token_queued += nbytes
@@ -356,34 +410,66 @@ class Recorder:
 
     def _submit(self, name: str, tensor: Any, step: int, depth: int, keys: RowKeys | None,
                 mask: np.ndarray | None) -> None:
+        refused = unrecordable(tensor)
+        if refused is not None:
+            if self.strict:
+                raise ValueError(f"{name}: a trace cannot hold this tensor: {refused}")
+            self._refuse(name, refused)
+            return
         nbytes = int(tensor.nelement() * tensor.element_size()) if hasattr(tensor, "nelement") \
             else int(np.asarray(tensor).nbytes)
         if self.max_bytes is not None and self._admitted + nbytes > self.max_bytes:
             self._stop(f"byte budget of {self.max_bytes} reached")
             return
-        if not self._reserve(nbytes):
-            self.dropped[name] += 1
+        cost = host_bytes(tensor) + RECORD_OVERHEAD + (0 if keys is None else keys.n_rows * ROW_BYTES)
+        refused = self._reserve(cost)
+        if refused is not None:
+            self._drop(name, refused)
             return
-        item = _Pending(name, next(self._seq), int(step), int(depth), HostCopy(tensor), nbytes, keys, mask)
+        item = _Pending(name, next(self._seq), int(step), int(depth), HostCopy(tensor), cost, keys, mask)
         with self._cv:
+            if self._sealed:  # close() began and the writer took its last items meanwhile
+                self._queued -= cost
+                self._drop(name, CLOSED)
+                return
+            self._admitted += nbytes
             self._queue.append(item)
-            self._cv.notify_all()
+            if self._queued - self._token_queued >= self.flush_bytes:  # else it waits for the interval:
+                self._cv.notify_all()  # waking the writer for each record costs the host its GIL
 
-    def _reserve(self, nbytes: int) -> bool:
-        """Room in the bounded queue for nbytes, waiting up to block_timeout if so configured."""
+    def _reserve(self, nbytes: int) -> str | None:
+        """Room in the bounded queue for nbytes, waiting up to block_timeout if so configured;
+        None when admitted, else why not."""
         with self._cv:
-            if self._queued + nbytes > self.queue_bytes and self.on_full == "block":
+            full = self._record_limit + self._token_queued  # the book's share is kept apart
+            if self._queued + nbytes > full and self.on_full == "block":
                 deadline = time.monotonic() + self.block_timeout
-                while self._queued + nbytes > self.queue_bytes and self._active:
+                self._cv.notify_all()  # the writer may be waiting for its interval
+                while self._queued + nbytes > full and not self._sealed and self.stopped is None:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
                     self._cv.wait(left)
-            if self._queued + nbytes > self.queue_bytes and self._queued > 0:
-                return False
+                    full = self._record_limit + self._token_queued
+            if self._sealed:
+                return CLOSED
+            if self._queued + nbytes > full and self._queued > self._token_queued:
+                return QUEUE_FULL
             self._queued += nbytes
-            self._admitted += nbytes
-            return True
+            return None
+
+    def _drop(self, name: str, reason: str) -> None:
+        with self._cv:
+            self.dropped[name] += 1
+            self.dropped_reasons[reason] += 1
+
+    def _refuse(self, name: str, why: str) -> None:
+        """A tensor no trace can hold: dropped and counted; the first one is warned about."""
+        self._drop(name, f"unrecordable: {why}")
+        if not self._warned_refused:
+            self._warned_refused = True
+            logger.warning("tracediff: %s not recorded to %s: a trace cannot hold a tensor with %s "
+                           "(counted in dropped; recording goes on)", name, self.path, why)
 
     def _stop(self, reason: str, level: int = logging.INFO) -> None:
         with self._cv:
@@ -404,63 +490,53 @@ class Recorder:
                        self.stopped)
 
     def _write_loop(self) -> None:
-        pending: list[Record] = []
-        pending_bytes = 0  # queue bytes held by what was taken and is not yet written
+        backlog: deque[_Pending] = deque()  # taken from the queue, not yet written
+        held = 0  # queue bytes the backlog holds
         deadline = time.monotonic() + self.flush_interval
-        while True:
-            with self._cv:
-                while not (self._queue or self._closing or self._flush_requests > self._flush_done
-                           or self.stopped):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cv.wait(left)
-                items = list(self._queue)
-                self._queue.clear()
-                done = self._closing or self.stopped is not None
-                flush_to = self._flush_requests
-            try:
-                pending_bytes += self._take(items, pending)
+        try:
+            while True:
+                with self._cv:
+                    while not (self._queue or self._closing or self._flush_requests > self._flush_done
+                               or self.stopped):
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cv.wait(left)
+                    items = list(self._queue)
+                    self._queue.clear()
+                    done = self._sealed = self._closing or self.stopped is not None
+                    flush_to = self._flush_requests
+                held += self._take(items, backlog)
                 now = time.monotonic()
-                due = (done or flush_to > self._flush_done or now >= deadline
-                       or pending_bytes >= self.flush_bytes)
-                if due and (pending or pending_bytes or self._book.has_new()):
-                    if not self._room_for(pending_bytes):
-                        self._stop(f"disk nearly full: less than {pending_bytes + ROOM_MARGIN} bytes left",
-                                   logging.WARNING)
-                        self._release(pending_bytes + sum(i.nbytes for i in self._drain()))
-                        pending, pending_bytes = [], 0
-                        break
-                    self._write(pending)
-                    self._release(pending_bytes)
-                    pending, pending_bytes = [], 0
+                if done or flush_to > self._flush_done or now >= deadline or held >= self.flush_bytes:
+                    held -= self._write_backlog(backlog)
                 with self._cv:
                     self._flush_done = max(self._flush_done, flush_to)
                     self._cv.notify_all()
                 if now >= deadline:
                     deadline = now + self.flush_interval
-            except Exception as exc:
-                self._fail("writer", exc)
-                self._release(pending_bytes + sum(i.nbytes for i in self._drain()))
-                pending, pending_bytes, done = [], 0, True
-            if done:
-                break
-        self._finish()
+                if done or self.stopped is not None:
+                    break
+        except Exception as exc:
+            self._fail("writer", exc)
+        finally:
+            self._discard(backlog)
+            self._finish()
+            _WRITERS.discard(threading.current_thread())
 
-    def _take(self, items: list[_Pending | _Learn], pending: list[Record]) -> int:
-        """Materialize queued tensors into ``pending`` and teach the book queued keys; returns the
-        queue bytes they held."""
+    def _take(self, items: list[_Pending | _Learn], backlog: deque[_Pending]) -> int:
+        """Teach the book queued keys (their queue bytes are then free) and move queued tensors to
+        the backlog; returns the queue bytes those hold."""
         held, learn = 0, []
         for item in items:
-            held += item.nbytes
             if isinstance(item, _Learn):
                 learn.append(item)
             else:
-                pending.append(self._materialize(item))
+                held += item.nbytes
+                backlog.append(item)
         if learn:
             self._learn_all(learn)
-            with self._cv:
-                self._token_queued -= sum(item.nbytes for item in learn)
+            self._release(sum(item.nbytes for item in learn), tokens=True)
         return held
 
     def _learn_all(self, items: list[_Learn]) -> None:
@@ -474,15 +550,43 @@ class Recorder:
                 self._book.learn(request, position, token_id, declared=items[start].declared)
                 start = end
 
-    def _write(self, pending: list[Record]) -> None:
-        """Write tensors, then the token table's new entries as one ``__tokens__`` record."""
-        tokens = self._book.take_new()
-        records = pending if tokens is None else [*pending, tokens_record(*tokens, rank=self.rank)]
+    def _write_backlog(self, backlog: deque[_Pending]) -> int:
+        """Write the backlog, then the token table's new entries, in writes of at most WRITE_BATCH
+        records and flush_bytes: a write's memory stays bounded, and an abandoned writer stops at
+        the next one. Returns the queue bytes written."""
+        written = 0
+        while not self._abandoned:
+            chunk: list[_Pending] = []
+            cost = 0
+            while backlog and len(chunk) < WRITE_BATCH and (not chunk or cost + backlog[0].nbytes
+                                                             <= self.flush_bytes):
+                chunk.append(backlog.popleft())
+                cost += chunk[-1].nbytes
+            if not chunk and not self._book.has_new():
+                break
+            if not self._room_for(cost):
+                self._stop(f"disk nearly full: less than {cost + ROOM_MARGIN} bytes left", logging.WARNING)
+                backlog.extendleft(reversed(chunk))
+                break
+            self._write([self._materialize(item) for item in chunk], tokens=not backlog)
+            self._release(cost)
+            written += cost
+            if not backlog:
+                break
+        return written
+
+    def _write(self, records: list[Record], tokens: bool) -> None:
+        """Write tensors, then (with ``tokens``) the token table's new entries as one ``__tokens__``
+        record."""
+        new = self._book.take_new() if tokens else None
+        if new is not None:
+            records = [*records, tokens_record(*new, rank=self.rank)]
         if records:
             assert self._writer is not None  # the writer thread starts only once the file is open
             self._writer.write(records)
-        self.records_written += len(pending)
-        self.bytes_written += sum(r.nbytes for r in pending)
+        written = records if new is None else records[:-1]
+        self.records_written += len(written)
+        self.bytes_written += sum(r.nbytes for r in written)
 
     def _room_for(self, nbytes: int) -> bool:
         """Whether the disk and the process's file size limit leave room for nbytes and a margin.
@@ -499,30 +603,49 @@ class Recorder:
                 return False
         return True
 
-    def _drain(self) -> list[_Pending | _Learn]:
+    def _discard(self, backlog: deque[_Pending]) -> None:
+        """Count what will never be written (the writer stopped, failed or was abandoned) as dropped,
+        and free its queue bytes; nothing queued later is taken (``_sealed``)."""
         with self._cv:
-            items = list(self._queue)
+            self._sealed = True
+            items = [*backlog, *self._queue]
+            backlog.clear()
             self._queue.clear()
-            return items
+        reason = ABANDONED if self._abandoned else STOPPED if self.stopped else CLOSED
+        learn = [item for item in items if isinstance(item, _Learn)]
+        names = Counter(item.name for item in items if isinstance(item, _Pending))
+        with self._cv:
+            self.token_calls_dropped += len(learn)
+            self.dropped.update(names)
+            if names:
+                self.dropped_reasons[reason] += sum(names.values())
+        self._release(sum(item.nbytes for item in learn), tokens=True)
+        self._release(sum(item.nbytes for item in items if isinstance(item, _Pending)))
 
-    def _release(self, nbytes: int) -> None:
+    def _release(self, nbytes: int, tokens: bool = False) -> None:
         with self._cv:
             self._queued -= nbytes
+            if tokens:
+                self._token_queued -= nbytes
             self._cv.notify_all()
 
     def _finish(self) -> None:
-        """Close the file with the end-of-run metadata; after a write error, leave it as flushed."""
+        """Close the file with the end-of-run metadata; after a write error or when abandoned, leave
+        it as flushed."""
         if self._writer is None:
             return
-        if (self.stopped or "").startswith("error in writer"):
+        if self._abandoned or (self.stopped or "").startswith("error in writer"):
             self._writer.abort()
             return
+        with self._cv:
+            dropped, reasons = dict(self.dropped), dict(self.dropped_reasons)
         final = {
             "closed": True,
             "records": self.records_written,
             "bytes": self.bytes_written,
-            "dropped_records": sum(self.dropped.values()),
-            "dropped": dict(self.dropped),
+            "dropped_records": sum(dropped.values()),
+            "dropped": dropped,
+            "dropped_reasons": reasons,
             "stopped": self.stopped,
             "contract": self._contract_updates,
             "tokens": self._book.written,
@@ -557,6 +680,29 @@ class Recorder:
         """Names whose records differ in dtype or row shape, for the final metadata."""
         if self._layouts.setdefault(name, layout) != layout:
             self._mixed.add(name)
+
+
+def _fence_writers_at_exit() -> None:
+    """The last exit handler (registered on import, before any recorder's close). The shutdown that
+    follows freezes a writer thread still running wherever it is: frozen inside h5py, it would hold
+    h5py's lock, and the shutdown's own cleanup of h5py objects would wait on it forever. So this
+    thread takes that (reentrant) lock and keeps it: at once when the writer is between two h5py
+    calls, else when its current call (one record's write) ends; the writer then waits on it."""
+    if not any(thread.is_alive() for thread in list(_WRITERS)):
+        return
+    lock = getattr(sys.modules.get("h5py._objects"), "phil", None)
+    if lock is None:
+        return
+    deadline = time.monotonic() + EXIT_FENCE
+    while not lock.acquire(blocking=False):
+        if time.monotonic() >= deadline:
+            logger.warning("tracediff: waiting for a trace writer's HDF5 write to end before exit")
+            lock.acquire()  # waits without the GIL, for that one call
+            return
+        time.sleep(0.002)
+
+
+atexit.register(_fence_writers_at_exit)
 
 
 def json_ready(value: Any) -> Any:

@@ -29,10 +29,11 @@ class RowContext:
     attention_mask: Any = None
 
 
-@dataclass
+@dataclass(slots=True)
 class RowKeys:
     """Row keys as the caller gave them, checked but not yet expanded: expanding one id per row
-    costs the host more than the check, so the writer thread does it."""
+    costs the host more than the check, so the writer thread does it. Slotted: one is queued per
+    ``log`` call, and its size counts against the queue's bound."""
 
     n_rows: int
     lead_ndim: int
