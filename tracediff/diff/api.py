@@ -14,7 +14,7 @@ from tracediff.diff.results import Report
 from tracediff.diff.tolerance import Tolerances
 from tracediff.diff.verdict import MIN_COVERAGE, build_report
 from tracediff.trace.reader import Trace, open_trace
-from tracediff.trace.warm import Warmer
+from tracediff.trace.warm import warming
 
 TraceLike = str | Path | Trace
 
@@ -42,10 +42,7 @@ def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | Non
     with ExitStack() as stack:
         traces = Pair(*(t if isinstance(t, Trace) else stack.enter_context(open_trace(t)) for t in (a, b)))
         keys = traces.map(tensor_keys)  # small reads, done before the disk gets busy with tensor data
-        warmer = Warmer([*traces.a.paths, *traces.b.paths], budget=0 if stop_at_first or not warm else None)
-        try:
+        with warming([traces.a, traces.b], enabled=warm and not stop_at_first):
             comparison = compare_traces(traces, tolerances, rename, align, stop_at_first, chunk_bytes, keys,
                                         progress)
-        finally:
-            warmer.stop()
         return build_report(comparison, diagnose(comparison, traces), traces, align, min_coverage)

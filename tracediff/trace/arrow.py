@@ -7,17 +7,26 @@ the reader recovers every complete batch from it.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tracediff.errors import TraceError
-from tracediff.trace.dtypes import storage_dtype
+from tracediff.trace.checks import (
+    MAX_NDIM,
+    RecordShapes,
+    check_record_count,
+    final_meta,
+    first_fault,
+    format_version,
+    itemsizes,
+    refuse,
+    run_meta,
+)
 from tracediff.trace.fileio import pread_into, prefetch
 from tracediff.trace.schema import (
     CLOSING_RECORDS,
@@ -30,6 +39,7 @@ from tracediff.trace.schema import (
     check_version,
     dumps_meta,
 )
+from tracediff.trace.storage import StorageFormat, describe, guarded, register
 
 SCHEMA = pa.schema(
     [
@@ -52,6 +62,7 @@ KEY_COLUMNS = ("name", "seq_no", "step", "rank", "depth", "dtype", "static", "sh
 INDEX_SCHEMA = pa.schema([SCHEMA.field(k) for k in KEY_COLUMNS]
                          + [pa.field("batch", pa.int32()), pa.field("row", pa.int32())])
 INDEX_COLUMNS = tuple(INDEX_SCHEMA.names)
+INDEX_MERGE = 64  # a writer merges its index entries into one table every this many batches
 
 
 def _list_array(parts: Sequence[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
@@ -95,22 +106,26 @@ def records_to_batch(records: Sequence[Record]) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
 
-def key_columns(batch: pa.RecordBatch, batch_no: int) -> dict[str, list]:
+def key_table(batch: pa.RecordBatch, batch_no: int) -> pa.Table:
     """The index entries of one batch (every record, ``__tokens__`` ones included, but not the
-    closing ``__index__`` / ``__final__`` rows), with where they live."""
+    closing ``__index__`` / ``__final__`` rows), with where they live, as an ``INDEX_SCHEMA`` table."""
     if batch.schema.names[: len(KEY_COLUMNS)] != list(KEY_COLUMNS):
         raise ValueError("Arrow columns do not match the tracediff schema")
-    names = batch.column("name").to_pylist()
-    rows = [i for i, name in enumerate(names) if name not in CLOSING_RECORDS]
-    taken = pa.array(rows, pa.int64())
-    cols = {key: batch.column(key).take(taken).to_pylist() for key in KEY_COLUMNS}
-    cols["batch"] = [batch_no] * len(rows)
-    cols["row"] = rows
-    return cols
+    names = batch.column("name")
+    closing = pc.is_in(names, value_set=pa.array(sorted(CLOSING_RECORDS), pa.string()))
+    rows = pc.indices_nonzero(pc.invert(pc.fill_null(closing, False))).cast(pa.int32())
+    columns = [batch.column(key).take(rows) for key in KEY_COLUMNS]
+    columns += [pa.array(np.full(len(rows), batch_no, np.int32)), rows]
+    return pa.Table.from_arrays(columns, schema=INDEX_SCHEMA)
+
+
+def key_columns(batch: pa.RecordBatch, batch_no: int) -> dict[str, list]:
+    """``key_table`` as lists."""
+    return key_table(batch, batch_no).to_pydict()
 
 
 def _reserved(batch: pa.RecordBatch, name: str) -> bytes | None:
-    """The data of a reserved row (``__final__``, ``__index__``) in this batch, if present."""
+    """The data of a reserved row (``__final__``, ``__index__``) in this (validated) batch, if present."""
     names = batch.column("name").to_pylist()
     return batch.column("data")[names.index(name)].as_py() if name in names else None
 
@@ -140,19 +155,21 @@ class ArrowWriter:
         self._file = open(self.path, "wb", buffering=0)
         options = pa.ipc.IpcWriteOptions(compression=compression)
         self._writer = pa.ipc.new_file(self._file, schema, options=options)
-        self._index: dict[str, list] = {key: [] for key in INDEX_COLUMNS}
+        self._index: list[pa.Table] = []  # the index so far, one compact Arrow table per INDEX_MERGE batches
+        self._recent: list[pa.Table] = []  # ... and one per batch since
         self._batches = 0
 
     def write(self, records: Sequence[Record]) -> None:
         if not records:
             return
-        self._writer.write_batch(records_to_batch(records))
-        index = self._index  # the same entries key_columns() would read back from the batch
-        for row, r in enumerate(records):
-            for key, value in (("name", r.name), ("seq_no", r.seq_no), ("step", r.step), ("rank", r.rank),
-                               ("depth", r.depth), ("dtype", r.dtype), ("static", r.static),
-                               ("shape", list(r.data.shape)), ("batch", self._batches), ("row", row)):
-                index[key].append(value)
+        batch = records_to_batch(records)
+        self._writer.write_batch(batch)
+        # The entries key_table() would read back, held as Arrow columns: ~100 bytes a record, not
+        # the ~800 of Python lists, and no reference to the batch's data.
+        self._recent.append(key_table(batch, self._batches))
+        if len(self._recent) == INDEX_MERGE:
+            self._index.append(pa.concat_tables(self._recent).combine_chunks())
+            self._recent = []
         self._batches += 1
 
     def sync(self) -> None:
@@ -164,8 +181,8 @@ class ArrowWriter:
 
     def close(self, final: dict) -> None:
         sink = pa.BufferOutputStream()
-        table = pa.table({key: pa.array(values, INDEX_SCHEMA.field(key).type)
-                          for key, values in self._index.items()}, schema=INDEX_SCHEMA)
+        parts = self._index + self._recent
+        table = pa.concat_tables(parts) if parts else INDEX_SCHEMA.empty_table()
         with pa.ipc.new_stream(sink, INDEX_SCHEMA) as stream:
             stream.write_table(table)
         closing = [_blob_record(INDEX_RECORD, sink.getvalue().to_pybytes()),
@@ -177,29 +194,46 @@ class ArrowWriter:
 
 
 class ArrowTraceFile:
-    """Reads one Arrow trace file through a memory map: only touched bytes are read from disk."""
+    """Reads one Arrow trace file through a memory map: only touched bytes are read from disk.
+
+    Nothing is used before it is checked: the schema and metadata at open, the ``__index__``
+    against the file's batches, each batch (``validate(full=True)``: offsets, lengths, UTF-8) and
+    its records' data and key lengths the first time a record in it is read. A closed file is read
+    strictly; a killed one (no footer) up to its last whole batch."""
 
     def __init__(self, path: Path, part: int = 0) -> None:
         self.path = path
+        self._fd = -1
+        self._batches: dict[int, pa.RecordBatch] = {}
+        self._data_columns: dict[int, tuple[pa.Buffer, np.ndarray, int | None]] = {}
+        self._reader: pa.ipc.RecordBatchFileReader | None = None
         try:
             self._source = pa.memory_map(str(path), "r")
-            self._fd = os.open(path, os.O_RDONLY)
         except OSError as exc:
             raise TraceError(path, f"cannot open: {exc.strerror or exc}") from None
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+            self._load(part)
+        except BaseException:
+            self.close()
+            raise
+
+    @guarded
+    def _load(self, part: int) -> None:
         # Where the map starts: a buffer inside it sits at file offset (address - base).
         self._base, self._size = self._source.read_buffer(1).address, self._source.size()
         self._source.seek(0)
-        self._batches: dict[int, pa.RecordBatch] = {}
+        self._sound: set[int] = set()  # batches validated
+        self._checked: set[int] = set()  # batches whose index entries were checked against them
         self._key_columns: dict[int, tuple[np.ndarray, ...]] = {}
-        self._reader: pa.ipc.RecordBatchFileReader | None = None
         schema = self._open()
-        self.meta, self.version = _meta_from_schema(path, schema)
-        check_version(path, self.version, close=self.close)
+        self.meta, self.version = _meta_from_schema(self.path, schema)
+        check_version(self.path, self.version, close=lambda: None)
+        if not schema.equals(SCHEMA, check_metadata=False):
+            raise TraceError(self.path, "Arrow columns do not match the tracediff schema (docs/FORMAT.md)")
         self.final: dict | None = None
-        try:
-            self.index, self.token_slots = self._load_index(part)
-        except (ValueError, KeyError) as exc:
-            raise TraceError(path, f"Arrow trace with a malformed index: {exc}") from None
+        self.index, self.token_slots = self._load_index(part)
+        check_record_count(self.path, self.final, len(self.index))
 
     @property
     def complete(self) -> bool:
@@ -215,8 +249,8 @@ class ArrowTraceFile:
         self._source.seek(8)
         try:
             stream = pa.ipc.open_stream(self._source)
-        except pa.ArrowInvalid as exc:
-            raise TraceError(self.path, f"truncated or corrupt Arrow trace: {exc}") from None
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise TraceError(self.path, f"truncated or corrupt Arrow trace: {describe(exc)}") from None
         while True:
             try:
                 self._batches[len(self._batches)] = stream.read_next_batch()
@@ -230,80 +264,144 @@ class ArrowTraceFile:
     def _n_batches(self) -> int:
         return self._reader.num_record_batches if self._reader is not None else len(self._batches)
 
-    def _batch(self, b: int) -> pa.RecordBatch:
-        if b not in self._batches:
-            if self._reader is None:  # a recovered stream holds all its batches; or the trace is closed
-                raise IndexError(f"{self.path}: no record batch {b}")
-            self._batches[b] = self._reader.get_batch(b)
+    def _load_batch(self, b: int) -> pa.RecordBatch:
+        """Batch ``b``, validated (offsets, lengths, UTF-8, no nulls) before anything reads it."""
+        if b not in self._sound:
+            if b not in self._batches:
+                if self._reader is None or not 0 <= b < self._n_batches:
+                    raise TraceError(self.path, f"no record batch {b}")
+                self._batches[b] = self._reader.get_batch(b)
+            batch = self._batches[b]
+            try:
+                batch.validate(full=True)
+            except pa.ArrowInvalid as exc:
+                raise TraceError(self.path, f"record batch {b} is corrupt: {describe(exc)}") from None
+            _no_nulls(self.path, f"record batch {b}", batch.columns, batch.schema.names)
+            self._sound.add(b)
         return self._batches[b]
+
+    def _batch(self, b: int) -> pa.RecordBatch:
+        """Batch ``b`` once its records are known to hold the data and keys the index declares."""
+        batch = self._load_batch(b)
+        if b not in self._checked:
+            slots = self._slots_in(b)
+            rows = self._row_of[slots]
+            if len(rows) and rows.max() >= batch.num_rows:
+                raise TraceError(self.path, f"the index points at row {int(rows.max())} of record batch {b}, "
+                                            f"which has {batch.num_rows}")
+            held = _lengths(batch.column("data"), rows, np.int64)
+            _agree(self.path, b, slots, held, self._nbytes_of[slots], "bytes of data")
+            for key in ("request", "position", "token_id"):
+                _agree(self.path, b, slots, _lengths(batch.column(key), rows, np.int32), self._rows_of[slots],
+                       f"{key} entries")
+            self._checked.add(b)
+        return batch
+
+    def _slots_in(self, b: int) -> np.ndarray:
+        return self._by_batch[self._batch_starts[b] : self._batch_starts[b + 1]]
 
     def _load_index(self, part: int) -> tuple[RecordIndex, np.ndarray]:
         """From the closing ``__index__`` row when present (two reads), else by visiting every batch;
         the tensor records' index and the slots of the ``__tokens__`` records."""
         n = self._n_batches
-        last = self._batch(n - 1) if n else None
+        last = self._load_batch(n - 1) if n else None
         blob = _reserved(last, INDEX_RECORD) if last is not None else None
-        if blob is not None:
-            cols = pa.ipc.open_stream(pa.py_buffer(blob)).read_all().to_pydict()
-        else:
-            cols = {key: [] for key in INDEX_COLUMNS}
-            for b in range(n):
-                for key, values in key_columns(self._batch(b), b).items():
-                    cols[key].extend(values)
         if last is not None and (final := _reserved(last, FINAL_RECORD)) is not None:
-            self.final = json.loads(final)
-        self._locations = list(zip(cols["batch"], cols["row"]))
-        cols["n_rows"] = [0 if st else (sh[0] if sh else 0) for st, sh in zip(cols["static"], cols["shape"])]
-        cols["nbytes"] = [math.prod(shape) * storage_dtype(dtype).itemsize
-                          for shape, dtype in zip(cols["shape"], cols["dtype"])]
-        return RecordIndex.tensors_of(part, cols)
+            self.final = final_meta(self.path, final)
+            if self._reader is None:
+                raise TraceError(self.path, "its writer closed it, but its Arrow footer is unreadable")
+        if blob is not None:
+            table, batches = _index_table(self.path, blob), n - 1
+        else:
+            tables = [key_table(self._load_batch(b), b) for b in range(n)]
+            table, batches = pa.concat_tables(tables) if tables else INDEX_SCHEMA.empty_table(), n
+        return self._index_columns(table, batches, part)
 
-    def _row(self, slot: int) -> tuple[pa.RecordBatch, int]:
+    def _index_columns(self, table: pa.Table, batches: int, part: int) -> tuple[RecordIndex, np.ndarray]:
+        """The index checked: records that can exist, each in a batch of this file, no row twice."""
+        shape = table.column("shape").combine_chunks()
+        offsets = shape.offsets.to_numpy().astype(np.int64)
+        ndim = np.diff(offsets)
+        if len(ndim) and ndim.max() > MAX_NDIM:
+            raise TraceError(self.path, f"record {int(np.argmax(ndim))} of the index has {int(ndim.max())} "
+                                        "dims")
+        width = int(ndim.max(initial=0))
+        dims = np.zeros((len(ndim), width), dtype=np.int64)
+        if width:
+            flat = shape.values.to_numpy()[offsets[0] : offsets[-1]]
+            within = np.arange(len(flat)) - np.repeat(offsets[:-1] - offsets[0], ndim)
+            dims[np.repeat(np.arange(len(ndim)), ndim), within] = flat
+        dtypes = table.column("dtype").to_pylist()
+        static = table.column("static").to_numpy()
+        shapes = RecordShapes.derived(itemsizes(dtypes), static, ndim, dims)
+        batch, row = (table.column(key).to_numpy().astype(np.int64) for key in ("batch", "row"))
+        faults = [*shapes.faults(), (row < 0, "a negative row"),
+                  ((batch < 0) | (batch >= batches), f"a batch outside the file's {batches}")]
+        refuse(self.path, first_fault(faults, len(batch)))
+        where = (batch << 32) | row
+        if len(np.unique(where)) != len(where):
+            raise TraceError(self.path, "two entries of its index point at the same record")
+        self._locations = list(zip(batch.tolist(), row.tolist()))
+        self._row_of, self._nbytes_of, self._rows_of = row, shapes.nbytes, shapes.n_rows
+        self._by_batch = np.argsort(batch, kind="stable")
+        self._batch_starts = np.searchsorted(batch[self._by_batch], np.arange(batches + 1))
+        cols = {key: table.column(key).to_numpy() for key in ("seq_no", "step", "rank", "depth")}
+        return RecordIndex.tensors_of(part, {
+            **cols, "name": table.column("name").to_pylist(), "dtype": dtypes, "static": static,
+            "shape": shape.to_pylist(), "n_rows": shapes.n_rows, "nbytes": shapes.nbytes,
+        })
+
+    def _data(self, slot: int) -> tuple[pa.Buffer, int, int, int | None]:
+        """The buffer holding a record's bytes, where in it they start and end, and the file offset
+        of the start where the buffer lies (uncompressed) in the file, else None."""
         b, row = self._locations[slot]
-        return self._batch(b), row
+        if b not in self._data_columns:
+            column = self._batch(b).column("data")
+            offsets = np.frombuffer(column.buffers()[1], dtype=np.int64, count=len(column) + 1,
+                                    offset=column.offset * 8)
+            buffer = column.buffers()[2]
+            at = buffer.address - self._base  # where the buffer sits in the map, if it does
+            in_file = 0 <= at and at + buffer.size <= self._size
+            self._data_columns[b] = (buffer, offsets, at if in_file else None)
+        buffer, offsets, at = self._data_columns[b]
+        start = int(offsets[row])
+        return buffer, start, int(offsets[row + 1]), None if at is None else at + start
 
-    def _data(self, slot: int) -> tuple[pa.Buffer, int, int]:
-        """The buffer holding a record's bytes, and where in it they start and end."""
-        batch, row = self._row(slot)
-        column = batch.column("data")
-        offsets = np.frombuffer(column.buffers()[1], dtype=np.int64, count=len(column) + 1,
-                                offset=column.offset * 8)
-        return column.buffers()[2], int(offsets[row]), int(offsets[row + 1])
-
+    @guarded
     def read_raw(self, slot: int) -> np.ndarray:
         """Raw bytes of one record, zero-copy from the memory map."""
-        buffer, start, end = self._data(slot)
+        buffer, start, end, _ = self._data(slot)
         return np.frombuffer(buffer, dtype=np.uint8)[start:end]
 
-    def _file_range(self, slot: int) -> tuple[int, int] | None:
-        """(file offset, length) of a record's bytes; None where they are compressed in the file."""
-        buffer, start, end = self._data(slot)
-        at = buffer.address - self._base + start
-        return (at, end - start) if 0 <= at and at + (end - start) <= self._size else None
-
+    @guarded
     def data_offsets(self) -> np.ndarray:
         """File offset of every record's bytes where they lie uncompressed in the file, else -1."""
-        return np.array([-1 if (where := self._file_range(slot)) is None else where[0]
-                         for slot in range(len(self._locations))], dtype=np.int64)
+        starts = [self._data(slot)[3] for slot in range(len(self._locations))]
+        return np.array([-1 if at is None else at for at in starts], dtype=np.int64)
 
+    @guarded
     def prefetch(self, slot: int, offset: int = 0, n: int | None = None) -> None:
-        if (where := self._file_range(slot)) is not None:
-            prefetch(self._fd, where[0] + offset, where[1] - offset if n is None else n)
+        _, start, end, at = self._data(slot)
+        if at is not None:
+            prefetch(self._fd, at + offset, end - start - offset if n is None else n)
 
+    @guarded
     def read_into(self, slot: int, out: np.ndarray, offset: int = 0) -> None:
         """Copy bytes [offset, offset + out.nbytes) of a record into ``out``: one pread where the
         bytes lie uncompressed in the file."""
-        where = self._file_range(slot)
-        if where is not None:
-            pread_into(self._fd, out, where[0] + offset)
+        buffer, start, end, at = self._data(slot)
+        if offset < 0 or offset + out.nbytes > end - start:
+            raise IndexError(f"bytes {offset}..{offset + out.nbytes} of a record of {end - start}")
+        if at is not None:
+            pread_into(self._fd, out, at + offset)
         else:  # a compressed file: the buffer was decompressed into memory
-            buffer, start, _ = self._data(slot)
             out[:] = np.frombuffer(buffer, dtype=np.uint8)[start + offset : start + offset + out.nbytes]
 
     def read_keys(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, position, token_id) of every row of one record."""
         return self.read_keys_many(np.array([slot]))
 
+    @guarded
     def read_keys_many(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, position, token_id) of every row of the given records, concatenated; each
         batch's key columns are flattened to numpy once."""
@@ -327,20 +425,65 @@ class ArrowTraceFile:
             flat = [column.values.to_numpy(zero_copy_only=False) for column in lists]
             for column in lists[1:]:  # the three list columns share one row layout
                 if not np.array_equal(column.offsets.to_numpy(), base):
-                    raise ValueError(f"{self.path}: key columns of batch {b} disagree in length")
+                    raise TraceError(self.path, f"key columns of record batch {b} disagree in length")
             self._key_columns[b] = (base, flat[0].astype(object), *flat[1:])
         return self._key_columns[b]
 
     def close(self) -> None:
-        self._batches = {}
+        self._batches, self._data_columns = {}, {}
         self._reader = None
         self._source.close()
-        os.close(self._fd)
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def _lengths(column: pa.Array, rows: np.ndarray, dtype: type) -> np.ndarray:
+    """Lengths of the given rows of a (validated) list or binary column."""
+    width = np.dtype(dtype).itemsize
+    offsets: np.ndarray = np.frombuffer(column.buffers()[1], dtype=dtype, count=len(column) + 1,
+                                        offset=column.offset * width)
+    return (offsets[rows + 1] - offsets[rows]).astype(np.int64)
+
+
+def _agree(path: Path, b: int, slots: np.ndarray, held: np.ndarray, declared: np.ndarray, what: str) -> None:
+    wrong = held != declared
+    if wrong.any():
+        k = int(np.argmax(wrong))
+        raise TraceError(path, f"a record in batch {b} holds {int(held[k])} {what} where its shape declares "
+                               f"{int(declared[k])}")
+
+
+def _no_nulls(path: Path, what: str, columns: list, names: list[str]) -> None:
+    """Trace columns hold no nulls (a null would read as NaN or None where a value is due)."""
+    for name, column in zip(names, columns):
+        chunks = column.chunks if isinstance(column, pa.ChunkedArray) else [column]
+        for chunk in chunks:
+            if chunk.null_count or (isinstance(chunk, pa.ListArray) and chunk.values.null_count):
+                raise TraceError(path, f"{what} has nulls in column {name!r}")
+
+
+def _index_table(path: Path, blob: bytes) -> pa.Table:
+    """The ``__index__`` row's table, validated like a batch of the file."""
+    reader = pa.ipc.open_stream(pa.py_buffer(blob))
+    if not reader.schema.equals(INDEX_SCHEMA, check_metadata=False):
+        raise TraceError(path, "its __index__ does not have the index columns (docs/FORMAT.md)")
+    table = reader.read_all()
+    try:
+        table.validate(full=True)
+    except pa.ArrowInvalid as exc:
+        raise TraceError(path, f"its __index__ is corrupt: {describe(exc)}") from None
+    _no_nulls(path, "its __index__", table.columns, table.schema.names)
+    return table
 
 
 def _meta_from_schema(path: Path, schema: pa.Schema) -> tuple[dict, int]:
     raw = schema.metadata or {}
     if raw.get(b"tracediff.format") != FORMAT_NAME.encode():
         raise TraceError(path, "not a tracediff trace (Arrow file without tracediff metadata)")
-    version = int(raw.get(b"tracediff.format_version", b"0"))
-    return json.loads(raw.get(b"tracediff.meta", b"{}")), version
+    version = format_version(path, raw.get(b"tracediff.format_version"))
+    return run_meta(path, raw.get(b"tracediff.meta", b"{}")), version
+
+
+FORMAT = register(StorageFormat(name="arrow", suffixes=(".arrow", ".ipc", ".feather"), magic=b"ARROW1",
+                                writer=ArrowWriter, reader=ArrowTraceFile))

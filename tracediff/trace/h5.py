@@ -7,7 +7,6 @@ a file that opens (with ``swmr=True``) up to its last flush. Layout: docs/FORMAT
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Sequence
@@ -16,7 +15,19 @@ import h5py
 import numpy as np
 
 from tracediff.errors import TraceError
+from tracediff.trace.checks import (
+    MAX_META_BYTES,
+    RecordShapes,
+    check_record_count,
+    final_meta,
+    first_fault,
+    format_version,
+    itemsizes,
+    refuse,
+    run_meta,
+)
 from tracediff.trace.fileio import pread_into, prefetch
+from tracediff.trace.h5attrs import SIGNATURE, root_attributes
 from tracediff.trace.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -25,6 +36,7 @@ from tracediff.trace.schema import (
     check_version,
     dumps_meta,
 )
+from tracediff.trace.storage import StorageFormat, describe, guarded, register
 
 MAX_NDIM = 8
 CHUNK_LOOKUPS = 64  # single chunk-index lookups before reading the whole index instead
@@ -176,62 +188,164 @@ def _fsync_path(path: Path) -> None:
 
 
 class H5TraceFile:
-    """Reads one HDF5 trace: the whole index up front, tensors on demand."""
+    """Reads one HDF5 trace: the whole index up front (checked against the file), tensors on demand.
+
+    A closed file (final metadata present) is read strictly: every column and record must agree
+    with the others and with the final metadata. A file whose writer was killed keeps the longest
+    prefix of records that are whole and sound."""
 
     def __init__(self, path: Path, part: int = 0) -> None:
         self.path = path
+        self._fd = -1
         self._file = _open_h5(path)
-        f = self._file
-        self._fd = os.open(path, os.O_RDONLY)
-        if f.attrs.get("format") != FORMAT_NAME:
-            f.close()
-            raise TraceError(path, "not a tracediff trace (HDF5 file without format='tracediff')")
-        self.version = int(f.attrs.get("format_version", 0))
-        check_version(path, self.version, close=f.close)
-        self.meta = json.loads(f.attrs.get("meta", "{}"))
-        final = f["final"][:] if "final" in f else np.empty(0, np.uint8)
-        self.final = json.loads(final.tobytes()) if len(final) else None
-        self.complete = self.final is not None
+        try:
+            self._fd = os.open(path, os.O_RDONLY)
+            self._size = os.fstat(self._fd).st_size
+            self._load(part)
+        except BaseException:
+            self.close()
+            raise
+
+    @guarded
+    def _load(self, part: int) -> None:
+        attrs = root_attributes(self.path)
+        if attrs.get("format") != FORMAT_NAME.encode():
+            raise TraceError(self.path, "not a tracediff trace (HDF5 file without format='tracediff')")
+        self.version = format_version(self.path, attrs.get("format_version"))
+        check_version(self.path, self.version, close=lambda: None)
+        meta = attrs.get("meta", b"{}")
+        if not isinstance(meta, bytes):
+            raise TraceError(self.path, f"run metadata is {meta}, not a string")
+        self.meta = run_meta(self.path, meta)
+        final = self._column("final", np.dtype(np.uint8))
+        if len(final) > MAX_META_BYTES:
+            raise TraceError(self.path, f"final metadata of {len(final)} bytes; a trace holds at most "
+                                        f"{MAX_META_BYTES}")
+        self.final = final_meta(self.path, final[:].tobytes()) if len(final) else None
         self.index, self.token_slots = self._build_index(part)
+        check_record_count(self.path, self.final, len(self.index))
+
+    @property
+    def complete(self) -> bool:
+        return self.final is not None
+
+    def _column(self, name: str, dtype: np.dtype, width: int | None = None) -> h5py.Dataset:
+        """A dataset of the layout, checked to be what FORMAT.md says before anything is read."""
+        dset: h5py.Group | h5py.Dataset = self._file
+        for part in name.split("/"):  # hard links only: a soft or external link could lead anywhere
+            link = dset.get(part, getlink=True) if isinstance(dset, h5py.Group) else None
+            if not isinstance(dset, h5py.Group) or not isinstance(link, h5py.HardLink):
+                raise TraceError(self.path, f"HDF5 trace lacks dataset '{name}'")
+            dset = dset[part]
+        ndim = 1 if width is None else 2
+        if not isinstance(dset, h5py.Dataset) or dset.dtype != dtype or dset.ndim != ndim \
+                or (width is not None and dset.shape[1] != width):
+            what = "a group" if not isinstance(dset, h5py.Dataset) else f"{dset.dtype} {list(dset.shape)}"
+            raise TraceError(self.path, f"dataset '{name}' is {what}; the format has {dtype} "
+                                        f"{'[n]' if width is None else f'[n, {width}]'}")
+        if dset.chunks is None:
+            raise TraceError(self.path, f"dataset '{name}' is contiguous; trace datasets are chunked "
+                                        "(they grow)")
+        return dset
+
+    def _length(self, dset: h5py.Dataset) -> int:
+        """Entries of an index dataset that the file can hold: a closed file must hold all it declares."""
+        row = int(np.prod(dset.shape[1:], dtype=np.int64)) * dset.dtype.itemsize
+        held = self._size // row
+        if dset.shape[0] > held:
+            if self.complete:
+                raise TraceError(self.path, f"dataset '{dset.name.lstrip('/')}' declares {dset.shape[0]} "
+                                            f"entries, more than the file's {self._size} bytes can hold")
+            return held
+        return int(dset.shape[0])
+
+    def _strings(self) -> list[str]:
+        ends_d = self._column("strings/ends", np.dtype(np.int64))
+        bytes_d = self._column("strings/bytes", np.dtype(np.uint8))
+        ends, blob = ends_d[: self._length(ends_d)], bytes_d[: self._length(bytes_d)].tobytes()
+        starts = np.concatenate([[0], ends[:-1]]).astype(np.int64)
+        sound = (starts >= 0) & (ends >= starts) & (ends <= len(blob))
+        whole = len(ends) if sound.all() else int(np.argmin(sound))
+        if self.complete and (whole < len(ends) or (len(ends) and ends[-1] != len(blob))):
+            problem = (f"string table entry {whole} lies outside strings/bytes ({len(blob)} bytes)"
+                       if whole < len(ends) else f"strings/bytes holds {len(blob)} bytes, its table ends at "
+                                                 f"{ends[-1]}")
+            raise TraceError(self.path, problem)
+        strings = []
+        for i, (s, e) in enumerate(zip(starts[:whole].tolist(), ends[:whole].tolist())):
+            try:
+                strings.append(blob[s:e].decode("utf-8"))
+            except UnicodeDecodeError:
+                raise TraceError(self.path, f"string table entry {i} is not UTF-8 text") from None
+        return strings
 
     def _build_index(self, part: int) -> tuple[RecordIndex, np.ndarray]:
         """The tensor records' index and the slots of the ``__tokens__`` records."""
-        f = self._file
-        try:
-            cols = {key: f[f"records/{key}"][:] for key in RECORD_COLUMNS}
-            shapes = f["records/shape"][:]
-            ends = f["strings/ends"][:]
-            blob = f["strings/bytes"][:].tobytes()
-            n_data, n_rows = f["data"].shape[0], f["rows/position"].shape[0]
-        except KeyError as exc:
-            raise TraceError(self.path, f"HDF5 trace lacks dataset {exc}") from None
-        starts = np.concatenate([[0], ends[:-1]]) if len(ends) else ends
-        strings = [blob[s:e].decode() for s, e in zip(starts, ends)]
-        # A killed writer may have grown some columns further than others: keep what is whole.
-        n = min(len(shapes), *(len(c) for c in cols.values()))
-        whole = ((cols["data_offset"][:n] + cols["data_nbytes"][:n] <= n_data)
-                 & (cols["row_start"][:n] + cols["n_rows"][:n] <= n_rows)
-                 & (cols["name"][:n] < len(strings)) & (cols["dtype"][:n] < len(strings)))
-        n = int(np.argmin(whole)) if not whole.all() else n
+        strings = self._strings()
+        columns = {key: self._column(f"records/{key}", dtype) for key, dtype in RECORD_COLUMNS.items()}
+        shape_d = self._column("records/shape", np.dtype(np.int64), MAX_NDIM)
+        rows_d = {key: self._column(f"rows/{key}", dtype) for key, dtype in ROW_COLUMNS.items()}
+        data = self._column("data", np.dtype(np.uint8))
+        lengths = [self._length(d) for d in (*columns.values(), shape_d)]
+        row_lengths = [self._length(d) for d in rows_d.values()]
+        if self.complete and (len(set(lengths)) > 1 or len(set(row_lengths)) > 1):
+            raise TraceError(self.path, "the records/* (or rows/*) datasets differ in length "
+                                        f"({min(lengths)}..{max(lengths)} records, {min(row_lengths)}.."
+                                        f"{max(row_lengths)} rows)")
+        n, n_rows = min(lengths), min(row_lengths)
+        raw = data.id.get_create_plist().get_nfilters() == 0
+        n_data = self._length(data) if raw else int(data.shape[0])  # unfiltered bytes all lie in the file
+        cols = {key: d[:n] for key, d in columns.items()}
+        shapes = shape_d[:n]
+        faults = self._faults(cols, shapes, len(strings), n_rows, n_data, strings)
+        fault = first_fault(faults, n)
+        if fault is not None:
+            if self.complete:
+                refuse(self.path, fault)
+            n = fault[0]  # a killed writer: keep the records before the first that is not whole
         cols = {k: v[:n] for k, v in cols.items()}
-        self._strings = np.array(strings, dtype=object)
+        self._strings_table = np.array(strings, dtype=object)
         self._cols = cols
-        self._rows = {key: f[f"rows/{key}"] for key in ROW_COLUMNS}
-        self._data = f["data"]
-        self._chunk = self._data.chunks[0]
-        self._raw_chunks = self._data.id.get_create_plist().get_nfilters() == 0
+        self._rows = rows_d
+        self._data = data
+        self._chunk = int(data.chunks[0])
+        self._raw_chunks = raw
         self._chunk_at: dict[int, int | None] = {}
         self._all_chunks = False
         self._key_columns: dict[str, np.ndarray] | None = None
+        ndim = cols["ndim"].tolist()
         return RecordIndex.tensors_of(part, {
             **{k: cols[k] for k in ("seq_no", "step", "rank", "depth")},
-            "name": [strings[i] for i in cols["name"]],
-            "dtype": [strings[i] for i in cols["dtype"]],
+            "name": [strings[i] for i in cols["name"].tolist()],
+            "dtype": [strings[i] for i in cols["dtype"].tolist()],
             "static": cols["static"].astype(bool),
             "n_rows": np.where(cols["static"] > 0, 0, cols["n_rows"]),
             "nbytes": cols["data_nbytes"],
-            "shape": [s[:d] for s, d in zip(shapes[:n].tolist(), cols["ndim"].tolist())],
+            "shape": [s[:d] for s, d in zip(shapes[:n].tolist(), ndim)],
         })
+
+    @staticmethod
+    def _faults(cols: dict[str, np.ndarray], shapes: np.ndarray, n_strings: int, n_rows: int, n_data: int,
+                strings: list[str]) -> list[tuple[np.ndarray, str]]:
+        """Every way each record can be unsound, in the order they are judged."""
+        ids = {key: cols[key].astype(np.int64) for key in ("name", "dtype")}
+        known = {key: (v >= 0) & (v < n_strings) for key, v in ids.items()}
+        sizes = np.append(itemsizes(strings), -1)  # an id outside the table has no itemsize
+        itemsize = sizes[np.where(known["dtype"], ids["dtype"], n_strings)]
+        static = cols["static"] > 0
+        offset, nbytes = cols["data_offset"], cols["data_nbytes"]
+        start, count = cols["row_start"], cols["n_rows"]
+        declared = RecordShapes(itemsize, static, cols["ndim"].astype(np.int64), shapes, count, nbytes)
+        return [
+            (~known["name"], "a name id outside the string table"),
+            (~known["dtype"], "a dtype id outside the string table"),
+            (cols["static"] > 1, "a static flag that is neither 0 nor 1"),
+            *declared.faults(),
+            ((offset < 0) | (offset > n_data) | (nbytes > n_data - offset),
+             f"data bytes outside the data dataset ({n_data} bytes)"),
+            ((start < 0) | (count < 0) | (start > n_rows) | (count > n_rows - start),
+             f"rows outside the rows/* datasets ({n_rows} rows)"),
+        ]
 
     def _chunk_offset(self, index: int) -> int | None:
         """File offset of data chunk ``index`` (None if never written), from HDF5's own chunk index:
@@ -239,37 +353,57 @@ class H5TraceFile:
         if index in self._chunk_at:
             return self._chunk_at[index]
         if not self._all_chunks and len(self._chunk_at) < CHUNK_LOOKUPS:
-            self._chunk_at[index] = self._data.id.get_chunk_info_by_coord((index * self._chunk,)).byte_offset
+            info = self._data.id.get_chunk_info_by_coord((index * self._chunk,))
+            self._chunk_at[index] = self._checked(info)
             return self._chunk_at[index]
         return self._every_chunk().get(index)
+
+    def _checked(self, info) -> int | None:
+        """A chunk's file offset, once it is known to lie inside the file."""
+        at = info.byte_offset
+        if at is None:
+            return None
+        size = self._chunk if self._raw_chunks else int(info.size)
+        if at < 0 or at + size > self._size or (self._raw_chunks and info.size != self._chunk):
+            raise TraceError(self.path, f"a data chunk ({info.size} bytes at byte {at}) lies outside the "
+                                        f"file ({self._size} bytes)")
+        return int(at)
 
     def _every_chunk(self) -> dict[int, int | None]:
         """Chunk index -> file offset of every written chunk, from one pass over HDF5's index."""
         if not self._all_chunks:
-            found = self._chunk_at
-
-            def note(info) -> None:
-                found[info.chunk_offset[0] // self._chunk] = info.byte_offset
-
-            self._data.id.chunk_iter(note)
+            found: list = []
+            self._data.id.chunk_iter(found.append)
+            for info in found:
+                self._chunk_at[info.chunk_offset[0] // self._chunk] = self._checked(info)
             self._all_chunks = True
         return self._chunk_at
 
+    def _need_chunks(self, start: int, n: int) -> None:
+        """Every chunk holding bytes [start, start + n) of the data dataset was written: a record of
+        a trace never points at bytes its writer did not write."""
+        for index in range(start // self._chunk, (start + n + self._chunk - 1) // self._chunk):
+            if self._chunk_offset(index) is None:
+                raise TraceError(self.path, f"data chunk {index} is missing, yet records point into it")
+
     def _file_ranges(self, slot: int, offset: int, n: int) -> list[tuple[int, int]]:
         """(file offset, length) pieces of bytes [offset, offset + n) of a record, one per chunk they
-        span, while the chunks are unfiltered and written; the rest (if any) must go through HDF5."""
+        span, where the chunks are unfiltered (else the bytes must go through HDF5)."""
+        if offset < 0 or n < 0 or offset + n > int(self._cols["data_nbytes"][slot]):
+            raise IndexError(f"bytes {offset}..{offset + n} of a record of {self._cols['data_nbytes'][slot]}")
         start = int(self._cols["data_offset"][slot]) + offset
+        self._need_chunks(start, n)
         ranges, done = [], 0
         while self._raw_chunks and done < n:
             index, within = divmod(start + done, self._chunk)
             at = self._chunk_offset(index)
-            if at is None:
-                break
+            assert at is not None  # _need_chunks has checked
             take = min(self._chunk - within, n - done)
             ranges.append((at + within, take))
             done += take
         return ranges
 
+    @guarded
     def data_offsets(self) -> np.ndarray:
         """File offset of every record's bytes where they lie contiguous and unfiltered in the file,
         else -1: records whose chunks all sit at their offsets from one common base."""
@@ -289,11 +423,13 @@ class H5TraceFile:
         whole = (breaks[first] == breaks[last]) & (at[first] >= 0)
         return np.where(whole, at[first] + start % self._chunk, -1)
 
+    @guarded
     def prefetch(self, slot: int, offset: int = 0, n: int | None = None) -> None:
         n = int(self._cols["data_nbytes"][slot]) - offset if n is None else n
         for at, length in self._file_ranges(slot, offset, n):
             prefetch(self._fd, at, length)
 
+    @guarded
     def read_into(self, slot: int, out: np.ndarray, offset: int = 0) -> None:
         """Copy bytes [offset, offset + out.nbytes) of a record into ``out``; unfiltered chunks are
         read with pread, bypassing HDF5's per-call overhead (each chunk's file offset comes from
@@ -315,20 +451,34 @@ class H5TraceFile:
         """(request, position, token_id) of every row of one record."""
         return self.read_keys_many(np.array([slot]))
 
+    @guarded
     def read_keys_many(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, position, token_id) of every row of the given records, concatenated; the key
         columns are read from the file once, whole (a few bytes per row)."""
-        if self._key_columns is None:
-            n = int((self._cols["row_start"] + self._cols["n_rows"]).max(initial=0))
-            self._key_columns = {key: self._rows[key][:n] for key in ("request", "position", "token_id")}
+        keys = self._keys()
         starts, counts = self._cols["row_start"][slots], self._cols["n_rows"][slots]
         rows = np.arange(int(counts.sum())) + np.repeat(starts - (np.cumsum(counts) - counts), counts)
-        keys = self._key_columns
-        return self._strings[keys["request"][rows]], keys["position"][rows], keys["token_id"][rows]
+        return self._strings_table[keys["request"][rows]], keys["position"][rows], keys["token_id"][rows]
+
+    def _keys(self) -> dict[str, np.ndarray]:
+        """The rows/* columns up to the last row a record holds, request ids checked."""
+        if self._key_columns is None:
+            n = int((self._cols["row_start"] + self._cols["n_rows"]).max(initial=0))
+            keys = {key: self._rows[key][:n] for key in ROW_COLUMNS}
+            request = keys["request"]
+            bad = (request < 0) | (request >= len(self._strings_table))
+            if bad.any():
+                row = int(np.argmax(bad))
+                raise TraceError(self.path, f"row {row} names request string {int(request[row])}, outside "
+                                            f"the string table ({len(self._strings_table)} strings)")
+            self._key_columns = keys
+        return self._key_columns
 
     def close(self) -> None:
         self._file.close()
-        os.close(self._fd)
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
+            os.close(fd)
 
 
 def _open_h5(path: Path) -> h5py.File:
@@ -346,4 +496,8 @@ def _open_h5(path: Path) -> h5py.File:
 
 def _h5_reason(exc: OSError) -> str:
     text = str(exc)
-    return text[text.find("(") + 1 : -1] if text.endswith(")") and "(" in text else text
+    return describe(text[text.find("(") + 1 : -1] if text.endswith(")") and "(" in text else text)
+
+
+FORMAT = register(StorageFormat(name="h5", suffixes=(".h5", ".hdf5"), magic=SIGNATURE, writer=H5Writer,
+                                reader=H5TraceFile))

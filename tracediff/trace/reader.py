@@ -11,17 +11,14 @@ from typing import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from tracediff.errors import TraceError
-from tracediff.trace.arrow import ArrowTraceFile
+from tracediff.errors import InputError, TraceError
 from tracediff.trace.dtypes import decode, storage_dtype
 from tracediff.trace.fileio import MADV_POPULATE_READ, advise
-from tracediff.trace.h5 import H5TraceFile
 from tracediff.trace.schema import Record, RecordIndex, tokens_record
+from tracediff.trace.storage import MAGIC_BYTES, TraceFile, by_magic, by_name
 
 PREFETCH = 16  # records read ahead by rows()
 SPAN_GAP = 1 << 20
-H5_MAGIC = b"\x89HDF\r\n\x1a\n"
-ARROW_MAGIC = b"ARROW1"
 
 
 @dataclass(kw_only=True)
@@ -69,13 +66,13 @@ class RowKeys(KeyColumns):
         return RowKeys(**{k: (v[rows] if isinstance(v, np.ndarray) else v) for k, v in vars(self).items()})
 
 
-class MixedRecords(ValueError):
+class MixedRecords(InputError, ValueError):
     """The records of one name differ in dtype or row shape: they cannot form one tensor (compare
-    reports the name instead of comparing it)."""
+    reports the name instead of comparing it; a command that needs the tensor says so in one line)."""
 
-    def __init__(self, name: str, dtypes: list[str], row_shapes: list[tuple]) -> None:
-        super().__init__(f"{name}: records differ in dtype or row shape (dtypes {dtypes}, "
-                         f"row shapes {row_shapes})")
+    def __init__(self, name: str, dtypes: list[str], row_shapes: list[tuple], path: str | Path = "") -> None:
+        super().__init__(path, f"{name}: records differ in dtype or row shape (dtypes {dtypes}, "
+                               f"row shapes {row_shapes}); one --step at a time reads them")
         self.name, self.dtypes, self.row_shapes = name, dtypes, row_shapes
 
 
@@ -118,20 +115,19 @@ class TokenTable:
 
 
 def detect_format(path: Path) -> str:
-    """'h5' or 'arrow' by the file's magic bytes, whatever its extension."""
+    """The format's name ('h5', 'arrow') by the file's magic bytes, whatever its extension."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(8)
+            head = fh.read(MAGIC_BYTES)
     except FileNotFoundError:
         raise TraceError(path, "no such file") from None
     except IsADirectoryError:
         raise TraceError(path, "is a directory, not a trace file") from None
     except OSError as exc:
         raise TraceError(path, f"cannot read: {exc.strerror or exc}") from None
-    if head.startswith(H5_MAGIC):
-        return "h5"
-    if head.startswith(ARROW_MAGIC):
-        return "arrow"
+    fmt = by_magic(head)
+    if fmt is not None:
+        return fmt.name
     if not head:
         raise TraceError(path, "empty file, not a trace")
     raise TraceError(path, "not a trace file (neither HDF5 nor Arrow IPC)")
@@ -150,16 +146,16 @@ def rank_files(path: str | Path) -> list[Path]:
     return [p for _, p in found] or [path]
 
 
-def open_file(path: Path, part: int = 0) -> ArrowTraceFile | H5TraceFile:
-    kind = detect_format(path)
-    return H5TraceFile(path, part) if kind == "h5" else ArrowTraceFile(path, part)
+def open_file(path: Path, part: int = 0) -> TraceFile:
+    """One file of a trace, read by the format its magic bytes name."""
+    return by_name(detect_format(path)).reader(path, part)
 
 
 class Trace:
     """A trace opened for reading: metadata, the record index, and tensors on demand."""
 
     def __init__(self, paths: Sequence[str | Path]) -> None:
-        self.files: list[ArrowTraceFile | H5TraceFile] = []
+        self.files: list[TraceFile] = []
         self._map: np.ndarray | None = None  # the file mapped for in-place reads (single-file traces)
         self._mmap: mmap.mmap | None = None
         try:
@@ -237,7 +233,7 @@ class Trace:
         dtypes = set(idx.dtype[hits].tolist())
         row_shapes = {idx.shape[i][1:] for i in hits.tolist()}
         if len(dtypes) > 1 or len(row_shapes) > 1:
-            raise MixedRecords(name, sorted(dtypes), sorted(row_shapes))
+            raise MixedRecords(name, sorted(dtypes), sorted(row_shapes), self.paths[0])
         request, position, token_id = self.key_columns(hits)
         per_record = idx.n_rows[hits]
         record_start = np.repeat(np.cumsum(per_record) - per_record, per_record)

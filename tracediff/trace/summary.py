@@ -84,10 +84,12 @@ def summarize(trace: Trace) -> TraceSummary:
 def tensor_stats(rows: Rows, head: int = 8) -> TensorStats:
     """Stats over every value, in float64; NaN/Inf counted and left out of the moments."""
     values = rows.numpy()
-    flat = values.reshape(-1).astype(np.float64)
-    finite = flat[np.isfinite(flat)]
-    nan = int(np.isnan(flat).sum())
-    stats = (finite.min(), finite.max(), finite.mean(), finite.std()) if len(finite) else (np.nan,) * 4
+    # Any bits are data: a signalling NaN warns when cast, float64 extremes overflow the moments (inf).
+    with np.errstate(invalid="ignore", over="ignore"):
+        flat = values.reshape(-1).astype(np.float64)
+        finite = flat[np.isfinite(flat)]
+        nan = int(np.isnan(flat).sum())
+        stats = (finite.min(), finite.max(), finite.mean(), finite.std()) if len(finite) else (np.nan,) * 4
     first = values[0].reshape(-1)[:head] if len(values) else values.reshape(-1)[:0]
     return TensorStats(
         name=rows.name, dtype=rows.dtype, rows=len(rows), shape=list(values.shape),

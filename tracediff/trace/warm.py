@@ -12,10 +12,15 @@ from __future__ import annotations
 import mmap
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tracediff.trace.fileio import MADV_POPULATE_READ, advise
+
+if TYPE_CHECKING:
+    from tracediff.trace.reader import Trace
 
 STEP = 64 << 20  # bytes of one file read before the next file's turn (larger reads run faster)
 FREE_SHARE = 4  # read at most 1/FREE_SHARE of the memory the machine has available
@@ -68,6 +73,17 @@ class Warmer:
         finally:
             for m in maps:
                 m.close()
+
+
+@contextmanager
+def warming(traces: Sequence[Trace], enabled: bool = True) -> Iterator[Warmer]:
+    """The files of these traces read into the page cache while the body runs (within a share of
+    the free memory), stopped when it ends: callers say whether, never how."""
+    warmer = Warmer([path for trace in traces for path in trace.paths], budget=None if enabled else 0)
+    try:
+        yield warmer
+    finally:
+        warmer.stop()
 
 
 def available_memory() -> int:

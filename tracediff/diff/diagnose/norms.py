@@ -109,7 +109,8 @@ def _static(trace: Trace, name: str) -> np.ndarray | None:
     if not hits:
         return None
     record = trace.read(hits[-1])
-    return decode(record.data, record.dtype).astype(np.float64)
+    with np.errstate(invalid="ignore"):  # a signalling NaN is data: no warning when it is cast
+        return decode(record.data, record.dtype).astype(np.float64)
 
 
 def norm_fit(raw: np.ndarray, normed: np.ndarray, recorded: dict[str, Affine]) -> NormFit | None:

@@ -1,0 +1,164 @@
+"""What a physical trace format provides, and which format a path or a file's first bytes name.
+
+A format is one module: a writer (``TraceWriter``) and a per-file reader (``TraceFile``), declared
+as a ``StorageFormat`` and registered here with its suffixes and magic bytes; ``open_writer`` and
+``open_trace`` find it through this registry, so a third format is one more module (named in
+``BUILTIN``, or imported by its user before reading or writing: it registers itself).
+
+A reader trusts nothing in a file: every failure of a file (corrupt, truncated, foreign) leaves a
+``TraceFile`` method as ``TraceError``, whatever library noticed it (``guarded``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Concatenate, ParamSpec, Protocol, Sequence, TypeVar, runtime_checkable
+
+import numpy as np
+import pyarrow as pa
+
+from tracediff.errors import TraceError
+from tracediff.trace.schema import Record, RecordIndex
+
+BUILTIN = ("tracediff.trace.h5", "tracediff.trace.arrow")  # modules that register a format on import
+MAGIC_BYTES = 8  # how much of a file's head the registry looks at
+
+
+class TraceWriter(Protocol):
+    def write(self, records: Sequence[Record]) -> None:
+        """Append records; they reach the OS (and survive a killed process) before this returns."""
+
+    def sync(self) -> None:
+        """fsync what was written."""
+
+    def abort(self) -> None:
+        """Release the file after a failed write, leaving it as last flushed."""
+
+    def close(self, final: dict) -> None:
+        """Write the end-of-run metadata and close; the file is then complete."""
+
+
+@runtime_checkable
+class TraceFile(Protocol):
+    """One file of a trace, opened for reading. Opening checks the metadata and the record index
+    against the file (strictly when the writer closed it, keeping the whole prefix when it was
+    killed); methods check what they read. Every failure is a ``TraceError``."""
+
+    path: Path
+    meta: dict  # run metadata as the writer opened the file
+    version: int  # the format version it was written in
+    final: dict | None  # end-of-run metadata; None when the writer never closed the file
+    index: RecordIndex  # its tensor records (reserved ``__`` ones left out)
+    token_slots: np.ndarray  # slots of its ``__tokens__`` records
+
+    @property
+    def complete(self) -> bool:
+        """Whether the writer closed the file."""
+
+    def read_raw(self, slot: int) -> np.ndarray:
+        """A record's raw bytes (uint8)."""
+
+    def read_into(self, slot: int, out: np.ndarray, offset: int = 0) -> None:
+        """Bytes [offset, offset + out.nbytes) of a record into ``out``."""
+
+    def prefetch(self, slot: int, offset: int = 0, n: int | None = None) -> None:
+        """Ask the kernel to start reading these bytes of a record now."""
+
+    def data_offsets(self) -> np.ndarray:
+        """File offset of each record's bytes where they lie contiguous and uncompressed, else -1."""
+
+    def read_keys(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(request, position, token_id) of every row of one record."""
+
+    def read_keys_many(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(request, position, token_id) of every row of these records, concatenated."""
+
+    def close(self) -> None:
+        """Release the file."""
+
+
+@dataclass(frozen=True)
+class StorageFormat:
+    """A physical format: how to recognise, write and read it."""
+
+    name: str
+    suffixes: tuple[str, ...]  # lower case, with the dot; the first is the one to write
+    magic: bytes  # the file's first bytes
+    writer: Callable[[Path, dict, str | None], TraceWriter]  # (path, run metadata, compression)
+    reader: Callable[[Path, int], TraceFile]  # (path, part: its place in a multi-file trace)
+
+
+_FORMATS: dict[str, StorageFormat] = {}
+
+
+def register(fmt: StorageFormat) -> StorageFormat:
+    """Make a format known by name, suffix and magic (a format module calls this on import)."""
+    _FORMATS[fmt.name] = fmt
+    return fmt
+
+
+def formats() -> list[StorageFormat]:
+    """Every known format, the built-in ones loaded first (on first use: no import cycle)."""
+    for module in BUILTIN:
+        importlib.import_module(module)
+    return list(_FORMATS.values())
+
+
+def by_name(name: str) -> StorageFormat:
+    known = {f.name: f for f in formats()}
+    if name not in known:
+        raise ValueError(f"unknown trace format {name!r}; use {' or '.join(map(repr, known))}")
+    return known[name]
+
+
+def by_suffix(path: str | Path) -> StorageFormat:
+    suffix = Path(path).suffix.lower()
+    for fmt in formats():
+        if suffix in fmt.suffixes:
+            return fmt
+    first = " or ".join(f.suffixes[0] for f in formats())
+    raise ValueError(f"{path}: cannot tell the trace format from {suffix!r}; use {first}")
+
+
+def by_magic(head: bytes) -> StorageFormat | None:
+    """The format whose magic bytes start ``head`` (a file's first ``MAGIC_BYTES``)."""
+    return next((f for f in formats() if head.startswith(f.magic)), None)
+
+
+# What libraries raise on a file that is not what it claims; anything else is a bug of ours.
+LIBRARY_ERRORS = (OSError, EOFError, ValueError, KeyError, IndexError, RuntimeError, OverflowError,
+                  pa.ArrowException)
+
+P = ParamSpec("P")
+R = TypeVar("R")
+F = TypeVar("F", bound="HasPath")
+
+
+class HasPath(Protocol):
+    path: Path
+
+
+def describe(exc: object, limit: int = 200) -> str:
+    """One short line about a library's exception (its text may quote whole buffers)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def guarded(method: Callable[Concatenate[F, P], R]) -> Callable[Concatenate[F, P], R]:
+    """A reader method whose library errors (h5py, pyarrow, the OS) become one ``TraceError``."""
+
+    @functools.wraps(method)
+    def wrapper(self: F, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(self, *args, **kwargs)
+        except TraceError:
+            raise
+        except MemoryError as exc:
+            raise TraceError(self.path, f"out of memory while reading it ({describe(exc)})") from None
+        except LIBRARY_ERRORS as exc:
+            raise TraceError(self.path, f"corrupt trace: {describe(exc)}") from None
+
+    return wrapper
