@@ -172,8 +172,8 @@ class _ProcessRecorder:
             if not rec.active:  # it could not open the file it claimed: leave no empty file behind
                 _unlink_if_empty(path)
             atexit.unregister(rec.close)
-            atexit.unregister(self.close)  # registered once, also after a fork
-            atexit.register(self.close)
+            atexit.unregister(self.close_at_exit)  # registered once, also after a fork
+            atexit.register(self.close_at_exit)
             _close_before_os_exit(self)
             if _started is self:  # the process's own factory, not one a test or tool made
                 _close_on_sigterm(self)
@@ -181,7 +181,7 @@ class _ProcessRecorder:
         logger.warning("tracediff: %s is taken; this process records nothing", base)
         return Recorder(base, enabled=False)
 
-    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+    def close(self, timeout: float = CLOSE_TIMEOUT, keep_sigint_held: bool = False) -> None:
         """Close this process's file, waiting at most ``timeout`` seconds for its writer, also for a
         close already under way (atexit, then a SIGTERM). Never raises: a Ctrl-C meanwhile neither
         cuts the close short nor prints a traceback."""
@@ -189,7 +189,7 @@ class _ProcessRecorder:
         if rec is None:
             return
         deadline = time.monotonic() + timeout
-        with _sigint_held():
+        with _sigint_held(restore=not keep_sigint_held):
             try:
                 rec.close(timeout)  # returns at once when a close is already under way: wait for that one
                 writer = getattr(rec, "_thread", None)
@@ -199,6 +199,11 @@ class _ProcessRecorder:
                 pass
             except Exception as exc:
                 logger.warning("tracediff: closing %s failed (%s: %s)", rec.path, type(exc).__name__, exc)
+
+    def close_at_exit(self) -> None:
+        """``close()`` as an exit handler: SIGINT stays held off after it, since the exit handlers that
+        follow (the recorder's writer fence among them) are the process ending."""
+        self.close(keep_sigint_held=True)
 
     def forked(self) -> None:
         """In a forked child (``os.register_at_fork``): leave the parent's recorder to the parent and
@@ -330,10 +335,10 @@ def _close_then_die(factory: _ProcessRecorder, signum: int) -> None:
 
 
 @contextmanager
-def _sigint_held() -> Iterator[None]:
+def _sigint_held(restore: bool = True) -> Iterator[None]:
     """In the main thread, a Python-level SIGINT handler (KeyboardInterrupt) is held off for the
-    duration: a Ctrl-C must not cut a bounded close short, leaving the file unclosed and a
-    traceback printed."""
+    duration (and after it, unless ``restore``): a Ctrl-C must not cut a bounded close short,
+    leaving the file unclosed and a traceback printed."""
     previous: Any = None
     try:
         if threading.current_thread() is threading.main_thread():
@@ -347,7 +352,7 @@ def _sigint_held() -> Iterator[None]:
     try:
         yield
     finally:
-        if previous is not None:
+        if previous is not None and restore:
             signal.signal(signal.SIGINT, previous)
 
 
