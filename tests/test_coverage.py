@@ -370,8 +370,8 @@ def test_a_report_of_another_version_is_refused(tmp_path) -> None:
     with td.record(tmp_path / "a.h5") as rec:
         rec.log("h", rows(2), token_ids=[1, 2])
     text = td.compare(tmp_path / "a.h5", tmp_path / "a.h5").to_json()
-    with pytest.raises(ValueError, match="report version 3"):
-        Report.from_json(text.replace('"report_version": 2', '"report_version": 3'))
+    with pytest.raises(ValueError, match="report version 4"):
+        Report.from_json(text.replace('"report_version": 3', '"report_version": 4'))
 
 
 def test_a_closed_pipe_keeps_the_verdicts_exit_code(tmp_path) -> None:
@@ -433,3 +433,36 @@ def test_draft_chains_past_the_other_sides_text_are_excused_not_held_against_cov
     report = td.compare(tmp_path / "longer.h5", tmp_path / "serve.h5", min_coverage=1.0)
     assert tensor(report, "draft.hidden").coverage.skipped_b == {"not_recorded": 1}
     assert report.verdict == "incomplete"
+
+
+@pytest.mark.parametrize("keys, said", [("step_position", "its rows"), ("mixed", "some of its rows"),
+                                        ("tokens", None)])
+def test_the_report_says_when_a_sides_rows_are_keyed_by_step_and_position_only(tmp_path, keys, said) -> None:
+    from tracediff.report.compare import to_markdown, trace_notes
+
+    for side in ("a", "b"):
+        with td.record(tmp_path / f"{side}.h5") as rec:
+            rec.log("h", rows(2), token_ids=[1, 2])
+            if side == "b":
+                rec.update_contract(row_keys=keys)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.b.row_keys == keys and report.a.row_keys == ""
+    notes = [n for n in trace_notes(report) if "keyed by step and position" in n]
+    if said is None:
+        assert notes == []
+    else:
+        assert len(notes) == 1 and notes[0].startswith(f"note: b ({tmp_path / 'b.h5'}): {said} carry no")
+        assert "keyed by step and position" in to_markdown(report)
+
+
+def test_a_name_both_static_and_per_token_on_one_side_is_said_so(tmp_path) -> None:
+    for side in ("a", "b"):
+        with td.record(tmp_path / f"{side}.h5") as rec:
+            rec.log("h", rows(2), token_ids=[1, 2])
+            if side == "a":
+                rec.log_static("h", rows(1)[0])
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    (h,) = report.tensors
+    assert (report.verdict, h.status) == ("incomplete", "mixed_records")
+    assert h.note == "a: static and per-token records"
+    assert h.coverage is not None and "static and per-token" in h.coverage.describe()

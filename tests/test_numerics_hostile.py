@@ -178,3 +178,40 @@ def test_trace_text_in_diagnoses_never_acts_as_markup_or_escapes(tmp_path) -> No
     text = report.to_json()
     assert "\x1b" not in text and "\x07" not in text
     assert json.loads(text)["diagnoses"][0]["message"] == diagnosis.message
+
+
+def nan_rows(nan_at: list[tuple[int, int]], shift: float = 0.0) -> np.ndarray:
+    """4 rows of 6; NaN at ``nan_at``; row 1 shifted by ``shift``."""
+    rows = np.arange(4 * 6, dtype=np.float32).reshape(4, 6) / 7
+    rows[1] += shift
+    for at in nan_at:
+        rows[at] = np.nan
+    return rows
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_nan_at_the_same_elements_on_both_sides_is_the_same_data(tmp_path, dtype) -> None:
+    """Both producers wrote NaN in the same places and equal values elsewhere: the rows agree, and the
+    report says how they were compared rather than hiding the NaN."""
+    rows = nan_rows([(1, 2), (3, 0)]).astype(dtype)
+    rows[2, 5] = np.inf
+    write(tmp_path / "a.h5", {"h": rows})
+    write(tmp_path / "b.h5", {"h": rows.copy()})
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "match"
+    assert "compared on their finite elements" in by_name(report)["h"].note
+    assert by_name(report)["h"].worst["cosine"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("a_rows, b_rows", [
+    (nan_rows([(1, 2)]), nan_rows([])),  # NaN on one side only
+    (nan_rows([(1, 2)]), nan_rows([(1, 2), (1, 3)])),  # NaN at other elements too
+    (nan_rows([(1, 2)]), nan_rows([(1, 2)], shift=0.5)),  # NaN at the same element, other finite values
+], ids=["one_side", "other_elements", "other_values"])
+def test_nan_rows_that_differ_still_diverge(tmp_path, a_rows, b_rows) -> None:
+    write(tmp_path / "a.h5", {"h": a_rows})
+    write(tmp_path / "b.h5", {"h": b_rows})
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "diverged"
+    assert report.first_divergence is not None and report.first_divergence.name == "h"
+    assert report.first_divergence.row.position == 1

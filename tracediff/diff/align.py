@@ -88,6 +88,14 @@ class Prefixes:
         return cls(names=names, stride=stride, where=where, ids=_prefix_hashes(code, position, token),
                    tokens=token)
 
+    def sequence(self, request: str) -> np.ndarray:
+        """The tokens of ``request`` at positions 0, 1, ... up to its first unknown position."""
+        codes = [code for code, name in self.names.items() if name == request]
+        if not codes:
+            return np.zeros(0, np.int64)
+        hit = np.isin(self.where // self.stride, codes)
+        return self.tokens[hit].astype(np.int64)
+
     def lookup(self, codes: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ids, found, tokens) of the prefixes of these requests (by code) up to these positions;
         ``tokens`` is the request's token at the position."""

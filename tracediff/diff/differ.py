@@ -20,6 +20,7 @@ from tracediff.diff.findings import Side
 from tracediff.diff.metrics import Engine, engine_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, SideKeys, TensorPlan, make_plan
+from tracediff.diff.profile import ProfileTally
 from tracediff.diff.results import ContractDiff, Coverage, RowRef, TensorResult, TokenMismatch
 from tracediff.diff.shapes import agreement, kinds_differ
 from tracediff.diff.statics import compare_static
@@ -41,11 +42,18 @@ class NonFinite:
 
 @dataclass
 class Tally:
-    """What the diagnoses need of one tensor beyond its report line: row numbers (into the plan's
-    keys) of the first failing rows, and per side the first row holding NaN/Inf."""
+    """What one tensor's report line does not hold: row numbers (into the plan's keys) of the first
+    failing rows and per side the first row holding NaN/Inf (for the diagnoses), and the error per
+    (depth, position cell) (for the report's profile)."""
 
+    profile: ProfileTally
     bad_rows: Pair[list[int]] = field(default_factory=lambda: Pair([], []))
     non_finite: Pair[NonFinite] = field(default_factory=lambda: Pair(NonFinite(), NonFinite()))
+
+    @classmethod
+    def of(cls, tensor: TensorPlan) -> Tally:
+        keys = tensor.keys.a
+        return cls(ProfileTally(int(keys.position.max(initial=0)), int(keys.depth.max(initial=0))))
 
 
 @dataclass
@@ -79,7 +87,7 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
     comparison = Comparison(paths=traces.map(lambda t: [str(p) for p in t.paths]), plan=plan, tensors=[],
                             contract=contract_diff(traces),
                             token_mismatch=first_token_difference(plan.prefixes),
-                            tallies={t.name: Tally() for t in plan.tensors}, tolerances=tolerances)
+                            tallies={t.name: Tally.of(t) for t in plan.tensors}, tolerances=tolerances)
     first_failure: dict[str, tuple[int, int]] = {}  # name -> (baseline step of its first failing row, order)
     across_kinds = {t.name for t in plan.tensors if kinds_differ((t.keys.a.dtype, t.keys.b.dtype))}
     done, total, read = 0, plan.nbytes, 0
@@ -98,6 +106,7 @@ def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
     failing = sorted(first_failure, key=lambda n: first_failure[n])
     unread = {c.tensor.name for c in plan.chunks[done:]}
     for name, result in results.items():
+        result.profile = comparison.tallies[name].profile.profile()
         if result.status != "not_comparable":
             continue  # a problem found while planning
         if name in across_kinds:
@@ -225,7 +234,10 @@ def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorR
         assert rows.raw is not None  # rows not mapped were read
         metrics = engine.measure_rows(result.name, dtypes, rows.raw.a, rows.raw.b)
     if dtypes[0] in FLOAT_TAGS or dtypes[1] in FLOAT_TAGS:
-        _note_non_finite(traces, metrics["max_abs"], chunk, tally, comparison)
+        same = _note_non_finite(traces, metrics, chunk, tally, comparison, engine)
+        if same:
+            result.add_note("rows holding NaN/Inf at the same elements on both sides are compared on their "
+                            "finite elements")
     for k, v in metrics.items():
         # a NaN row (NaN/Inf on a side) is the worst there is: it stays the worst value once seen
         if not len(v):
@@ -236,6 +248,8 @@ def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorR
             result.worst[k] = float(worst)
     bad = failing_rows(metrics, tolerances.bounds(result.name, dtypes, metrics))
     result.add_note(tolerances.unused_rule(result.name, metrics))
+    keys = chunk.tensor.keys.a
+    tally.profile.add(keys.position[chunk.rows.a], keys.depth[chunk.rows.a], bad, metrics)
     if not bad.any():
         return None
     result.failed += int(bad.sum())
@@ -261,18 +275,23 @@ def _note_failures(result: TensorResult, tally: Tally, chunk: Chunk, bad: np.nda
     )
 
 
-def _note_non_finite(traces: Pair[Trace], max_abs: np.ndarray, chunk: Chunk, tally: Tally,
-                     comparison: Comparison) -> None:
+def _note_non_finite(traces: Pair[Trace], metrics: dict[str, np.ndarray], chunk: Chunk, tally: Tally,
+                     comparison: Comparison, engine: Engine) -> int:
     """A row holding NaN/Inf on either side makes its max_abs non-finite: only those rows are
-    read again and scanned, so the common all-finite chunk costs one check of a per-row array."""
-    suspects = np.flatnonzero(~np.isfinite(max_abs))
+    read again and scanned, so the common all-finite chunk costs one check of a per-row array.
+    Rows whose NaN/Inf sit at the same elements with the same values on both sides hold the same
+    data: their metrics are measured again over the finite elements (the NaN stays counted for the
+    diagnoses). Returns how many rows were so measured again."""
+    suspects = np.flatnonzero(~np.isfinite(metrics["max_abs"]))
     if not len(suspects):
-        return
+        return 0
+    keys = chunk.tensor.keys
+    decoded = traces.zip(keys, chunk.rows).starmap(
+        lambda trace, k, rows: decode(trace.gather(k, rows[suspects]), k.dtype).reshape(len(suspects), -1))
     sides: tuple[Side, ...] = ("a", "b")
     for side in sides:
-        keys = getattr(chunk.tensor.keys, side)
-        rows = decode(getattr(traces, side).gather(keys, getattr(chunk.rows, side)[suspects]), keys.dtype)
-        hit = suspects[~np.isfinite(rows.reshape(len(rows), -1)).all(axis=1)]
+        values = getattr(decoded, side)
+        hit = suspects[~np.isfinite(values).all(axis=1)]
         if not len(hit):
             continue
         seen = getattr(tally.non_finite, side)
@@ -280,3 +299,24 @@ def _note_non_finite(traces: Pair[Trace], max_abs: np.ndarray, chunk: Chunk, tal
             seen.first_row = int(getattr(chunk.rows, side)[hit[0]])
         seen.rows += len(hit)
         comparison.first_non_finite.setdefault(side, chunk.tensor.name)
+    return _measure_finite_parts(decoded, suspects, metrics, chunk.tensor.name, engine)
+
+
+def _measure_finite_parts(decoded: Pair[np.ndarray], suspects: np.ndarray, metrics: dict[str, np.ndarray],
+                          name: str, engine: Engine) -> int:
+    """Overwrite the metrics of suspect rows whose non-finite elements agree on both sides (NaN
+    against NaN, the same infinity) with those of their finite elements."""
+    a, b = decoded.a, decoded.b
+    if a.shape != b.shape:
+        return 0
+    finite_a, finite_b = np.isfinite(a), np.isfinite(b)
+    with np.errstate(invalid="ignore"):
+        agree = (finite_a == finite_b) & (finite_a | (np.isnan(a) & np.isnan(b)) | (a == b))
+    same = agree.all(axis=1)
+    if not same.any():
+        return 0
+    kept = Pair(*(np.where(finite_a[same], x[same], 0) for x in (a, b)))
+    again = engine.float_metrics(kept.a, kept.b, logits=name.endswith("logits"))
+    for k, v in again.items():
+        metrics[k][suspects[same]] = v
+    return int(same.sum())

@@ -12,7 +12,7 @@ from typing import Any, Literal
 from tracediff.diff.findings import Diagnosis
 from tracediff.diff.jsonio import from_plain, to_plain
 
-REPORT_VERSION = 2
+REPORT_VERSION = 3
 
 Verdict = Literal["match", "diverged", "incomplete", "incomparable"]
 EXIT_CODES: dict[str, int] = {"match": 0, "diverged": 1, "incomparable": 2, "incomplete": 3}
@@ -25,7 +25,7 @@ Status = Literal[
     "not_comparable",  # no row could be compared (see coverage)
     "shape_mismatch",  # row shapes differ between the sides
     "dtype_mismatch",  # integer on one side, float on the other: compared by value, never a match
-    "mixed_records",  # one side's records of this name differ in dtype or row shape
+    "mixed_records",  # a side's records of this name differ in dtype or shape, or are static and per-token
     "missing_in_a",
     "missing_in_b",
 ]
@@ -59,7 +59,7 @@ REASON_TEXT: dict[str, str] = {
     "past_other_text": "draft rows past the other side's text",
     "fed_unknown": "fed tokens unknown at depth > 0 (no draft.input_ids)",
     "shape_mismatch": "shape mismatch",
-    "mixed_records": "records of mixed dtype or shape",
+    "mixed_records": "records of mixed kinds (dtype, row shape, or static and per-token)",
 }
 
 @dataclass
@@ -129,6 +129,21 @@ class RowRef:
 
 
 @dataclass
+class Profile:
+    """Error of one tensor's compared rows per (draft depth, position cell), for heatmaps and error
+    curves: columns, one entry per cell, sorted by (depth, position). A cell spans ``bucket``
+    positions, so a profile holds at most ``MAX_CELLS`` cells per depth whatever the trace length."""
+
+    bucket: int  # positions per cell
+    depth: list[int] = field(default_factory=list)
+    position: list[int] = field(default_factory=list)  # the cell's first position
+    rows: list[int] = field(default_factory=list)  # row pairs compared in the cell
+    failed: list[int] = field(default_factory=list)  # of them out of tolerance
+    cosine: list[float | None] = field(default_factory=list)  # lowest in the cell; None for integers
+    rel_l2: list[float | None] = field(default_factory=list)  # highest in the cell; None for integers
+
+
+@dataclass
 class TensorResult:
     name: str  # as the baseline (a) calls it
     status: Status
@@ -140,6 +155,7 @@ class TensorResult:
     worst: dict[str, float] = field(default_factory=dict)
     first_bad: RowRef | None = None
     note: str = ""  # e.g. the likely cause of a shape mismatch; "; " between several
+    profile: Profile | None = None  # None: no row compared
 
     def add_note(self, text: str) -> None:
         """Append ``text`` to the note, once (chunks of a tensor find the same things again)."""
@@ -163,6 +179,21 @@ class TokenMismatch:
     token_a: int
     token_b: int
     requests_differing: int  # requests of b whose tokens leave a somewhere
+
+
+@dataclass
+class TokenView:
+    """One request's tokens on both sides, clipped to at most ``MAX_TOKENS`` around the first token
+    that differs (or around the first divergence's position when the tokens agree), for a reader
+    to see what each side was fed."""
+
+    request_a: str
+    request_b: str
+    start: int  # position of tokens_a[0] and tokens_b[0]
+    tokens_a: list[int]
+    tokens_b: list[int]
+    first_difference: int | None  # position of the first differing token; None: the shown tokens agree
+    focus: int | None  # position of the first divergence's row, if any
 
 
 @dataclass
@@ -195,6 +226,7 @@ class TraceInfo:
     device: str = ""
     closed: bool = True  # False: the writer never closed (killed?); rows after its last flush are lost
     world_size: int = 1  # ranks of the run; more than ``paths`` means rank files are missing
+    row_keys: str = ""  # the contract's: "step_position" / "mixed" when rows lack token ids
 
 
 @dataclass(kw_only=True)
@@ -212,6 +244,7 @@ class Report:
     tensors: list[TensorResult]
     contract: ContractDiff
     token_mismatch: TokenMismatch | None
+    tokens: TokenView | None = None
 
     @property
     def exit_code(self) -> int:

@@ -4,7 +4,7 @@ both sides aligned on at least ``min_coverage`` of its comparable rows."""
 
 from __future__ import annotations
 
-from tracediff.diff.contract import incomparable
+from tracediff.diff.contract import contract, incomparable
 from tracediff.diff.differ import Comparison
 from tracediff.diff.pair import Pair
 from tracediff.diff.results import (
@@ -18,6 +18,7 @@ from tracediff.diff.results import (
     TraceInfo,
     Verdict,
 )
+from tracediff.diff.tokenview import token_view
 from tracediff.trace.reader import Trace
 
 MIN_COVERAGE = 0.95
@@ -33,7 +34,8 @@ def trace_info(trace: Trace) -> TraceInfo:
     return TraceInfo(paths=[str(p) for p in trace.paths],
                      format_version=version,
                      torch=str(torch.get("version") or ""), device=str(torch.get("device") or ""),
-                     closed=trace.complete, world_size=_positive(meta.get("world_size")), **text)
+                     closed=trace.complete, world_size=_positive(meta.get("world_size")),
+                     row_keys=str(contract(trace).get("row_keys") or ""), **text)
 
 
 def _positive(value: object) -> int:
@@ -81,12 +83,13 @@ def build_report(comparison: Comparison, diagnoses: list[Diagnosis], traces: Pai
                  min_coverage: float) -> Report:
     verdict, reasons = judge(comparison, min_coverage)
     first = comparison.first_divergence
+    row = None if first is None else first.first_bad
     return Report(
         verdict=verdict, reasons=reasons, a=trace_info(traces.a), b=trace_info(traces.b),
         align="step" if align == "step" else "prefix", min_coverage=min_coverage,
         coverage=Coverage.total([t.coverage for t in comparison.tensors if t.coverage is not None]),
-        first_divergence=None if first is None or first.first_bad is None else FirstDivergence(first.name,
-                                                                                               first.first_bad),
+        first_divergence=None if first is None or row is None else FirstDivergence(first.name, row),
         diagnoses=diagnoses, tensors=comparison.tensors, contract=comparison.contract,
         token_mismatch=comparison.token_mismatch,
+        tokens=token_view(comparison.plan.prefixes, comparison.token_mismatch, row),
     )
