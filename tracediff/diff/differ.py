@@ -26,7 +26,7 @@ from tracediff.diff.shapes import agreement, kinds_differ
 from tracediff.diff.statics import compare_static
 from tracediff.diff.tolerance import Tolerances, failing_rows
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
-from tracediff.trace.reader import RowKeys, Trace
+from tracediff.trace.reader import Trace
 
 SAMPLE = 64  # failing rows kept per tensor for the diagnoses
 WINDOWS_AHEAD = 2  # windows read ahead of the one being measured
@@ -171,8 +171,7 @@ def read_ahead(traces: Pair[Trace], chunks: list[Chunk]) -> Iterator[tuple[Chunk
         in_place = {i: at for i, at in offsets.items() if at is not None}
         rows = {i: ChunkRows(at=at) for i, at in in_place.items()}
         mapped = Pair.collect([chunks[i].tensor.keys.zip(at) for i, at in in_place.items()])
-        spans = traces.zip(mapped).starmap(lambda trace, parts: trace.spans(*_byte_ranges(parts)))
-        traces.zip(spans).starmap(Trace.populate)
+        spans = traces.zip(mapped).starmap(Trace.hold)
         copied = [i for i in windows[window] if i not in rows]
         need = Pair.collect([chunks[i].nbytes for i in copied]).map(sum)
         ring[slot] = ring[slot].zip(need).starmap(_at_least)
@@ -211,14 +210,6 @@ def _row_offsets(traces: Pair[Trace], chunk: Chunk) -> Pair[np.ndarray] | None:
         return None
     at = traces.zip(keys, chunk.rows).starmap(Trace.row_offsets)
     return None if at.a is None or at.b is None else Pair(at.a, at.b)
-
-
-def _byte_ranges(parts: list[tuple[RowKeys, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Starts and stops of the rows at these offsets, over several tensors."""
-    if not parts:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return (np.concatenate([at for _, at in parts]),
-            np.concatenate([at + keys.row_nbytes for keys, at in parts]))
 
 
 def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorResult, comparison: Comparison,

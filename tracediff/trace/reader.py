@@ -356,7 +356,18 @@ class Trace:
             self._map = np.frombuffer(self._mmap, dtype=np.uint8)
         return self._map
 
-    def spans(self, starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
+    def hold(self, parts: list[tuple[RowKeys, np.ndarray]]) -> list[tuple[int, int]]:
+        """Map the rows at these file offsets (``row_offsets`` of several tensors) into ``mapped()``
+        now, reading them from disk if need be, so that a kernel reading them in place takes no page
+        faults. Returns the spans held: ``release`` them when done."""
+        if not parts:
+            return []
+        starts = np.concatenate([at for _, at in parts])
+        spans = self._spans(starts, np.concatenate([at + keys.row_nbytes for keys, at in parts]))
+        self._populate(spans)
+        return spans
+
+    def _spans(self, starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:
         """(file offset, length) of page-aligned spans covering the byte ranges [starts, stops);
         ranges less than ``SPAN_GAP`` apart share a span: one sequential read."""
         if not len(starts):
@@ -368,17 +379,15 @@ class Trace:
         last = np.r_[first[1:], len(begin)] - 1
         return list(zip(begin[first].tolist(), (end[last] - begin[first]).tolist()))
 
-    def populate(self, spans: list[tuple[int, int]]) -> None:
-        """Map these spans of ``mapped()`` now (reading them from disk if need be), so that a kernel
-        reading them in place takes no page faults; ``release`` them when done."""
+    def _populate(self, spans: list[tuple[int, int]]) -> None:
         mapping = self._mapping()
         for start, length in spans:
             if not advise(mapping, start, length, MADV_POPULATE_READ):  # kernel < 5.14
                 advise(mapping, start, length, mmap.MADV_WILLNEED)  # the faults read ahead
 
     def release(self, spans: list[tuple[int, int]]) -> None:
-        """Unmap populated spans (the pages stay in the page cache): resident memory stays at a
-        few chunks, whatever the trace size."""
+        """Unmap spans ``hold`` returned (the pages stay in the page cache): resident memory stays at
+        a few chunks, whatever the trace size."""
         mapping = self._mapping()
         for start, length in spans:
             advise(mapping, start, length, mmap.MADV_DONTNEED)
