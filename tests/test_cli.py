@@ -142,3 +142,16 @@ def test_show_stats_of_a_static_tensor() -> None:
     assert out.returncode == 0, out.stderr
     stats = json.loads(out.stdout)
     assert stats["shape"] == [768] and stats["rows"] == 0 and len(stats["head"]) == 8
+
+
+@pytest.mark.parametrize("option", [["--position", "3"], ["--request-b", "q"], ["--depth", "1"],
+                                    ["--step-b", "0"], ["--top", "5"]])
+def test_show_of_one_trace_refuses_options_that_need_two(small_trace, option) -> None:
+    """Options of the side-by-side view (tracediff show A B) are not silently ignored on one trace."""
+    from typer.testing import CliRunner
+
+    from tracediff.cli import app
+
+    out = CliRunner().invoke(app, ["show", str(small_trace), "--name", "draft.fc_in", *option])
+    assert out.exit_code == 2 and out.stdout == ""
+    assert out.stderr.strip() == f"error: {option[0]}: needs two traces: tracediff show A B --name NAME ..."

@@ -34,6 +34,10 @@ def test_trace_text_cannot_break_the_markdown(tmp_path) -> None:
     with td.record(tmp_path / "b.h5") as rec:
         rec.log(name, x * 2, token_ids=np.arange(3), request="*q*")
     text = to_markdown(td.compare(tmp_path / "a.h5", tmp_path / "b.h5"))
+    command = "tracediff show {} {} --name '{}' --request '<b>r0</b>' --request-b '*q*' --position 0"
+    next_step = f"Next: `` {command.format(tmp_path / 'a.h5', tmp_path / 'b.h5', name)} ``\n"
+    assert next_step in text  # trace text as is only in a code span, which renders it literally
+    text = text.replace(next_step, "")
     assert "\x1b" not in text and "<b>" not in text and "&lt;b&gt;" not in text
     assert "request \\<b\\>r0\\</b\\> / \\*q\\*" in text
     assert "| `` h`x\\|y `` | diverged |" in text and "train\\\\x1b\\[31mRED" in text
@@ -141,4 +145,82 @@ def test_an_incomparable_pair_is_not_reported_as_a_divergence_to_chase(tmp_path)
     assert incomparable.startswith("incomparable") and "next:" not in incomparable
     assert "no known explanation" not in incomparable
     diverged = text("c.h5")
-    assert f"next: tracediff show {tmp_path / 'c.h5'} --name 'm.[b]x y[/b]'" in diverged
+    assert f"next: tracediff show {tmp_path / 'a.h5'} {tmp_path / 'c.h5'} --name 'm.[b]x y[/b]' " \
+           "--request p --position 0\n" in diverged
+
+
+def _next_line(report: Report) -> str | None:
+    """The ``next:`` line of the terminal report, if any."""
+    import io
+
+    from rich.console import Console
+
+    from tracediff.report.compare import render
+
+    out = io.StringIO()
+    render(Console(file=out, width=400), report)
+    return next((line for line in out.getvalue().splitlines() if line.startswith("next: ")), None)
+
+
+def test_the_next_step_shows_the_failing_row_on_both_sides_in_text_and_markdown(tmp_path) -> None:
+    """Both traces, each side's request (producers name them differently), the position, and the
+    draft depth when it is not 0; the Markdown report holds the same command in a code span."""
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    for path, request, shift in (("a b.h5", "sample0", 0.0), ("c.h5", "req 0", 1.0)):
+        with td.record(tmp_path / path) as rec:
+            rec.log("draft.hidden", x, token_ids=[5, 6, 7], request=request)
+            deeper = {"token_ids": [6, 7], "positions": [1, 2], "request": request, "depth": 1}
+            rec.log("draft.input_ids", np.array([9, 4]), **deeper)  # fed the same tokens on both sides
+            rec.log("draft.hidden", x[1:] + shift, **deeper)
+    report = td.compare(tmp_path / "a b.h5", tmp_path / "c.h5")
+    assert report.verdict == "diverged" and report.first_divergence.row.depth == 1
+    command = (f"tracediff show '{tmp_path / 'a b.h5'}' {tmp_path / 'c.h5'} --name draft.hidden --request "
+               "sample0 --request-b 'req 0' --position 1 --depth 1")
+    assert _next_line(report) == f"next: {command}"
+    assert f"\nNext: `{command}`\n" in to_markdown(report)
+
+
+def test_no_next_step_where_it_would_not_paste_and_a_stem_for_rank_files(tmp_path) -> None:
+    """A request id with a terminal escape would not paste as printed: no command. Rank files are
+    named by their stem, which opens them all; a static tensor is shown whole (no row to name)."""
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", x, token_ids=[5, 6, 7], request="r\x1b[2J")
+    with td.record(tmp_path / "b.h5") as rec:
+        rec.log("h", x + 1, token_ids=[5, 6, 7], request="r")
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "diverged" and _next_line(report) is None and "Next:" not in to_markdown(report)
+    for rank in (0, 1):
+        with td.record(tmp_path / "run.h5", rank=rank, world_size=2) as rec:
+            rec.log("h", x, token_ids=[5, 6, 7], request=f"r{rank}")
+            rec.log_static("w", np.ones(4, np.float32))
+    with td.record(tmp_path / "w.h5") as rec:
+        rec.log("h", x, token_ids=[5, 6, 7], request="r0")
+        rec.log_static("w", np.zeros(4, np.float32))
+    report = td.compare(tmp_path / "run.h5", tmp_path / "w.h5")
+    assert report.a.paths == [str(tmp_path / "run.rank0.h5"), str(tmp_path / "run.rank1.h5")]
+    assert report.first_divergence.name == "w"
+    assert _next_line(report) == f"next: tracediff show {tmp_path / 'run.h5'} {tmp_path / 'w.h5'} --name w"
+
+
+def test_the_row_view_prints_trace_text_as_data(tmp_path) -> None:
+    """Request ids and names from the traces reach the terminal as the characters they are."""
+    import io
+
+    from rich.console import Console
+
+    from tracediff.diff.rowview import row_view
+    from tracediff.report.show import render_row_view
+
+    name, request = "m.[bold]x[/bold]\x1b[2J", "[b]r[/b]\x1b]0;T\x07"
+    x = np.random.default_rng(0).standard_normal((2, 4)).astype(np.float32)
+    for path, shift in (("a.h5", 0.0), ("b.h5", 1.0)):
+        with td.record(tmp_path / path) as rec:
+            rec.log(name, x + shift, token_ids=[1, 2], request=request)
+    out = io.StringIO()
+    console = Console(file=out, width=200, force_terminal=True, color_system="truecolor")
+    render_row_view(console, row_view(tmp_path / "a.h5", tmp_path / "b.h5", name, position=1))
+    text = out.getvalue()
+    assert "m.[bold]x[/bold]\\x1b[2J" in text and "request [b]r[/b]\\x1b]0;T\\x07, position 1" in text
+    assert "\x1b]" not in text and "\x1b[2J" not in text  # none from the trace
+    assert "4 of 4 elements differ" in text and "largest differences (4 of 4):" in text

@@ -49,15 +49,34 @@ def guarded(path: str | Path, action: Callable[[], None]) -> None:
 @app.command()
 def show(
     trace: Path = typer.Argument(..., help="trace file (.h5 / .arrow), or the stem of per-rank files"),
+    other: Path | None = typer.Argument(None, help="a second trace: one row of --name on both sides, side by "
+                                        "side, and how they differ"),
     name: str | None = typer.Option(None, "--name", "-n", help="print stats and values of this tensor"),
-    step: int | None = typer.Option(None, help="with --name: only this step"),
-    request: str | None = typer.Option(None, help="with --name: only this request"),
+    step: int | None = typer.Option(None, help="with --name: only this step (two traces: a's step)"),
+    request: str | None = typer.Option(None, help="with --name: only this request (two traces: a's request)"),
+    request_b: str | None = typer.Option(None, "--request-b", help="two traces: b's request (default: "
+                                         "--request; producers name requests differently)"),
+    position: int | None = typer.Option(None, "--position", help="two traces: the row's token position "
+                                        "(default: the first row of a's that b holds too)"),
+    depth: int | None = typer.Option(None, "--depth", help="two traces: the draft depth (default 0)"),
+    step_b: int | None = typer.Option(None, "--step-b", help="two traces: b's step (default: --step)"),
+    top: int | None = typer.Option(None, "--top", help="two traces: how many of the largest differences to "
+                                   "list (default 10)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
-    """Metadata and the tensors of a trace, in execution order; or stats of one tensor."""
+    """Metadata and the tensors of a trace, in execution order; or stats of one tensor. With two
+    traces: one row of a tensor on both sides and its largest differences (compare's next step)."""
     from tracediff.report.show import render_stats, render_summary
     from tracediff.trace.reader import open_trace
     from tracediff.trace.summary import static_stats, summarize, tensor_stats
+
+    if other is not None:
+        show_pair(trace, other, name, request, request_b, position, depth, step, step_b, top, as_json)
+        return
+    for option, value in (("--request-b", request_b), ("--position", position), ("--depth", depth),
+                          ("--step-b", step_b), ("--top", top)):
+        if value is not None:
+            fail(option, "needs two traces: tracediff show A B --name NAME ...")
 
     def run() -> None:
         with open_trace(trace) as opened:
@@ -84,6 +103,31 @@ def show(
     guarded(trace, run)
 
 
+def show_pair(a: Path, b: Path, name: str | None, request: str | None, request_b: str | None,
+              position: int | None, depth: int | None, step: int | None, step_b: int | None,
+              top: int | None, as_json: bool) -> None:
+    """``show A B --name X``: the row on both sides (``row_view``), rendered or as JSON."""
+    from tracediff.diff.jsonio import to_plain
+    from tracediff.diff.rowview import row_view
+    from tracediff.report.show import render_row_view
+
+    if name is None:
+        fail("--name", "two traces show one tensor side by side: pass --name NAME")
+    if top is not None and top < 0:
+        fail("--top", f"takes a count >= 0, not {top}")
+
+    def run() -> None:
+        view = row_view(a, b, name, request=request, request_b=request_b, position=position,
+                        depth=0 if depth is None else depth, step=step, step_b=step_b,
+                        top=10 if top is None else top)
+        if as_json:
+            print(json.dumps(to_plain(view), indent=1, allow_nan=False))
+        else:
+            render_row_view(console, view)
+
+    guarded(a, run)
+
+
 @app.command()
 def convert(
     src: Path = typer.Argument(..., help="trace to read"),
@@ -100,6 +144,105 @@ def convert(
     except ValueError as exc:
         fail(dst, str(exc).split(": ", 1)[-1])
     guarded(src, lambda: console.print(f"wrote {', '.join(map(str, run_convert(src, dst)))}"))
+
+
+@app.command("slice")
+def slice_command(
+    trace: Path = typer.Argument(..., help="trace to read (.h5 / .arrow, or the stem of per-rank files)"),
+    out: Path = typer.Option(..., "--out", "-o", help="the smaller trace to write (.h5 or .arrow); a trace "
+                             "of rank files is sliced per rank (OUT stem + .rankN)"),
+    names: list[str] = typer.Option([], "--names", help="keep tensors whose names match these globs "
+                                    "(repeat, or comma-separate)"),
+    requests: list[str] = typer.Option([], "--requests", help="keep the rows and tokens of these requests"),
+    positions: str | None = typer.Option(None, "--positions", help="keep rows at positions A:B (half-open; "
+                                         "A: and :B are open-ended)"),
+    steps: list[str] = typer.Option([], "--steps", help="keep records of these steps: N or A:B (half-open)"),
+    depths: list[str] = typer.Option([], "--depths", help="keep records of these draft depths: N or A:B"),
+) -> None:
+    """Write a smaller, valid trace: the records and rows a selection keeps, with the run metadata,
+    contract, static records of the kept names and the kept requests' whole token sequences."""
+    from tracediff.trace.slice import Selection, parse_list, parse_spans, slice_trace
+
+    spans = {}
+    for option, values in (("--steps", steps), ("--depths", depths), ("--positions", [positions or ""])):
+        try:
+            spans[option] = parse_spans(values)
+        except ValueError as exc:
+            fail(option, str(exc))
+    window = spans["--positions"]
+    if window is not None and len(window) > 1:
+        fail("--positions", f"takes one range A:B, got {positions!r}")
+    selection = Selection(names=parse_list(names), requests=parse_list(requests),
+                          positions=None if window is None else window[0], steps=spans["--steps"],
+                          depths=spans["--depths"])
+    results = []
+    guarded(trace, lambda: results.append(slice_trace(trace, out, selection)))
+    result = results[0]
+    console.print(Text(f"wrote {', '.join(map(str, result.paths))}: {result.records} records, {result.rows} "
+                       f"rows, {result.tokens} request tokens ({result.bytes} bytes)"))
+    if not result.records:
+        print("tracediff: note: the selection kept no tensor record (tracediff show TRACE lists names, "
+              "requests and steps)", file=sys.stderr)
+
+
+@app.command("bundle")
+def bundle_command(
+    a: Path = typer.Argument(..., help="baseline trace (e.g. training)"),
+    b: Path = typer.Argument(..., help="trace to check against it (e.g. serving)"),
+    out: Path = typer.Option(..., "--out", "-o", help="directory to write (new, or empty)"),
+    budget: str = typer.Option("1MB", "--budget", help="at most this size on disk, all files together (and "
+                               "the zip): e.g. 500k, 2MB, 1MiB"),
+    zip_: bool = typer.Option(False, "--zip", help="also write DIR.zip (what a GitHub issue can attach)"),
+    tol: list[str] = typer.Option([], "--tol", help="per-name bounds, as for compare"),
+    mapping: list[str] = typer.Option([], "--map", help="NAME_IN_B=NAME_IN_A, as for compare"),
+    align: str = typer.Option("prefix", "--align", help="prefix or step, as for compare"),
+    min_coverage: float = typer.Option(0.95, "--min-coverage", help="as for compare"),
+) -> None:
+    """A bug-report bundle of two traces: report.md (for a GitHub issue), report.json, report.html,
+    small slices of both (a.h5 / b.h5) that reproduce the compare, stats.json for the rest.
+
+    Exit 0 when written (report.md says whether the slices reproduce the compare), 2 for bad input or
+    a budget too small for the smallest bundle."""
+    from tracediff.bundle.budget import human, parse_size
+    from tracediff.bundle.build import make_bundle
+    from tracediff.diff.rename import parse_pair
+    from tracediff.diff.tolerance import Tolerances
+    from tracediff.report.text import safe
+
+    try:
+        size = parse_size(budget)
+    except ValueError as exc:
+        fail("--budget", str(exc))
+    try:
+        Tolerances.parse(tol)
+    except ValueError as exc:
+        fail("--tol", str(exc))
+    if align not in ("prefix", "step"):
+        fail("--align", f"takes 'prefix' or 'step', not {align!r}")
+    if not 0 <= min_coverage <= 1:
+        fail("--min-coverage", f"takes a share within 0..1, not {min_coverage}")
+    rename = {}
+    for item in mapping:
+        try:
+            name_b, name_a = parse_pair(item)
+        except ValueError as exc:
+            fail("--map", str(exc))
+        rename[name_b] = name_a
+    made = []
+    guarded(a, lambda: made.append(make_bundle(a, b, out, budget=size, zip=zip_, tol=tol, rename=rename,
+                                               align=align, min_coverage=min_coverage)))
+    bundle = made[0]
+    zipped = f" and {bundle.zip}" if bundle.zip is not None else ""
+    console.print(Text(f"wrote {out}{zipped}: {human(bundle.total)} in {len(bundle.files)} files (budget "
+                       f"{human(size)}); read {out / 'report.md'}"))
+    for line in bundle.left_out:
+        console.print(Text(f"  left out to fit the budget: {safe(line)}"))
+    check = bundle.verification
+    if check.reproduced and check.report is not None:
+        console.print(Text(f"  the slices reproduce the compare: {check.report.verdict}"))
+    else:
+        print(f"tracediff: warning: the slices do not reproduce the compare: "
+              f"{safe('; '.join(check.differences))}", file=sys.stderr)
 
 
 def need_torch() -> None:
@@ -181,6 +324,8 @@ def compare(
     markdown: bool = typer.Option(False, "--markdown", help="the report as Markdown, for a bug report"),
     stop_at_first: bool = typer.Option(False, "--stop-at-first", help="stop reading at the first divergence "
                                        "(fast on large traces; tensors not fully read show as unchecked)"),
+    html: Path | None = typer.Option(None, "--html", help="also write the report as one self-contained HTML "
+                                     "page (heatmap, error curves, slots, tokens; opens in any browser)"),
 ) -> None:
     """Align two traces by token prefix and draft depth; name the first diverging tensor and why.
 
@@ -199,6 +344,8 @@ def compare(
         fail("--min-coverage", f"takes a share within 0..1, not {min_coverage}")
     if as_json and markdown:
         fail("--json", "choose one of --json and --markdown")
+    if html is not None and (html.is_dir() or not html.parent.is_dir()):
+        fail(html, "is a directory" if html.is_dir() else f"no such directory: {html.parent}")
     rename = {}
     if map_file is not None:
         guarded(map_file, lambda: rename.update(read_mapping_file(map_file)))
@@ -223,6 +370,10 @@ def compare(
 
     guarded(a, run)
     report = reports[0]
+    if html is not None:
+        from tracediff.report.html import write_html
+
+        guarded(html, lambda: write_html(report, html))
     from tracediff.report.compare import render, to_markdown
     from tracediff.report.text import safe
 

@@ -5,6 +5,7 @@ it goes into rich ``Text`` objects, never into markup, and control characters ar
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable
 from typing import Any
@@ -59,6 +60,35 @@ def where(row: RowRef, text: Callable[[Any], str] = safe) -> str:
             f"depth {row.depth}, step {row.step_a} / {row.step_b}")
 
 
+def next_command(report: Report) -> str | None:
+    """The command that shows the first diverging row on both sides (``tracediff show A B``), shell-
+    quoted so that it pastes; None unless the report diverged, or when a part of it (a name, a
+    request, a path) is not plain text that a terminal would print as is."""
+    first = report.first_divergence
+    if first is None or report.verdict != "diverged":
+        return None
+    paths = [trace_argument(report.a), trace_argument(report.b)]
+    if paths[0] is None or paths[1] is None:
+        return None
+    row = first.row
+    argv = ["tracediff", "show", paths[0], paths[1], "--name", first.name]
+    if row.position >= 0:  # a row tensor: a static one is compared whole
+        argv += ["--request", row.request_a]
+        argv += ["--request-b", row.request_b] if row.request_b != row.request_a else []
+        argv += ["--position", str(row.position)]
+        argv += ["--depth", str(row.depth)] if row.depth else []
+    return shlex.join(argv) if all(safe(part) == part for part in argv) else None
+
+
+def trace_argument(info: TraceInfo) -> str | None:
+    """The path that opens this trace again: the file, or the stem ``NAME.EXT`` of its rank files
+    ``NAME.rankN.EXT``; None for files that no one path opens together."""
+    if len(info.paths) == 1:
+        return info.paths[0]
+    stems = {re.sub(r"\.rank\d+(\.[^./]*)$", r"\1", p) for p in info.paths}
+    return stems.pop() if len(stems) == 1 and stems != set(info.paths) else None
+
+
 def headline(report: Report) -> str:
     """The first line: the verdict, what it rests on, and where it went wrong (or why not judged)."""
     first = report.first_divergence
@@ -73,8 +103,8 @@ def headline(report: Report) -> str:
 
 
 def trace_notes(report: Report) -> list[str]:
-    """A warning per trace that holds less than its run wrote: a writer that never closed (what it
-    holds ends at its last flush), rank files missing."""
+    """A warning per trace that holds less than its run wrote (a writer that never closed: what it
+    holds ends at its last flush; rank files missing), or whose rows are not keyed by tokens."""
     notes = []
     for side, info in (("a", report.a), ("b", report.b)):
         where = safe(" ".join(info.paths))
@@ -84,6 +114,11 @@ def trace_notes(report: Report) -> list[str]:
         if info.world_size > len(info.paths):
             notes.append(f"note: {side} ({where}) holds {len(info.paths)} of the run's {info.world_size} "
                          "rank files: the other ranks' rows are missing")
+        if info.row_keys in ("step_position", "mixed"):
+            some = "some of its rows" if info.row_keys == "mixed" else "its rows"
+            notes.append(f"note: {side} ({where}): {some} carry no token ids and are keyed by step and "
+                         "position only: they align with another run of the same program, never by token "
+                         "content")
     return notes
 
 
@@ -173,9 +208,9 @@ def render(console: Console, report: Report) -> None:
         console.print("rows not compared:")
         for names, line in grouped:
             console.print(Text(f"  {safe(', '.join(names))}: {line}"), soft_wrap=True)
-    if first is not None and report.verdict == "diverged" and safe(first.name) == first.name:
-        command = shlex.join(["tracediff", "show", report.b.paths[0], "--name", first.name])
-        console.print(Text(f"next: {safe(command)}"))
+    command = next_command(report)
+    if command is not None:
+        console.print(Text(f"next: {command}"))
 
 
 def to_markdown(report: Report) -> str:
@@ -184,6 +219,8 @@ def to_markdown(report: Report) -> str:
     lines = [f"**tracediff compare**: {a} vs {b}: **{report.verdict}**", ""]
     if first is not None:
         lines += [f"First diverging tensor: {code(first.name)} ({where(first.row, md)})", ""]
+        command = next_command(report)
+        lines += [f"Next: {code(command)}", ""] if command is not None else []
     lines += [f"Compared: {coverage_line(report.coverage)}."]
     lines += [f"Not compared, {line}." for line in skipped_lines(report.coverage)]
     lines += [f"Not compared, {md(line)}." for line in one_sided(report)]

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tracediff.diff.rowview import RowSide, RowView
 from tracediff.report.text import safe
 from tracediff.trace.summary import TensorStats, TraceSummary
 
@@ -92,3 +93,62 @@ def render_stats(console: Console, stats: TensorStats, where: str) -> None:
     console.print(line, highlight=False)
     console.print(Text("first values: " + ", ".join(f"{v:.6g}" if isinstance(v, float) else str(v)
                                                     for v in stats.head)), highlight=False)
+
+
+def render_row_view(console: Console, view: RowView) -> None:
+    """Both rows side by side: where each lies, the row metrics, both sides' stats, and the elements
+    that differ most."""
+    a, b = view.a, view.b
+    kinds = {f"{s.stats.dtype} {tuple(s.stats.shape)}" for s in (a, b)}
+    what = kinds.pop() if len(kinds) == 1 else f"{a.stats.dtype} {tuple(a.stats.shape)} vs " \
+                                                f"{b.stats.dtype} {tuple(b.stats.shape)}"
+    console.print(Text.assemble((safe(view.name), "bold"), f": {what}"), highlight=False)
+    for label, side in (("a", a), ("b", b)):
+        console.print(Text(f"  {label} {safe(side.path)}: {_place(side)}"), highlight=False, soft_wrap=True)
+    for label, side in (("a", a), ("b", b)):
+        if side.matched > 1:
+            tail = "-b" if label == "b" else ""
+            narrow = f"--request{tail} or --step{tail}"
+            console.print(Text(f"  {label}: {side.matched} rows match; the first in trace order is shown "
+                               f"(narrow with {narrow})", style="yellow"), highlight=False)
+    if view.metrics:
+        console.print(Text("row metrics: " + "  ".join(f"{k} {_value(v)}" for k, v in view.metrics.items())),
+                      highlight=False)
+        style = "red" if view.differing else "green"
+        console.print(Text(f"{view.differing} of {view.elements} elements differ", style=style),
+                      highlight=False)
+    for note in view.notes:
+        console.print(Text(f"note: {safe(note)}", style="yellow"), highlight=False, soft_wrap=True)
+    stats = Table(show_edge=False, header_style="bold")
+    stats.add_column("side")
+    for column in ("min", "max", "mean", "std", "NaN", "Inf"):
+        stats.add_column(column, justify="right")
+    stats.add_column("first values")
+    for label, side in (("a", a), ("b", b)):
+        s = side.stats
+        counts = (Text(str(n), style="red" if n else "") for n in (s.nan, s.inf))
+        stats.add_row(label, *(_value(v) for v in (s.min, s.max, s.mean, s.std)), *counts,
+                      ", ".join(_value(v) for v in s.head))
+    console.print(stats)
+    if not view.top:
+        return
+    console.print(Text(f"largest differences ({len(view.top)} of {view.differing}):"), highlight=False)
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("index", "a", "b", "|a-b|"):
+        table.add_column(column, justify="left" if column == "index" else "right")
+    for d in view.top:
+        table.add_row(str(tuple(d.index)), _value(d.a), _value(d.b), _value(d.abs_diff))
+    console.print(table)
+
+
+def _place(side: RowSide) -> str:
+    """Where a side's row lies, in words (trace text escaped)."""
+    if side.request is None:
+        return f"static tensor, step {side.step}"
+    fed = "" if side.fed is None else f", fed token {side.fed}"
+    return (f"request {safe(side.request)}, position {side.position}, depth {side.depth}, step {side.step}, "
+            f"token {side.token_id}{fed}")
+
+
+def _value(v: float | int) -> str:
+    return str(v) if isinstance(v, int) else f"{v:.6g}"

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
 from tracediff.trace.reader import Rows, Trace
+from tracediff.trace.schema import Record
 
 
 @dataclass
@@ -84,15 +85,21 @@ def summarize(trace: Trace) -> TraceSummary:
 def tensor_stats(rows: Rows, head: int = 8) -> TensorStats:
     """Stats over every value, in float64; NaN/Inf counted and left out of the moments."""
     values = rows.numpy()
+    first = values[0].reshape(-1)[:head] if len(values) else values.reshape(-1)[:0]
+    return value_stats(rows.name, rows.dtype, values, len(rows), first)
+
+
+def value_stats(name: str, dtype: str, values: np.ndarray, rows: int, first: np.ndarray) -> TensorStats:
+    """Stats of decoded ``values`` (any shape), ``first`` the values to show; shared by one
+    tensor's rows, a static tensor and one row of a side-by-side view, so that all say the same."""
     # Any bits are data: a signalling NaN warns when cast, float64 extremes overflow the moments (inf).
     with np.errstate(invalid="ignore", over="ignore"):
         flat = values.reshape(-1).astype(np.float64)
         finite = flat[np.isfinite(flat)]
         nan = int(np.isnan(flat).sum())
         stats = (finite.min(), finite.max(), finite.mean(), finite.std()) if len(finite) else (np.nan,) * 4
-    first = values[0].reshape(-1)[:head] if len(values) else values.reshape(-1)[:0]
     return TensorStats(
-        name=rows.name, dtype=rows.dtype, rows=len(rows), shape=list(values.shape),
+        name=name, dtype=dtype, rows=rows, shape=list(values.shape),
         min=float(stats[0]), max=float(stats[1]), mean=float(stats[2]), std=float(stats[3]),
         nan=nan, inf=int(len(flat) - len(finite) - nan), head=first.tolist(),
     )
@@ -100,12 +107,14 @@ def tensor_stats(rows: Rows, head: int = 8) -> TensorStats:
 
 def static_stats(trace: Trace, name: str, step: int | None = None) -> TensorStats | None:
     """Stats of the last static record of ``name`` (at ``step`` if given); None when it has none."""
-    hits = [i for i in trace.select(name=name, step=step) if trace.index.static[i]]
-    if not hits:
+    record = last_static(trace, name, step)
+    if record is None:
         return None
-    record = trace.read(hits[-1])
-    empty = np.empty(0, dtype=np.int64)
-    keys = dict(request=np.empty(0, dtype=object), request_code=empty, position=empty, token_id=empty,
-                step=empty, depth=empty, rank=empty)
-    stats = tensor_stats(Rows(name=name, dtype=record.dtype, data=record.data, **keys))
-    return replace(stats, head=record.numpy().reshape(-1)[:8].tolist())
+    values = record.numpy()
+    return value_stats(name, record.dtype, values, 0, values.reshape(-1)[:8])
+
+
+def last_static(trace: Trace, name: str, step: int | None = None) -> Record | None:
+    """The last static record of ``name`` (at ``step`` if given), as compare reads a static tensor."""
+    hits = [i for i in trace.select(name=name, step=step) if trace.index.static[i]]
+    return trace.read(hits[-1]) if hits else None

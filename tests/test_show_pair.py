@@ -1,0 +1,208 @@
+"""``tracediff show A B``: one row on both sides, side by side, and where they differ most; the
+compare report's ``next:`` command that leads there."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import numpy as np
+import pytest
+
+import tracediff as td
+from tests.conftest import REPO, run_cli
+from tracediff.diff.jsonio import to_plain
+from tracediff.diff.rowview import row_view
+from tracediff.errors import InputError
+
+SAMPLE = REPO / "traces" / "eagle3"
+TRAINING, BUG = SAMPLE / "training.h5", SAMPLE / "serving_aux_bug.h5"
+TOKENS = [5, 6, 7, 8]
+
+
+def base_rows(shape=(3, 4)) -> np.ndarray:
+    """Four rows of ``shape`` values, all distinct, deterministic."""
+    return np.random.default_rng(0).standard_normal((len(TOKENS), *shape)).astype(np.float32)
+
+
+def write(path, rows, request, **extra) -> None:
+    with td.record(path) as rec:
+        rec.log("h", rows, token_ids=TOKENS, request=request)
+        for name, value in extra.items():
+            rec.log_static(name.replace("_", "."), value)
+
+
+def test_the_sample_bug_row_agrees_with_compare_and_with_the_traces() -> None:
+    """The row compare names diverging: the same metrics compare measured, both rows' values as the
+    traces hold them, and the largest differences largest first with their indices."""
+    report = td.compare(TRAINING, BUG)
+    first = report.first_divergence
+    assert first is not None and first.name == "target.aux"
+    row = first.row
+    view = row_view(TRAINING, BUG, first.name, request=row.request_a, request_b=row.request_b,
+                    position=row.position, depth=row.depth, top=5)
+    assert (view.a.request, view.b.request, view.a.position, view.b.position) == ("sample0", "req0", 0, 0)
+    assert view.a.matched == view.b.matched == 1 and view.notes == []
+    assert view.metrics == pytest.approx(row.metrics, rel=1e-9)
+    with td.open_trace(TRAINING) as a, td.open_trace(BUG) as b:
+        xa = a.rows("target.aux", request="sample0").numpy()[0]
+        xb = b.rows("target.aux", request="req0").numpy()[0]
+    gaps = np.abs(xa.astype(np.float64) - xb)
+    assert view.elements == xa.size and view.differing == int((xa != xb).sum())
+    assert [d.index for d in view.top] == [[int(i)] for i in np.argsort(-gaps, kind="stable")[:5]]
+    for d in view.top:
+        i = d.index[0]
+        assert (d.a, d.b, d.abs_diff) == (float(xa[i]), float(xb[i]), float(gaps[i]))
+    assert view.top[0].abs_diff == pytest.approx(row.metrics["max_abs"])
+    assert view.a.stats.mean == pytest.approx(float(xa.astype(np.float64).mean()))
+    assert view.b.stats.head == xb[:8].tolist() and view.b.stats.shape == [192]
+    json.dumps(to_plain(view), allow_nan=False)  # JSON-able, strictly
+
+
+def test_largest_differences_carry_multi_dimensional_indices_nan_first(tmp_path, fmt) -> None:
+    x = base_rows()
+    y = x.copy()
+    y[1, 2, 3] += 0.5  # position 1 only
+    y[1, 0, 1] -= 2.0
+    y[1, 1, 1] = np.nan  # NaN on one side differs most of all
+    x[1, 2, 0] = y[1, 2, 0] = np.nan  # NaN on both sides: equal
+    write(tmp_path / f"a.{fmt}", x, "p")
+    write(tmp_path / f"b.{fmt}", y, "q")
+    view = row_view(tmp_path / f"a.{fmt}", tmp_path / f"b.{fmt}", "h", request="p", request_b="q", position=1)
+    assert view.elements == 12 and view.differing == 3
+    assert [d.index for d in view.top] == [[1, 1], [0, 1], [2, 3]]
+    assert np.isnan(view.top[0].b) and view.top[0].a == float(x[1, 1, 1])
+    assert view.top[1].abs_diff == pytest.approx(2.0) and view.top[2].abs_diff == pytest.approx(0.5)
+    assert np.isnan(view.metrics["max_abs"])  # compare's metrics, NaN and all
+    assert view.a.stats.nan == 1 and view.b.stats.nan == 2 and view.b.stats.shape == [3, 4]
+    assert json.loads(json.dumps(to_plain(view), allow_nan=False))["top"][0]["b"] == "NaN"
+    same = row_view(tmp_path / f"a.{fmt}", tmp_path / f"b.{fmt}", "h", request="p", request_b="q", position=0)
+    assert same.differing == 0 and same.top == [] and same.metrics["cosine"] == pytest.approx(1.0)
+
+
+def test_without_a_position_the_first_row_both_sides_hold_is_shown(tmp_path) -> None:
+    x = base_rows()
+    with td.record(tmp_path / "b.h5") as rec:  # b starts at position 2 (a prefix-cache hit)
+        rec.request_tokens("q", TOKENS)
+        rec.log("h", x[2:], positions=[2, 3], token_ids=TOKENS[2:], request="q")
+    write(tmp_path / "a.h5", x, "p")
+    view = row_view(tmp_path / "a.h5", tmp_path / "b.h5", "h", request="p", request_b="q")
+    assert (view.a.position, view.b.position, view.differing) == (2, 2, 0)
+
+
+def test_several_rows_fit_the_first_is_shown_and_the_count_said(tmp_path) -> None:
+    x = base_rows()
+    with td.record(tmp_path / "a.h5") as rec:
+        for step, request in ((0, "p1"), (1, "p2")):
+            rec.log("h", x + step, step=step, token_ids=TOKENS, request=request)
+    write(tmp_path / "b.h5", x, "q")
+    view = row_view(tmp_path / "a.h5", tmp_path / "b.h5", "h", position=0, request_b="q")
+    assert (view.a.matched, view.a.request, view.a.step, view.b.matched) == (2, "p1", 0, 1)
+    narrowed = row_view(tmp_path / "a.h5", tmp_path / "b.h5", "h", position=0, step=1, step_b=0,
+                        request_b="q")
+    assert (narrowed.a.matched, narrowed.a.request) == (1, "p2")
+    assert narrowed.top[0].abs_diff == pytest.approx(1.0) and narrowed.differing == 12
+
+
+def test_integer_rows_compare_exactly_and_other_text_is_said(tmp_path) -> None:
+    ids = np.array([7, 2**62 + 1, 9, 4], dtype=np.int64)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("tok", ids, token_ids=TOKENS, request="p")
+    with td.record(tmp_path / "b.h5") as rec:
+        rec.log("tok", ids - [0, 1, 0, 0], token_ids=[5, 9, 7, 8], request="p")
+    view = row_view(tmp_path / "a.h5", tmp_path / "b.h5", "tok", request="p", position=1)
+    assert view.metrics == {"equal": 0.0} and view.top[0].index == []
+    assert (view.top[0].a, view.top[0].b, view.top[0].abs_diff) == (2**62 + 1, 2**62, 1.0)  # not via float
+    assert view.notes == ["the rows hold other tokens (a 6, b 9): not the same text"]
+    later = row_view(tmp_path / "a.h5", tmp_path / "b.h5", "tok", request="p", position=3)
+    assert later.notes == ["the requests hold other tokens at position 1 (a 6, b 9): these rows follow "
+                           "other text"]
+
+
+def test_a_static_tensor_is_compared_whole_and_shapes_that_differ_are_said(tmp_path) -> None:
+    d2t = np.arange(6, dtype=np.int64)
+    write(tmp_path / "a.h5", base_rows(), "p", draft_d2t=d2t, w=np.ones((2, 3), np.float32))
+    write(tmp_path / "b.h5", base_rows(), "p", draft_d2t=d2t - np.arange(6), w=np.ones(6, np.float32))
+    view = row_view(tmp_path / "a.h5", tmp_path / "b.h5", "draft.d2t")
+    assert view.static and view.a.request is None and view.metrics == {"equal": 0.0}
+    assert view.differing == 5 and [d.index for d in view.top[:2]] == [[5], [4]]
+    shapes = row_view(tmp_path / "a.h5", tmp_path / "b.h5", "w")
+    assert shapes.metrics == {} and shapes.top == []
+    assert (shapes.a.stats.shape, shapes.b.stats.shape) == ([2, 3], [6])
+    assert shapes.notes and shapes.notes[0].startswith("shape [2, 3] vs [6]")
+    with pytest.raises(InputError, match="static tensor"):
+        row_view(tmp_path / "a.h5", tmp_path / "b.h5", "draft.d2t", position=0)
+    with td.record(tmp_path / "c.h5") as rec:
+        rec.log("w", np.ones((4, 6), np.float32), token_ids=TOKENS, request="p")
+    with pytest.raises(InputError) as kinds:
+        row_view(tmp_path / "c.h5", tmp_path / "b.h5", "w")
+    assert kinds.value.path == str(tmp_path / "b.h5")
+    assert kinds.value.problem.startswith("'w' is a static tensor in b but a row tensor in a")
+
+
+def test_a_side_that_lacks_the_tensor_or_the_row_is_named(tmp_path) -> None:
+    write(tmp_path / "a.h5", base_rows(), "sample0")
+    write(tmp_path / "b.h5", base_rows(), "req0")
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    with pytest.raises(InputError) as missing:
+        row_view(a, b, "nope")
+    assert missing.value.path == str(a) and "a has no tensor 'nope'" in missing.value.problem
+    with pytest.raises(InputError) as other_ids:
+        row_view(a, b, "h", request="sample0", position=0)  # b names its requests otherwise
+    assert other_ids.value.path == str(b)
+    assert "its requests: 'req0'; pass --request-b" in other_ids.value.problem
+    for where, text in (({"position": 9}, "at position 9 (positions of the rows selected: 0..3)"),
+                        ({"depth": 2}, "at depth 2 (its depths: 0; pass --depth)"),
+                        ({"step": 4}, "at step 4 (its steps: 0)")):
+        with pytest.raises(InputError) as err:
+            row_view(a, b, "h", request_b="req0", **where)
+        assert err.value.path == str(a) and text in err.value.problem
+
+
+def test_a_depth_row_fed_other_tokens_is_said() -> None:
+    view = row_view(TRAINING, BUG, "draft.token", request="sample0", request_b="req0", position=3, depth=2)
+    with td.open_trace(TRAINING) as a, td.open_trace(BUG) as b:
+        fed = [t.rows("draft.input_ids", step=s.step, request=s.request, depth=2)
+               for t, s in ((a, view.a), (b, view.b))]
+        fed_tokens = [int(r.numpy()[r.position == 3][0]) for r in fed]
+    assert [view.a.fed, view.b.fed] == fed_tokens and fed_tokens[0] != fed_tokens[1]
+    said = f"the draft was fed other tokens at depth 2 (a {fed_tokens[0]}, b {fed_tokens[1]})"
+    assert view.notes[0].startswith(said)
+
+
+def test_the_next_command_of_the_sample_bug_shows_both_rows_and_their_largest_differences() -> None:
+    """The compare report's last line is a command; run as printed, it shows the failing row of
+    both traces and the elements that differ most."""
+    compared = run_cli("compare", str(TRAINING), str(BUG))
+    assert compared.returncode == 1, compared.stderr
+    line = compared.stdout.strip().splitlines()[-1]
+    argv = shlex.split(line.removeprefix("next: "))
+    assert argv == ["tracediff", "show", str(TRAINING), str(BUG), "--name", "target.aux", "--request",
+                    "sample0", "--request-b", "req0", "--position", "0"]
+    shown = run_cli(*argv[1:])
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    assert f"a {TRAINING}: request sample0, position 0, depth 0" in text
+    assert f"b {BUG}: request req0, position 0, depth 0" in text
+    assert "192 of 192 elements differ" in text and "largest differences (10 of 192):" in text
+    view = row_view(TRAINING, BUG, "target.aux", request="sample0", request_b="req0", position=0)
+    largest = next(ln for ln in text.splitlines() if ln.lstrip().startswith(f"({view.top[0].index[0]},)"))
+    assert f"{view.top[0].a:.6g}" in largest and f"{view.top[0].b:.6g}" in largest
+    as_json = json.loads(run_cli(*argv[1:], "--json", "--top", "3").stdout)
+    assert as_json == json.loads(json.dumps(to_plain(row_view(TRAINING, BUG, "target.aux", request="sample0",
+                                                              request_b="req0", position=0, top=3))))
+
+
+def test_bad_pair_input_is_one_line_naming_the_side(tmp_path) -> None:
+    write(tmp_path / "a.h5", base_rows(), "p")
+    write(tmp_path / "b.h5", base_rows(), "p")
+    with td.record(tmp_path / "c.h5") as rec:
+        rec.log("other", base_rows(), token_ids=TOKENS, request="p")
+    out = run_cli("show", str(tmp_path / "a.h5"), str(tmp_path / "c.h5"), "--name", "h")
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.strip() == f"error: {tmp_path / 'c.h5'}: b has no tensor 'h' (list them: tracediff " \
+                                 f"show {tmp_path / 'c.h5'})"
+    out = run_cli("show", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
+    assert out.returncode == 2 and out.stderr.strip().startswith("error: --name: ")
+    out = run_cli("show", str(tmp_path / "a.h5"), str(tmp_path / "nope.h5"), "--name", "h")
+    assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / 'nope.h5'}: no such file"

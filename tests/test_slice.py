@@ -1,0 +1,198 @@
+"""tracediff slice: a smaller trace that is still a trace. Selection semantics per axis, what is copied
+whole (metadata, contract, statics, token sequences), per-rank traces, and bad input."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+import tracediff as td
+from tracediff.cli import app
+from tracediff.diff.contract import contract
+from tracediff.errors import InputError
+from tracediff.trace.slice import Selection, Span, parse_spans, slice_trace
+from tracediff.trace.summary import summarize
+
+REQUESTS = ("r0", "r1")
+LENGTH = 12  # tokens per request; each step logs 4 positions of each request
+
+
+def tokens_of(request: str) -> np.ndarray:
+    return np.arange(LENGTH) + (100 if request == "r0" else 200)
+
+
+def values(request: str, positions: np.ndarray, depth: int = 0, width: int = 8) -> np.ndarray:
+    """Row values that say which key they belong to (a slice must keep rows with their keys)."""
+    code = (1000 if request == "r1" else 0) + positions[:, None] * 10 + depth
+    return (code + np.arange(width)[None, :] / 100).astype(np.float32)
+
+
+def write_trace(path: Path, rank: int | None = None, world_size: int | None = None) -> Path:
+    """3 steps x 2 requests x 4 positions; target rows at depth 0, draft rows at depths 0..2; a static
+    d2t; each request's whole token sequence declared; a contract learned during the run. With
+    ``rank``, the recorder writes ``stem.rankR.ext``."""
+    ranks = {} if rank is None else {"rank": rank, "world_size": world_size}
+    with td.record(path, source="serving", meta={"target_model": "tiny", "aux_layer_ids": [1, 2]},
+                   **ranks) as rec:
+        rec.log_static("draft.d2t", np.arange(16, dtype=np.int64))
+        for request in REQUESTS:
+            rec.request_tokens(request, tokens_of(request))
+        for step in range(3):
+            for request in REQUESTS:
+                at = np.arange(4 * step, 4 * step + 4)
+                keys = dict(step=step, request=request, positions=at, token_ids=tokens_of(request)[at])
+                rec.log("target.layer.0", values(request, at), **keys)
+                for depth in range(3):  # each chain fed the target's next tokens (what compare pairs by)
+                    fed = tokens_of(request)[np.minimum(at + depth + 1, LENGTH - 1)]
+                    rec.log("draft.input_ids", fed, depth=depth, **keys)
+                    rec.log("draft.hidden", values(request, at, depth), depth=depth, **keys)
+        rec.update_contract(speculative_args={"num_steps": 3})
+    return path
+
+
+@pytest.fixture
+def trace_path(tmp_path: Path, fmt: str) -> Path:
+    return write_trace(tmp_path / f"run.{fmt}")
+
+
+def digest(path: Path) -> tuple[str, int]:
+    return hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns
+
+
+def test_requests_positions_and_steps_keep_exactly_the_rows_they_name(trace_path, tmp_path) -> None:
+    out = tmp_path / f"small{trace_path.suffix}"
+    selection = Selection(names=("target.*",), requests=("r1",), positions=Span(2, 6), steps=(Span(0, 2),))
+    result = slice_trace(trace_path, out, selection)
+    with td.open_trace(out) as small:
+        assert small.names() == ["target.layer.0"] == result.names
+        rows = small.rows("target.layer.0")
+    # positions 2, 3 were logged at step 0 and 4, 5 at step 1; r0's rows and step 2 are gone
+    assert rows.request.tolist() == ["r1"] * 4 and rows.position.tolist() == [2, 3, 4, 5]
+    assert rows.step.tolist() == [0, 0, 1, 1] and rows.token_id.tolist() == [202, 203, 204, 205]
+    np.testing.assert_array_equal(rows.numpy(), values("r1", np.arange(2, 6)))
+    assert (result.records, result.rows) == (2, 4)
+
+
+def test_depths_and_steps_choose_records_and_statics_of_a_kept_name_stay(trace_path, tmp_path) -> None:
+    out = tmp_path / f"small{trace_path.suffix}"
+    slice_trace(trace_path, out, Selection(names=("draft.h*", "draft.d2t"), steps=(Span(2, None),),
+                                           depths=(Span(1, 3),)))
+    with td.open_trace(out) as small:
+        assert small.names() == ["draft.d2t", "draft.hidden"]
+        rows = small.rows("draft.hidden")
+        assert sorted(set(rows.depth.tolist())) == [1, 2] and set(rows.step.tolist()) == {2}
+        d2t = small.read(small.select(name="draft.d2t")[0])
+    assert d2t.static and d2t.numpy().tolist() == list(range(16))  # steps and depths never drop a static
+    np.testing.assert_array_equal(rows.numpy()[rows.depth == 2][:4], values("r0", np.arange(8, 12), 2))
+
+
+def test_the_slice_keeps_metadata_contract_and_whole_token_sequences(trace_path, tmp_path) -> None:
+    out = tmp_path / f"small{trace_path.suffix}"
+    selection = Selection(requests=("r0",), positions=Span(8, 9))
+    slice_trace(trace_path, out, selection)
+    with td.open_trace(trace_path) as full, td.open_trace(out) as small:
+        assert {k: v for k, v in small.meta.items() if k != "sliced_from"} == full.meta
+        assert small.meta["sliced_from"] == {"path": str(trace_path), "selection": selection.to_dict()}
+        assert contract(small) == contract(full) and contract(small)["speculative_args"] == {"num_steps": 3}
+        table = small.request_tokens()
+        assert table.requests() == ["r0"]  # r1's tokens go with r1's rows
+        assert table.sequence("r0")[1].tolist() == tokens_of("r0").tolist()  # all 12, not just position 8
+        final = small.finals[0]  # d2t; of step 2 target.layer.0, and 2 draft tensors at 3 depths
+        assert final["records"] == 8 and final["tokens"] == LENGTH and final["closed"] is True
+
+
+def test_a_slice_is_a_valid_trace_that_show_and_compare_read(trace_path, tmp_path) -> None:
+    out = tmp_path / f"small{trace_path.suffix}"
+    slice_trace(trace_path, out, Selection(requests=("r1",), positions=Span(0, 6), depths=(Span(0, 2),)))
+    with td.open_trace(out) as small:
+        summary = summarize(small)
+    assert [(t.name, t.rows) for t in summary.tensors] == [("draft.d2t", 0), ("target.layer.0", 6),
+                                                           ("draft.input_ids", 12), ("draft.hidden", 12)]
+    report = td.compare(trace_path, out)
+    assert report.verdict == "match" and report.coverage.fraction == 1.0
+    shown = CliRunner().invoke(app, ["show", str(out)])
+    assert shown.exit_code == 0 and "target.layer.0" in shown.stdout
+
+
+def test_reading_the_source_never_modifies_it(trace_path, tmp_path) -> None:
+    before = digest(trace_path)
+    slice_trace(trace_path, tmp_path / "small.h5", Selection(requests=("r0",)))
+    slice_trace(trace_path, tmp_path / "small.arrow", Selection(names=("draft.*",)))
+    assert digest(trace_path) == before
+
+
+def test_a_trace_of_rank_files_is_sliced_per_rank(tmp_path, fmt) -> None:
+    for rank in (0, 1):
+        write_trace(tmp_path / f"run.{fmt}", rank=rank, world_size=2)
+    result = slice_trace(tmp_path / f"run.{fmt}", tmp_path / f"small.{fmt}", Selection(positions=Span(0, 4)))
+    assert [p.name for p in result.paths] == [f"small.rank0.{fmt}", f"small.rank1.{fmt}"]
+    with td.open_trace(tmp_path / f"small.{fmt}") as small:
+        rows = small.rows("target.layer.0")
+        assert sorted(set(rows.rank.tolist())) == [0, 1] and set(rows.position.tolist()) == {0, 1, 2, 3}
+        assert [f.meta["rank"] for f in small.files] == [0, 1]
+
+
+def test_an_output_that_is_the_input_is_refused(trace_path) -> None:
+    before = digest(trace_path)
+    same = trace_path.parent / "." / trace_path.name
+    with pytest.raises(InputError, match="would overwrite the input"):
+        slice_trace(trace_path, same, Selection())
+    assert digest(trace_path) == before
+
+
+@pytest.mark.parametrize("text, span", [("3:7", Span(3, 7)), ("3:", Span(3, None)), (":7", Span(None, 7)),
+                                        ("5", Span(5, 6)), (" -1:2 ", Span(-1, 2))])
+def test_spans_are_half_open(text, span) -> None:
+    assert Span.parse(text) == span
+    inside = [(span.start is None or v >= span.start) and (span.stop is None or v < span.stop)
+              for v in range(-2, 10)]
+    assert span.mask(np.arange(-2, 10)).tolist() == inside and any(inside) and not all(inside)
+
+
+@pytest.mark.parametrize("text, why", [("7:3", "empty"), ("3:3", "empty"), ("a:b", "expected A:B"),
+                                       ("1.5:2", "expected A:B"), ("", None)])
+def test_bad_spans_say_why(text, why) -> None:
+    if why is None:
+        assert parse_spans([text]) is None  # no value: no restriction
+        return
+    with pytest.raises(ValueError, match=why):
+        parse_spans([text])
+
+
+def test_the_command_writes_the_slice(trace_path, tmp_path) -> None:
+    out = tmp_path / "small.arrow"
+    done = CliRunner().invoke(app, ["slice", str(trace_path), "-o", str(out), "--names", "target.*,draft.d2t",
+                                    "--requests", "r1", "--positions", "4:8", "--steps", "1",
+                                    "--depths", "0"])
+    assert done.exit_code == 0, done.stderr
+    assert done.stdout.startswith(f"wrote {out}: 2 records, 4 rows, {LENGTH} request tokens")
+    with td.open_trace(out) as small:
+        assert small.names() == ["draft.d2t", "target.layer.0"]
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--positions", "9:3"], "error: --positions: '9:3' is empty: B must be greater than A"),
+    (["--positions", "x"], "error: --positions: expected A:B (integers, half-open), got 'x'"),
+    (["--positions", "1:2,4:5"], "error: --positions: takes one range A:B, got '1:2,4:5'"),
+    (["--steps", "1-3"], "error: --steps: expected A:B (integers, half-open), got '1-3'"),
+])
+def test_bad_options_are_one_error_line(trace_path, tmp_path, args, line) -> None:
+    done = CliRunner().invoke(app, ["slice", str(trace_path), "-o", str(tmp_path / "s.h5"), *args])
+    assert (done.exit_code, done.stdout, done.stderr) == (2, "", line + "\n")
+    assert not (tmp_path / "s.h5").exists()
+
+
+def test_bad_files_are_one_error_line(trace_path, tmp_path) -> None:
+    missing = CliRunner().invoke(app, ["slice", str(tmp_path / "none.h5"), "-o", str(tmp_path / "s.h5")])
+    assert (missing.exit_code, missing.stderr) == (2, f"error: {tmp_path / 'none.h5'}: no such file\n")
+    before = digest(trace_path)
+    same = CliRunner().invoke(app, ["slice", str(trace_path), "-o", str(trace_path)])
+    assert (same.exit_code, same.stderr) == (2, f"error: {trace_path}: output would overwrite the input\n")
+    assert digest(trace_path) == before
+    suffix = CliRunner().invoke(app, ["slice", str(trace_path), "-o", str(tmp_path / "s.txt")])
+    assert suffix.exit_code == 2 and suffix.stderr.startswith(f"error: {tmp_path / 's.txt'}: cannot tell")
+    assert suffix.stderr.count("\n") == 1

@@ -1,0 +1,44 @@
+"""What a bundle holds, as plain data: ``make_bundle`` returns it and report.md is rendered from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tracediff.bundle.fingerprint import Fingerprint
+from tracediff.bundle.select import Focus, Window
+from tracediff.bundle.verify import Verification
+from tracediff.diff.results import Report
+from tracediff.trace.slice import Selection, SliceResult
+
+
+@dataclass
+class Side:
+    """One trace's part of a bundle."""
+
+    paths: list[str]  # the full trace's files
+    file: str  # its slice in the bundle directory, e.g. "a.h5"
+    selection: Selection
+    sliced: SliceResult
+    summarized: list[str]  # tensors left out of the slice, summarized in stats.json (if kept)
+    fingerprint: Fingerprint
+
+
+@dataclass
+class Bundle:
+    directory: Path
+    report: Report  # the full traces' compare
+    focus: Focus
+    window: Window
+    sides: tuple[Side, Side]
+    verification: Verification  # the slices' compare
+    left_out: list[str]  # what the budget made the bundle leave out, one line each (trace text as is)
+    commands: dict[str, str]  # what each reproduce command does -> the command (shell-quoted)
+    budget: int
+    files: dict[str, int] = field(default_factory=dict)  # file -> bytes, report.md included
+    zip: Path | None = None
+    zip_size: int | None = None
+
+    @property
+    def total(self) -> int:
+        return sum(self.files.values())
