@@ -1,12 +1,25 @@
 """``tracediff record --watch GLOB -- CMD``: record modules of any PyTorch program, by dotted name.
 
-Once torch is imported, one global forward pre-hook sees every module call. The first call of a
-module not seen before makes it a root: its whole subtree is marked seen, the globs are resolved
-against its submodules' ``named_modules()`` names (``*`` = one name part, ``**`` = any; the root
-itself has no name and is never watched), and each match gets a forward hook (a module watched under
-an earlier root, e.g. called on its own first, moves to the enclosing one). Every later call of any
-module costs the hook one call and one dict lookup (measured: see docs/INTEGRATIONS.md), plus
-torch's slower hooked call path while any global hook exists.
+Once torch is imported, two global hooks (a forward pre-hook, and a forward hook torch calls even
+when the forward raises) see every module call. The first call of a module not seen before makes it
+a root: its whole subtree is marked seen, the globs are resolved against its submodules'
+``named_modules()`` names (``*`` = one name part, ``**`` = any; the root itself has no name and is
+never watched), and each match is watched (a module watched under an earlier root, e.g. called on
+its own first, moves to the enclosing one). A module first called inside a root's forward that is
+part of that root (a layer appended, an adapter injected after its first forward) is resolved under
+the root's names. Every later call of any module costs each hook one call and one dict lookup
+(measured: see docs/INTEGRATIONS.md), plus torch's slower hooked call path while any global hook
+exists; a root's call also reads its keyword arguments from torch's calling frame.
+
+Host safety. Nothing is stored on the modules, so a watched model pickles (``torch.save(model)``),
+deep-copies and scripts (``torch.jit.script``) as it would unwatched. Nothing the watcher does raises
+into the program: its first failure is logged once and stops the watching (the hooks go at the next
+module call). Code torch.compile or torch.export traces sees the hooks as no-ops (traced, a hook would
+break the graph, or fail it under ``fullgraph=True``), so what runs compiled is not recorded (a
+compiled root says so once). Tensors without data (FakeTensor and other tensor subclasses) are not
+recorded, and not read for row keys; meta tensors are counted as dropped by the recorder. Threads
+calling one model keep their own row keys, and a root called inside its own forward keeps the outer
+call's keys after the inner one returns.
 
 Names: in an HF causal LM (``LlamaForCausalLM`` etc., also inside a wrapper) the embedding is
 ``target.embed`` and decoder layer i ``target.layer.{i}`` (its output, docs/FORMAT.md); other
@@ -33,10 +46,13 @@ from __future__ import annotations
 
 import atexit
 import hashlib
+import itertools
 import json
 import logging
+import os
 import re
 import sys
+import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -159,81 +175,96 @@ def kept_rows(keys: Keys) -> Rows | None:
 
 
 class RootState:
-    """One root module's forward count and the row keys of its current call."""
+    """One root module: its forward count, and per thread the requests its calls continue."""
 
-    def __init__(self, gate: RequestGate, prefix: str = "") -> None:
-        self.step = -1
-        self.keys: Keys | None = None
-        self.inside = False
-        self.requests: list[str] = []
+    def __init__(self, gate: RequestGate, root: Any, prefix: str = "") -> None:
+        self.step = -1  # the last forward started; outputs outside any call are static records of it
         self.gate = gate
         self.prefix = prefix  # request ids of a second root start r1, r2, ...: never another root's
+        self.root = weakref.ref(root)
+        self._steps = itertools.count()  # no lock: a child forked mid-call could inherit it held
+        self._local = threading.local()  # .requests: the sequences this thread's calls continue
 
-    def before(self, module: Any, args: tuple, kwargs: dict) -> None:
-        self.step += 1
-        self.inside = True
-        self.keys = row_keys(args, kwargs, self)
+    def start(self) -> int:
+        """The step of a call now starting: the root's forward count, one per call on any thread."""
+        self.step = step = next(self._steps)
+        return step
 
-    def after(self, module: Any, args: Any, result: Any) -> None:
-        self.keys = None
-        self.inside = False
-
-    def request_ids(self, batch: int, starts: bool) -> list[str]:
+    def request_ids(self, step: int, batch: int, starts: bool) -> list[str]:
         """A new request per batch row when a sequence starts, the same ones when it continues."""
-        if starts or len(self.requests) != batch:
-            self.requests = [f"{self.prefix}s{self.step}b{b}" for b in range(batch)]
-        return self.requests
+        requests = getattr(self._local, "requests", None)
+        if starts or requests is None or len(requests) != batch:
+            requests = self._local.requests = [f"{self.prefix}s{step}b{b}" for b in range(batch)]
+        return requests
 
-    def shape_rows(self, y: Any) -> Rows | None:
+    def shape_rows(self, y: Any, step: int) -> Rows | None:
         """Keys of an output of a call without token ids, from its shape (module docstring)."""
         import torch
 
         if y.dim() >= 3:
             batch, length = y.shape[0], y.shape[1]
-            requests: Any = [f"{self.prefix}s{self.step}b{b}" for b in range(batch)]
+            requests: Any = [f"{self.prefix}s{step}b{b}" for b in range(batch)]
             shape: tuple[int, ...] = (batch, length)
         elif y.dim() == 2:
             length = y.shape[0]
-            requests, shape = f"{self.prefix}s{self.step}", (length,)
+            requests, shape = f"{self.prefix}s{step}", (length,)
         else:
             return None
-        ids = torch.full(shape, placeholder(self.step), dtype=torch.long)
+        ids = torch.full(shape, placeholder(step), dtype=torch.long)
         return Rows(requests, torch.arange(length).expand(shape), ids)
 
 
-def row_keys(args: tuple, kwargs: dict, state: RootState) -> Keys | None:
+@dataclass
+class Call:
+    """One root call in progress on one thread."""
+
+    state: RootState
+    step: int
+    keys: Keys | None = None
+
+
+def has_data(x: Any) -> bool:
+    """A tensor whose values can be read: not a subclass (FakeTensor under torch.export or a memory
+    estimate, FunctionalTensor, DTensor) and not on the meta device."""
+    import torch
+
+    return type(x) in (torch.Tensor, torch.nn.Parameter) and not x.is_meta
+
+
+def row_keys(args: tuple, kwargs: dict, state: RootState, step: int) -> Keys | None:
     """Keys from an HF-style call: input_ids (else inputs_embeds, with placeholder tokens), position_ids /
     attention_mask / cache_position, and the KV cache (``past_key_values``, or ``cache`` in
-    transformers 5) to tell a new sequence."""
+    transformers 5) to tell a new sequence. Tensors without data are not read (``has_data``)."""
     import torch
 
     ids: Any = kwargs.get("input_ids")
     if ids is None and args:
         ids = args[0]
-    embeds = kwargs.get("inputs_embeds")
-    tokens_known = isinstance(ids, torch.Tensor) and not ids.dtype.is_floating_point and ids.dim() in (1, 2)
+    embeds: Any = kwargs.get("inputs_embeds")
+    tokens_known = has_data(ids) and not ids.dtype.is_floating_point and ids.dim() in (1, 2)
     if not tokens_known:
-        if not (isinstance(embeds, torch.Tensor) and embeds.is_floating_point() and embeds.dim() in (2, 3)):
+        if not (has_data(embeds) and embeds.is_floating_point() and embeds.dim() in (2, 3)):
             return None
-        ids = torch.full(embeds.shape[:-1], placeholder(state.step), dtype=torch.long, device=embeds.device)
+        ids = torch.full(embeds.shape[:-1], placeholder(step), dtype=torch.long, device=embeds.device)
     length = ids.shape[-1]
-    full_mask = kwargs.get("attention_mask")
-    if not isinstance(full_mask, torch.Tensor) or full_mask.dim() != ids.dim():
+    full_mask: Any = kwargs.get("attention_mask")
+    if not has_data(full_mask) or full_mask.dim() != ids.dim():
         full_mask = None  # 4-D masks and the like say nothing per token
-    cache = kwargs.get("cache_position")
+    cache: Any = kwargs.get("cache_position")
+    cache = cache if has_data(cache) else None
     past = past_length(kwargs.get("past_key_values", kwargs.get("cache")), cache)
-    positions = kwargs.get("position_ids")
-    if isinstance(positions, torch.Tensor) and (positions.shape == ids.shape or positions.numel() == length):
+    positions: Any = kwargs.get("position_ids")
+    if has_data(positions) and (positions.shape == ids.shape or positions.numel() == length):
         positions = positions.reshape(-1, length).expand(ids.shape) if ids.dim() == 2 \
             else positions.reshape(-1)
     elif full_mask is not None:
         positions = (full_mask.long().cumsum(-1) - 1)[..., -length:]
-    elif isinstance(cache, torch.Tensor) and cache.numel() == length:
+    elif cache is not None and cache.numel() == length:
         positions = cache.reshape(1, length).expand(ids.shape) if ids.dim() == 2 else cache
     else:
         positions = (torch.arange(length, device=ids.device) + past).expand(ids.shape)
     mask = None if full_mask is None else full_mask[..., -length:]
-    requests = state.request_ids(ids.shape[0] if ids.dim() == 2 else 1, starts=past == 0)
+    requests = state.request_ids(step, ids.shape[0] if ids.dim() == 2 else 1, starts=past == 0)
     if state.gate.active and past == 0:
         rows = ids if ids.dim() == 2 else ids.reshape(1, -1)
         for b, request in enumerate(requests):
@@ -290,6 +321,11 @@ def model_identity(model: Any) -> str | None:
 
 
 def recordable(x: Any) -> bool:
+    """A tensor of a dtype a trace holds, not a subclass (a meta tensor is the recorder's to count)."""
+    import torch
+
+    if type(x) not in (torch.Tensor, torch.nn.Parameter):
+        return False
     try:
         tag_of_tensor(x)
     except ValueError:
@@ -302,8 +338,19 @@ def watchable(name: str) -> bool:
     return bool(name) and not name.startswith("__")
 
 
+class Seen:
+    """What the watcher knows of a module it has seen called (or seen in a root's subtree)."""
+
+    __slots__ = ("root", "label", "owner")
+
+    def __init__(self) -> None:
+        self.root: RootState | None = None  # set when the module is a root
+        self.label: str | None = None  # set when the module is watched: its name in the trace ...
+        self.owner: RootState | None = None  # ... and the root whose calls key its outputs
+
+
 class Watcher:
-    """The global hook and the roots it found."""
+    """The global hooks and the roots they found."""
 
     def __init__(self, config: LaunchConfig, factory: RecorderFactory) -> None:
         self.globs = config.watch
@@ -317,90 +364,181 @@ class Watcher:
                             f"--requests {config.requests}" if config.requests is not None else "",
                             "--match-prefix " + ",".join(map(str, config.match_prefix))
                             if config.match_prefix is not None else "")))}
-        self.seen: dict[int, weakref.ref] = {}
-        self.hooks: dict[int, Any] = {}  # id(module) -> its output hook's handle
-        self.root_hooks: list[Any] = []
+        self.seen: dict[int, Seen] = {}  # id(module) -> what it is; the one lookup of each hook call
+        self.refs: dict[int, weakref.ref] = {}  # id(module) -> a reference that forgets it when it dies
         self.roots = 0
         self.contract: dict[str, Any] = {}  # target_model, row_keys: what each recorder is told
         self.key_kinds: set[str] = set()
         self.told: tuple[Any, dict] | None = None  # the recorder last told, and what
         self.left_out: set[str] = set()  # the filters that left out an output
         self.recorded = False
-        self.handle: Any = None
+        self.handles: list[Any] = []
         self.failed = False
+        self.warned_compiled = False
+        self.compiling: Callable[[], bool] = lambda: False
+        self.local = threading.local()  # .calls: the root calls in progress on this thread, innermost last
+        self.lock = threading.RLock()  # attaching (the slow path) is one thread at a time
+        os.register_at_fork(after_in_child=self._unlock)
+
+    def _unlock(self) -> None:
+        """A child forked while another thread attached must not inherit the held lock."""
+        self.lock = threading.RLock()
 
     def install(self, torch_module: Any) -> None:
-        from torch.nn.modules.module import register_module_forward_pre_hook
+        from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
-        self.handle = register_module_forward_pre_hook(self.on_call)
+        compiler = getattr(torch_module, "compiler", None)
+        self.compiling = getattr(compiler, "is_compiling", None) or self.compiling
+        self.handles = [register_module_forward_pre_hook(self.on_call),
+                        register_module_forward_hook(self.on_return, always_call=True)]
         atexit.register(self.report_left_out)
 
+    @property
+    def handle(self) -> Watcher | None:
+        """The hooks as one handle while installed: ``handle.remove()`` removes them all."""
+        return self if self.handles else None
+
     def remove(self) -> None:
-        """Remove every hook (the global one, the roots', the watched modules')."""
-        for handle in [self.handle, *self.root_hooks, *self.hooks.values()]:
-            if handle is not None:
-                handle.remove()
-        self.handle, self.root_hooks, self.hooks = None, [], {}
+        """Remove the hooks (from a pre-hook or outside any module call: torch iterates the global
+        forward hooks themselves while a failed forward unwinds)."""
+        with self.lock:
+            handles, self.handles = self.handles, []
+        for handle in handles:
+            handle.remove()
         atexit.unregister(self.report_left_out)
 
     def on_call(self, module: Any, args: tuple) -> None:
-        if id(module) in self.seen:  # the whole per-call cost for modules already seen
+        if self.compiling():  # traced by torch.compile / torch.export: a no-op in the graph
+            return
+        entry = self.seen.get(id(module))  # the whole per-call cost for modules already seen
+        if entry is None:
+            self.first_call(module, args)
+        elif entry.root is not None:
+            self.enter(entry.root, module, args)
+        elif self.failed:
+            self.remove()
+
+    def on_return(self, module: Any, args: Any, result: Any) -> None:
+        if self.compiling():
+            return
+        entry = self.seen.get(id(module))
+        if entry is None:
+            return
+        if entry.label is not None and entry.owner is not None and not self.failed:
+            try:
+                self.record(entry.label, first_tensor(result), entry.owner, self.current(entry.owner))
+            except Exception as exc:
+                self.fail(f"recording {entry.label}", exc)
+        if entry.root is not None:
+            self.leave(entry.root)
+
+    def calls(self) -> list[Call]:
+        calls = getattr(self.local, "calls", None)
+        if calls is None:
+            calls = self.local.calls = []
+        return calls
+
+    def current(self, state: RootState) -> Call | None:
+        """The innermost call of this root in progress on this thread."""
+        for call in reversed(self.calls()):
+            if call.state is state:
+                return call
+        return None
+
+    def enter(self, state: RootState, module: Any, args: tuple) -> None:
+        if self.failed:
+            self.remove()
+            return
+        call = Call(state, state.start())
+        self.calls().append(call)  # before the keys: the call ends (leave) even if they fail
+        try:
+            call.keys = row_keys(args, call_kwargs(module), state, call.step)
+        except Exception as exc:
+            self.fail(f"reading the row keys of a {type(module).__name__} call", exc)
+
+    def leave(self, state: RootState) -> None:
+        """End the innermost call of this root on this thread, and any call above it that a raising
+        forward left behind."""
+        calls = self.calls()
+        for i in range(len(calls) - 1, -1, -1):
+            if calls[i].state is state:
+                del calls[i:]
+                return
+
+    def first_call(self, module: Any, args: tuple) -> None:
+        if self.failed:
+            self.remove()
             return
         try:
-            self.attach(module, args, call_kwargs(module))
+            with self.lock:
+                if id(module) not in self.seen:  # else another thread attached it meanwhile
+                    self.attach(module)
+            entry = self.seen.get(id(module))
+            if entry is not None and entry.root is not None:
+                self.enter(entry.root, module, args)  # its first call is a call like any other
         except Exception as exc:
             self.fail(f"attaching to {type(module).__name__}", exc)
 
-    def remember(self, module: Any) -> None:
+    def remember(self, module: Any) -> Seen:
         key = id(module)
+        entry = self.seen.get(key)
+        if entry is None:
+            def forget(_ref: weakref.ref) -> None:
+                self.seen.pop(key, None)
+                self.refs.pop(key, None)
 
-        def forget(_ref: weakref.ref) -> None:
-            self.seen.pop(key, None)
+            entry = self.seen[key] = Seen()
+            self.refs[key] = weakref.ref(module, forget)
+        return entry
 
-        self.seen[key] = weakref.ref(module, forget)
+    def attach(self, module: Any) -> None:
+        """A module called for the first time: a part of a root in progress on this thread (added to
+        it after its first forward), a compiled module, or a new root."""
+        for call in reversed(self.calls()):
+            root = call.state.root()
+            if root is not None and any(m is module for m in root.modules()):
+                self.resolve(root, call.state)
+                return
+        if type(module).__name__ == "OptimizedModule" and hasattr(module, "_orig_mod"):
+            self.remember(module)  # its own modules stay unseen: a later eager call of them is recorded
+            if not self.warned_compiled:
+                self.warned_compiled = True
+                logger.warning("tracediff: --watch records nothing of what runs under torch.compile "
+                               "(compiled code calls no Python hooks); run with TORCH_COMPILE_DISABLE=1 to "
+                               "record it")
+            return
+        state = RootState(self.gate, module, prefix=f"r{self.roots}" if self.roots else "")
+        if self.resolve(module, state):
+            self.roots += 1
+            self.seen[id(module)].root = state
 
-    def attach(self, root: Any, args: tuple, kwargs: dict) -> None:
-        for _, module in root.named_modules():
+    def resolve(self, root: Any, state: RootState) -> bool:
+        """Mark the root's subtree seen and watch its modules whose names match; whether any did."""
+        modules = list(root.named_modules())
+        for _, module in modules:
             self.remember(module)
-        matched = [(name, m) for name, m in root.named_modules()
+        matched = [(name, m) for name, m in modules
                    if watchable(name) and any(p.match(name) for p in self.patterns)]
         if not matched:
-            return
+            return False
         lm = causal_lm(root)
         canonical = lm[1] if lm else {}
         if lm and "target_model" not in self.contract and (identity := model_identity(lm[0])):
             self.contract["target_model"] = identity
-        state = RootState(self.gate, prefix=f"r{self.roots}" if self.roots else "")
-        self.roots += 1
-        for name, module in matched:
-            earlier = self.hooks.pop(id(module), None)
-            if earlier is not None:  # watched under a root it belongs to: the enclosing model's keys win
-                earlier.remove()
-            self.hooks[id(module)] = module.register_forward_hook(self.output_hook(canonical.get(name, name),
-                                                                                   state))
-        self.root_hooks += [root.register_forward_pre_hook(state.before, with_kwargs=True),
-                            root.register_forward_hook(state.after, always_call=True)]
-        state.before(root, args, kwargs)  # this call's own hook list was fixed before we attached
+        for name, module in matched:  # watched under an earlier root it belongs to: the enclosing keys win
+            entry = self.seen[id(module)]
+            entry.label, entry.owner = canonical.get(name, name), state
+        return True
 
-    def output_hook(self, label: str, state: RootState) -> Any:
-        def hook(module: Any, args: Any, result: Any) -> None:
-            if self.failed:
-                return
-            try:
-                self.record(label, first_tensor(result), state)
-            except Exception as exc:
-                self.fail(f"recording {label}", exc)
-
-        return hook
-
-    def record(self, label: str, y: Any, state: RootState) -> None:
+    def record(self, label: str, y: Any, state: RootState, call: Call | None) -> None:
         if y is None or not recordable(y):
             return
         if not self.names.keep_name(label):  # before the recorder opens: a process that keeps nothing
             self.left_out.add("names")      # writes nothing
             return
-        keys = state.keys
-        rows = keys.rows_for(y) if keys is not None else state.shape_rows(y) if state.inside else None
+        keys = call.keys if call is not None else None
+        rows = keys.rows_for(y) if keys is not None else state.shape_rows(y, call.step) if call is not None \
+            else None
         if rows is not None and self.gate.active:
             requests = [rows.request] if isinstance(rows.request, str) else list(rows.request)
             if not any([self.gate.admit(r) for r in dict.fromkeys(requests)]):
@@ -415,12 +553,13 @@ class Watcher:
         self.tell(rec)
         if self.gate.active:
             rec.filter.requests = frozenset(self.gate.admitted)
+        step = call.step if call is not None else state.step
         if rows is None:
-            rec.log_static(label, y, step=state.step)
+            rec.log_static(label, y, step=step)
             return
         if rows.subset and keys is not None:
             keys.declare(rec)
-        rec.log(label, y, step=state.step, request=rows.request, positions=rows.positions,
+        rec.log(label, y, step=step, request=rows.request, positions=rows.positions,
                 token_ids=rows.token_ids, attention_mask=rows.attention_mask)
 
     def tell(self, rec: Any) -> None:
@@ -441,20 +580,20 @@ class Watcher:
                        "left out everything they produced", named)
 
     def fail(self, where: str, exc: Exception) -> None:
-        """Log once and stop watching; the host keeps running."""
+        """Log once and stop watching; the host keeps running. The hooks are removed at the next
+        module call (a pre-hook may remove them; a forward hook may be running inside torch's loop
+        over them)."""
         if not self.failed:
             self.failed = True
             logger.warning("tracediff: --watch stopped (%s: %s: %s); the program keeps running", where,
                            type(exc).__name__, exc)
-        if self.handle is not None:
-            self.handle.remove()
 
 
 def call_kwargs(module: Any) -> dict:
-    """The keyword arguments of the call now entering ``module``. Global pre-hooks get none, and a
-    root's own hooks attach too late for its first call: read them from torch's calling frame."""
-    frame: FrameType | None = sys._getframe(2)
-    for _ in range(4):
+    """The keyword arguments of the call now entering ``module``: global pre-hooks get none, so they
+    are read from torch's calling frame (the first one up the stack whose ``self`` is the module)."""
+    frame: FrameType | None = sys._getframe(1)
+    for _ in range(8):
         if frame is None:
             break
         local = frame.f_locals

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -26,14 +26,16 @@ MAX_RECORD_LOG2 = 62  # a record's bytes must fit an int64 with room to add offs
 
 ITEMSIZE = {tag: dtype.itemsize for tag, dtype in STORAGE.items()}
 
-_INT = "an integer"
+_INT = "an integer from 0 to 2^63-1"  # what an int64 column or numpy index can take
+_RANK = "an integer from 0 to 2^31-1"  # ranks are an int32 column of every record
 _TEXT = "a string"
 _OBJECT = "an object"
+_LIMIT = {_INT: 1 << 63, _RANK: 1 << 31}
 # Documented keys -> what their values must be (other keys may hold anything: additive changes).
 RUN_META: dict[str, tuple[str, ...]] = {
     "format": (_TEXT,), "format_version": (_INT,), "source": (_TEXT,), "producer": (_TEXT,),
     "producer_version": (_TEXT,), "created": (_TEXT,), "host": (_OBJECT,), "torch": (_OBJECT, "null"),
-    "rank": (_INT,), "world_size": (_INT,), "filters": (_OBJECT,), "contract": (_OBJECT,),
+    "rank": (_RANK,), "world_size": (_RANK,), "filters": (_OBJECT,), "contract": (_OBJECT,),
 }
 FINAL_META: dict[str, tuple[str, ...]] = {
     "closed": ("a boolean",), "records": (_INT,), "bytes": (_INT,), "dropped_records": (_INT,),
@@ -45,8 +47,8 @@ FINAL_META: dict[str, tuple[str, ...]] = {
 
 
 def _is(value: object, kind: str) -> bool:
-    if kind == _INT:
-        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if kind in _LIMIT:
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _LIMIT[kind]
     if kind == "a boolean":
         return isinstance(value, bool)
     if kind == _TEXT:
@@ -121,7 +123,9 @@ def check_keys(path: str | Path, meta: dict, schema: dict[str, tuple[str, ...]],
 def _kind_of(value: object) -> str:
     if value is None:
         return "null"
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value}" if len(str(value)) <= 24 else f"an integer of {len(str(abs(value)))} digits"
+    if isinstance(value, float) and value < 0:
         return f"negative ({value})"
     kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}
     return kinds.get(type(value), "a number")
@@ -138,7 +142,10 @@ def final_meta(path: str | Path, raw: bytes | str) -> dict:
 
 
 def format_version(path: str | Path, value: object) -> int:
-    """The declared format version: a positive integer (bytes or text of digits in Arrow metadata)."""
+    """The declared format version: a positive integer (bytes or text of digits in Arrow metadata; an
+    exception instance says what else an HDF5 attribute held)."""
+    if isinstance(value, Exception):
+        raise TraceError(path, f"format version is {value}, not a positive integer")
     if isinstance(value, bytes):
         value = value.decode("ascii", "replace")
     if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 9:
@@ -157,6 +164,16 @@ def check_record_count(path: str | Path, final: dict | None, found: int) -> None
 
 
 @dataclass
+class Scan:
+    """What the dims of each record give, from one pass over the dims columns."""
+
+    expected: np.ndarray  # int64: bytes the shape and dtype take, 0 where too large
+    too_large: np.ndarray  # bool: the dims other than 0 and the itemsize multiply to 2^62 or more
+    negative: np.ndarray  # bool: a dim below 0
+    first: np.ndarray  # int64: the first dim, 1 where there is none
+
+
+@dataclass
 class RecordShapes:
     """What an index declares of each record, as whole columns."""
 
@@ -166,6 +183,7 @@ class RecordShapes:
     dims: np.ndarray  # int64 [n, width]: dims, anything past ndim ignored
     n_rows: np.ndarray  # int64: the rows the record declares (its first axis unless static)
     nbytes: np.ndarray  # int64: the bytes it declares
+    _scan: Scan | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def derived(cls, itemsize: np.ndarray, static: np.ndarray, ndim: np.ndarray,
@@ -178,38 +196,46 @@ class RecordShapes:
         shapes.nbytes = shapes.expected_nbytes()
         return shapes
 
-    def _live(self) -> np.ndarray:
-        ndim = np.clip(self.ndim, 0, self.dims.shape[1])
-        return np.where(np.arange(self.dims.shape[1]) < ndim[:, None], self.dims, 1)
-
-    def _sizes(self, dims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(bytes each shape and dtype take, 0 where too large; whether too large). The float
-        product only tells which exact int64 products cannot overflow."""
-        itemsize = np.maximum(self.itemsize, 0)
-        approx = np.prod(np.maximum(dims, 1).astype(np.float64), axis=1) * np.maximum(itemsize, 1)
-        too_large = ~(dims == 0).any(axis=1) & (approx >= float(1 << MAX_RECORD_LOG2))
-        safe = np.where(too_large[:, None], 0, np.maximum(dims, 0))
-        return np.prod(safe, axis=1, dtype=np.int64) * itemsize, too_large
+    def scan(self) -> Scan:
+        """One dims column at a time, so that a 10M-record index costs a few vectors of n, never
+        copies of its [n, width] dims. A dim of 0 does not excuse the others: a shape [0, 2^62]
+        holds no bytes, yet numpy cannot make an array of it. The float product only tells which
+        exact int64 products cannot overflow (they wrap where it says too large: replaced by 0)."""
+        if self._scan is None:
+            n, width = self.dims.shape
+            ndim = np.minimum(self.ndim, width)
+            exact = np.maximum(self.itemsize, 0).astype(np.int64, copy=False)
+            approx = np.maximum(exact, 1).astype(np.float64)
+            negative, first, scratch = np.zeros(n, bool), np.ones(n, np.int64), np.empty(n, np.int64)
+            for j in range(int(ndim.max(initial=0))):  # columns past every record's ndim hold nothing
+                dim = np.where(ndim > j, self.dims[:, j], 1)
+                if j == 0:
+                    first = dim
+                negative |= dim < 0
+                approx *= np.maximum(dim, 1, out=scratch)
+                exact *= np.maximum(dim, 0, out=scratch)
+            too_large = approx >= float(1 << MAX_RECORD_LOG2)
+            exact[too_large] = 0
+            self._scan = Scan(exact, too_large, negative, first)
+        return self._scan
 
     def expected_nbytes(self) -> np.ndarray:
         """Bytes each shape and dtype take (0 where that overflows: those records are refused)."""
-        return self._sizes(self._live())[0]
+        return self.scan().expected
 
     def faults(self) -> list[tuple[np.ndarray, str]]:
         """(mask of records, what is wrong with them), in the order a record is judged."""
-        dims = self._live()
-        expected, too_large = self._sizes(dims)
-        first = dims[:, 0] if dims.shape[1] else np.zeros(len(dims), np.int64)
+        scan = self.scan()
         return [
             (self.itemsize < 0, "an unknown dtype"),
             ((self.ndim < 0) | (self.ndim > min(MAX_NDIM, self.dims.shape[1])),
              "an impossible number of dims"),
-            ((dims < 0).any(axis=1), "a negative dimension"),
-            (too_large, f"a shape of 2^{MAX_RECORD_LOG2} bytes or more"),
+            (scan.negative, "a negative dimension"),
+            (scan.too_large, f"a shape of 2^{MAX_RECORD_LOG2} bytes or more (dims of 0 aside)"),
             (self.static & (self.n_rows != 0), "rows, yet it is static"),
             (~self.static & (self.ndim < 1), "no first axis, yet it is not static"),
-            (~self.static & (self.n_rows != first), "a row count that is not its shape's first dim"),
-            (self.nbytes != expected, "a byte size that its shape and dtype do not give"),
+            (~self.static & (self.n_rows != scan.first), "a row count that is not its shape's first dim"),
+            (self.nbytes != scan.expected, "a byte size that its shape and dtype do not give"),
         ]
 
 

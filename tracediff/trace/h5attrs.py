@@ -9,8 +9,9 @@ at; every address and length is checked against the file and every loop advances
 is never asked for these attributes in our process, so it never parses a global heap (the trace's
 datasets hold fixed-size types only, which readers check before reading).
 
-Layouts the parser does not know (attributes in dense storage, shared messages, a newer superblock)
-are read by h5py in a child process under a time limit.
+Layouts the parser does not know (attributes in dense storage, shared messages, a newer superblock,
+a root object header of more than MAX_HEADER bytes) are read by h5py in a child process under a time
+limit. On the files h5py writes, the values read are the ones h5py reads (tests/test_readers_review.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,11 @@ SIGNATURE = b"\x89HDF\r\n\x1a\n"
 WANTED = ("format", "format_version", "meta")
 MAX_CHUNKS = 64  # object header chunks followed (ours have one)
 MAX_BLOCK = 1 << 20  # bytes of one header chunk or superblock field block
+MAX_HEADER = 1 << 20  # bytes of all the root header's chunks together (ours: under 1 KiB)
+MAX_RANK = 32  # dims of an HDF5 dataspace
+CLASSES = ("an integer", "a floating-point number", "a time", "a string", "a bitfield", "an opaque value",
+           "a compound value", "a reference", "an enum (a bool, say)", "a variable-length sequence",
+           "an array value")
 CHILD_TIMEOUT = 20.0  # seconds for h5py to read the attributes of a layout the parser does not know
 ATTRIBUTE, CONTINUATION, ATTRIBUTE_INFO = 0x0C, 0x10, 0x15
 
@@ -134,11 +140,15 @@ def _messages(f: _File, base: int, address: int, offsets: int,
             raise Unsupported("an object header that is neither version 1 nor 2")
         prefix.take(7)
         chunks, header = [(address + 16, prefix.uint(4))], 8
+    total = 0
     for k, (at, size) in enumerate(chunks):
         if k == MAX_CHUNKS:
             raise Malformed(f"more than {MAX_CHUNKS} object header chunks")
         if size > MAX_BLOCK:
             raise Malformed(f"an object header chunk of {size} bytes")
+        total += size
+        if total > MAX_HEADER:  # each byte costs Python work: 64 chunks of 1 MiB took 20 s
+            raise Unsupported(f"a root object header of more than {MAX_HEADER} bytes")
         data = f.read(at, size, "an object header chunk")
         if v2 and k > 0:
             if data[:4] != b"OCHK" or len(data) < 8:
@@ -182,7 +192,9 @@ def _attribute(body: bytes, offsets: int, lengths: int) -> tuple[str, bytes, byt
     return name.decode("utf-8", "replace"), datatype, dataspace, c.data[c.pos :]
 
 
-def _elements(dataspace: bytes, lengths: int) -> int:
+def _space_kind(dataspace: bytes, lengths: int) -> int:
+    """0: one value without dims, the only kind h5py reads as a number or bytes; 1: an array (even
+    of one element); 2: no value (null)."""
     c = _Cursor(dataspace, lengths=lengths, what="a dataspace")
     version, rank = c.uint(1), c.uint(1)
     c.take(1)
@@ -193,32 +205,32 @@ def _elements(dataspace: bytes, lengths: int) -> int:
         kind = c.uint(1)
     else:
         raise Malformed(f"dataspace version {version}")
-    if kind == 2:  # null
-        return 0
-    count = 1
-    for _ in range(min(rank, 32) if kind == 1 else 0):
-        count *= c.length()
-    return count
+    if kind not in (0, 1, 2) or rank > MAX_RANK:
+        raise Malformed(f"a dataspace of kind {kind} and rank {rank}")
+    return kind
 
 
 def _value(f: _File, base: int, datatype: bytes, dataspace: bytes, data: bytes, offsets: int,
            lengths: int) -> object:
     """An int, bytes (a string), or a ``TypeError`` instance saying what else it is."""
-    if _elements(dataspace, lengths) != 1:
-        return TypeError("not a single value")
     if len(datatype) < 8:
         raise Malformed("a datatype message of less than 8 bytes")
     kind, bits, size = datatype[0] & 0x0F, datatype[1], int.from_bytes(datatype[4:8], "little")
+    space = _space_kind(dataspace, lengths)
+    if space:
+        return TypeError("an array, not a single value" if space == 1 else "an empty (null) value")
     if kind == 0 and size in (1, 2, 4, 8) and len(data) >= size:  # fixed-point
         return int.from_bytes(data[:size], "big" if bits & 1 else "little", signed=bool(bits & 0x08))
-    if kind == 3 and len(data) >= size:  # fixed-length string
-        raw = data[:size]
-        return raw.split(b"\0", 1)[0] if bits & 0x0F in (0, 1) else raw.rstrip(b" ")
+    if kind == 3 and len(data) >= size:  # fixed-length string, as h5py reads each padding
+        raw, padding = data[:size], bits & 0x0F
+        if padding == 0:  # null-terminated
+            return raw.split(b"\0", 1)[0]
+        return (raw.rstrip(b" ") if padding == 2 else raw).rstrip(b"\0")
     if kind == 9 and bits & 0x0F == 1:  # variable-length string: (length, heap collection, index)
         c = _Cursor(data, offsets, lengths, "a variable-length string")
         n, collection, index = c.uint(4), c.address(), c.uint(4)
         return _heap_object(f, base + collection, index, n, lengths) if n else b""
-    return TypeError(f"an HDF5 value of type class {kind}")
+    return TypeError(CLASSES[kind] if kind < len(CLASSES) else f"an HDF5 value of type class {kind}")
 
 
 def _heap_object(f: _File, address: int, index: int, n: int, lengths: int) -> bytes:
@@ -299,7 +311,9 @@ import json, sys
 import h5py
 try:
     f = h5py.File(sys.argv[1], "r")
-except OSError:
+except OSError as exc:  # SWMR mode only for what needs it: it retries a bad checksum for minutes
+    if "already open for write" not in str(exc):
+        raise
     f = h5py.File(sys.argv[1], "r", swmr=True)
 out = {}
 for key in WANTED:
@@ -315,18 +329,26 @@ print(json.dumps(out))
 
 
 def _read_in_child(path: Path) -> dict[str, object]:
-    """h5py reads the attributes in a child process that may take at most CHILD_TIMEOUT seconds."""
+    """h5py reads the attributes in a child process that may take at most CHILD_TIMEOUT seconds. Its
+    answer is its last line of output (a sitecustomize may print before it)."""
     try:
         done = subprocess.run([sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True,
                               timeout=CHILD_TIMEOUT)
     except subprocess.TimeoutExpired:
         raise TraceError(path, f"HDF5 took more than {CHILD_TIMEOUT:.0f} s to read its root attributes "
                                "(a corrupt file)") from None
+    except OSError as exc:
+        raise TraceError(path, f"cannot start Python ({sys.executable!r}) to read its HDF5 root attributes "
+                               f"with h5py: {exc.strerror or exc}") from None
     if done.returncode != 0:
         lines = done.stderr.strip().splitlines() or [f"exit status {done.returncode}"]
         raise TraceError(path, f"unreadable HDF5 root attributes: {lines[-1][:200]}")
+    try:
+        answer = json.loads((done.stdout.strip().splitlines() or [""])[-1])
+    except ValueError:
+        raise TraceError(path, "unreadable HDF5 root attributes: h5py's reader gave no answer") from None
     values: dict[str, object] = {}
-    for key, value in json.loads(done.stdout).items():
+    for key, value in answer.items():
         values[key] = (bytes.fromhex(value["hex"]) if "hex" in value else value["int"] if "int" in value
                        else TypeError(f"a {value['other']}"))
     return values
