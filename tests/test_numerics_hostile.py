@@ -215,3 +215,14 @@ def test_nan_rows_that_differ_still_diverge(tmp_path, a_rows, b_rows) -> None:
     assert report.verdict == "diverged"
     assert report.first_divergence is not None and report.first_divergence.name == "h"
     assert report.first_divergence.row.position == 1
+
+
+def test_the_first_nan_is_the_earliest_row_that_differs_whatever_its_side(tmp_path) -> None:
+    """a and b hold the same NaN at position 3 (not where anything went wrong); b alone has NaN at
+    position 1: that is where the NaN was produced."""
+    a_rows = nan_rows([(3, 0)])
+    write(tmp_path / "a.h5", {"h": a_rows})
+    write(tmp_path / "b.h5", {"h": nan_rows([(3, 0), (1, 4)])})
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    (nan,) = [d for d in report.diagnoses if d.kind == "nan_inf"]
+    assert (nan.evidence.side, nan.evidence.position, nan.evidence.rows_non_finite) == ("b", 1, 1)

@@ -77,3 +77,13 @@ def test_the_token_view_shows_the_first_divergences_tokens_when_tokens_agree(tmp
     assert view is not None and (view.first_difference, view.focus, view.start) == (None, 7, 0)
     assert view.tokens_a == view.tokens_b == list(range(3, 13))
     assert td.compare(tmp_path / "a.h5", tmp_path / "a.h5").tokens is None  # nothing to point at
+
+
+def test_a_static_first_divergence_has_no_token_view(tmp_path) -> None:
+    for side, offset in (("a", 0), ("b", 1)):
+        with td.record(tmp_path / f"{side}.h5") as rec:
+            rec.log("h", hidden(4), token_ids=np.arange(4), request="r")
+            rec.log_static("draft.d2t", np.arange(8) + offset)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.first_divergence is not None and report.first_divergence.name == "draft.d2t"
+    assert report.tokens is None

@@ -271,18 +271,21 @@ def _note_non_finite(traces: Pair[Trace], metrics: dict[str, np.ndarray], chunk:
     """A row holding NaN/Inf on either side makes its max_abs non-finite: only those rows are
     read again and scanned, so the common all-finite chunk costs one check of a per-row array.
     Rows whose NaN/Inf sit at the same elements with the same values on both sides hold the same
-    data: their metrics are measured again over the finite elements (the NaN stays counted for the
-    diagnoses). Returns how many rows were so measured again."""
+    data: their metrics are measured again over the finite elements, and they are not where a NaN
+    was produced on one side, so the diagnoses never see them. Of the other rows, the first in the
+    chunk (the baseline's order) names the side met first. Returns how many rows were the same."""
     suspects = np.flatnonzero(~np.isfinite(metrics["max_abs"]))
     if not len(suspects):
         return 0
     keys = chunk.tensor.keys
     decoded = traces.zip(keys, chunk.rows).starmap(
         lambda trace, k, rows: decode(trace.gather(k, rows[suspects]), k.dtype).reshape(len(suspects), -1))
-    sides: tuple[Side, ...] = ("a", "b")
+    same = _measure_finite_parts(decoded, suspects, metrics, chunk.tensor.name, engine)
+    hits = decoded.map(lambda values: suspects[~np.isfinite(values).all(axis=1) & ~same])
+    first = hits.map(lambda hit: hit[0] if len(hit) else len(metrics["max_abs"]))
+    sides: tuple[Side, ...] = ("b", "a") if first.b < first.a else ("a", "b")
     for side in sides:
-        values = getattr(decoded, side)
-        hit = suspects[~np.isfinite(values).all(axis=1)]
+        hit = getattr(hits, side)
         if not len(hit):
             continue
         seen = getattr(tally.non_finite, side)
@@ -290,24 +293,24 @@ def _note_non_finite(traces: Pair[Trace], metrics: dict[str, np.ndarray], chunk:
             seen.first_row = int(getattr(chunk.rows, side)[hit[0]])
         seen.rows += len(hit)
         comparison.first_non_finite.setdefault(side, chunk.tensor.name)
-    return _measure_finite_parts(decoded, suspects, metrics, chunk.tensor.name, engine)
+    return int(same.sum())
 
 
 def _measure_finite_parts(decoded: Pair[np.ndarray], suspects: np.ndarray, metrics: dict[str, np.ndarray],
-                          name: str, engine: Engine) -> int:
+                          name: str, engine: Engine) -> np.ndarray:
     """Overwrite the metrics of suspect rows whose non-finite elements agree on both sides (NaN
-    against NaN, the same infinity) with those of their finite elements."""
+    against NaN, the same infinity) with those of their finite elements; which rows they were."""
     a, b = decoded.a, decoded.b
     if a.shape != b.shape:
-        return 0
+        return np.zeros(len(suspects), bool)
     finite_a, finite_b = np.isfinite(a), np.isfinite(b)
     with np.errstate(invalid="ignore"):
         agree = (finite_a == finite_b) & (finite_a | (np.isnan(a) & np.isnan(b)) | (a == b))
     same = agree.all(axis=1)
     if not same.any():
-        return 0
+        return same
     kept = Pair(*(np.where(finite_a[same], x[same], 0) for x in (a, b)))
     again = engine.float_metrics(kept.a, kept.b, logits=name.endswith("logits"))
     for k, v in again.items():
         metrics[k][suspects[same]] = v
-    return int(same.sum())
+    return same

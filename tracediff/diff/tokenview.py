@@ -15,10 +15,10 @@ MAX_TOKENS = 128  # tokens shown per side
 def token_view(prefixes: Pair[Prefixes], mismatch: TokenMismatch | None,
                first: RowRef | None) -> TokenView | None:
     """The tokens of the request pair that a token mismatch names, else of the first divergence's
-    row; None when the report names neither."""
+    row; None when the report names neither (or the first divergence is a static tensor)."""
     if mismatch is not None:
         requests = Pair(mismatch.request_a, mismatch.request_b)
-    elif first is not None:
+    elif first is not None and first.position >= 0:  # a static tensor's row has no tokens
         requests = Pair(first.request_a, first.request_b)
     else:
         return None
