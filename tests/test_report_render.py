@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 import tracediff as td
 from tracediff.diff.results import Report
@@ -224,3 +225,34 @@ def test_the_row_view_prints_trace_text_as_data(tmp_path) -> None:
     assert "m.[bold]x[/bold]\\x1b[2J" in text and "request [b]r[/b]\\x1b]0;T\\x07, position 1" in text
     assert "\x1b]" not in text and "\x1b[2J" not in text  # none from the trace
     assert "4 of 4 elements differ" in text and "largest differences (4 of 4):" in text
+
+
+def test_the_next_step_names_the_steps_unless_both_are_0(tmp_path) -> None:
+    """A request recorded at several steps (epochs, a retried id) needs the diverging row's step on
+    each side; --step-b only where b's differs from a's. Text and Markdown give the same command,
+    and the rows it names are the ones compare measured."""
+    import shlex
+
+    from tracediff.diff.rowview import row_view
+    from tracediff.report.compare import next_command
+
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    for path, epochs in (("a.h5", [(0, x), (1, x + 1)]), ("b.h5", [(5, x)]), ("c.h5", [(0, x + 1)])):
+        with td.record(tmp_path / path) as rec:
+            for step, rows in epochs:
+                rec.log("h", rows, token_ids=[5, 6, 7], request="R", step=step)
+    for a, b, steps in (("a.h5", "b.h5", ["--step", "1", "--step-b", "5"]),
+                        ("c.h5", "b.h5", ["--step", "0", "--step-b", "5"]),
+                        ("a.h5", "a.h5", None)):
+        report = td.compare(tmp_path / a, tmp_path / b)
+        if steps is None:
+            assert report.verdict == "match" and next_command(report) is None
+            continue
+        command = next_command(report)
+        assert command is not None and shlex.split(command)[-4:] == steps
+        assert _next_line(report) == f"next: {command}" and f"\nNext: `{command}`\n" in to_markdown(report)
+        row = report.first_divergence.row
+        view = row_view(tmp_path / a, tmp_path / b, "h", request="R", position=row.position,
+                        step=int(steps[1]), step_b=int(steps[3]))
+        assert (view.a.step, view.b.step) == (row.step_a, row.step_b)
+        assert view.metrics == pytest.approx(row.metrics, rel=1e-12) and view.differing == 8

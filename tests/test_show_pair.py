@@ -206,3 +206,99 @@ def test_bad_pair_input_is_one_line_naming_the_side(tmp_path) -> None:
     assert out.returncode == 2 and out.stderr.strip().startswith("error: --name: ")
     out = run_cli("show", str(tmp_path / "a.h5"), str(tmp_path / "nope.h5"), "--name", "h")
     assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / 'nope.h5'}: no such file"
+
+
+def write_epochs(path, epochs) -> None:
+    """Request ``R`` recorded once per (step, rows) in ``epochs``: training over the same sample in
+    several epochs, or a server retrying a request id."""
+    with td.record(path) as rec:
+        for step, rows in epochs:
+            rec.log("h", rows, token_ids=TOKENS, request="R", step=step)
+
+
+def test_the_next_command_of_a_request_at_several_steps_shows_the_diverging_step(tmp_path) -> None:
+    """Step 0 agrees, step 1 diverges at position 2: the printed command names step 1, and run as
+    printed it shows the step-1 rows, their values and their largest differences."""
+    x = base_rows((8,))
+    y = x.copy()
+    y[2:] += 0.5
+    write_epochs(tmp_path / "a.h5", [(0, x), (1, x)])
+    write_epochs(tmp_path / "b.h5", [(0, x), (1, y)])
+    compared = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
+    assert compared.returncode == 1, compared.stderr
+    assert "position 2, depth 0, step 1 / 1" in compared.stdout.splitlines()[0]
+    argv = shlex.split(compared.stdout.strip().splitlines()[-1].removeprefix("next: "))
+    assert argv[-2:] == ["--step", "1"] and "--step-b" not in argv
+    shown = run_cli(*argv[1:])
+    assert shown.returncode == 0, shown.stderr
+    text = shown.stdout
+    for side, path in (("a", "a.h5"), ("b", "b.h5")):
+        assert f"{side} {tmp_path / path}: request R, position 2, depth 0, step 1, token 7" in text
+    assert "8 of 8 elements differ" in text and "largest differences (8 of 8):" in text
+    first = next(ln for ln in text.splitlines() if ln.lstrip().startswith("(0,)"))
+    assert f"{x[2, 0]:.6g}" in first and f"{y[2, 0]:.6g}" in first and "0.5" in first
+
+
+def test_several_steps_fit_the_lowest_is_shown_whatever_the_trace_order(tmp_path) -> None:
+    """Without --step the row at the lowest step is shown (negative steps, e.g. a producer's
+    'unknown', last): a divergence at step 0 needs no --step, even where step 0 was written later."""
+    x = base_rows()
+    write_epochs(tmp_path / "a.h5", [(3, x + 3), (-1, x - 1), (0, x), (1, x + 1)])
+    write_epochs(tmp_path / "b.h5", [(0, x)])
+    view = row_view(tmp_path / "a.h5", tmp_path / "b.h5", "h", request="R", position=1)
+    assert (view.a.step, view.a.matched, view.differing) == (0, 4, 0)
+    write_epochs(tmp_path / "c.h5", [(3, x + 3), (-1, x - 1)])
+    later = row_view(tmp_path / "c.h5", tmp_path / "b.h5", "h", request="R", position=1)
+    assert (later.a.step, later.top[0].abs_diff) == (3, pytest.approx(3.0))
+
+
+def test_nan_at_the_same_elements_on_both_sides_is_measured_as_compare_does(tmp_path) -> None:
+    """A row whose NaN/Inf agree on both sides (same elements, same values) holds the same data
+    there: show gives compare's metrics, measured on the finite elements, and says so."""
+    x = base_rows((8,))
+    x[1, :3] = np.nan
+    x[1, 3] = -np.inf
+    y = x.copy()
+    y[1, 6] += 0.25  # the row also differs in a finite element: compare reports its metrics
+    for path, rows in (("a.h5", x), ("b.h5", y)):
+        write(tmp_path / path, rows, "p")
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    row = report.first_divergence.row
+    assert row.position == 1 and np.isfinite(row.metrics["max_abs"])
+    view = row_view(tmp_path / "a.h5", tmp_path / "b.h5", "h", request="p", position=1)
+    assert view.metrics == pytest.approx(row.metrics, rel=1e-12)
+    assert view.metrics["max_abs"] == pytest.approx(0.25, rel=1e-6) and view.differing == 1
+    assert view.notes == ["the rows hold NaN/Inf at the same elements with the same values on both sides: "
+                          "measured on their finite elements, as compare does"]
+    y[1, 3] = np.inf  # another infinity: not the same data, every metric NaN as in compare
+    write(tmp_path / "c.h5", y, "p")
+    other = row_view(tmp_path / "a.h5", tmp_path / "c.h5", "h", request="p", position=1)
+    assert np.isnan(other.metrics["max_abs"]) and other.notes == []
+
+
+def test_a_missing_position_lists_the_positions_held_gaps_and_all(tmp_path) -> None:
+    """The positions a side holds are listed as runs, so that gaps show; a long list is cut short
+    with the count."""
+    tokens = list(range(100, 160))
+    rows = np.random.default_rng(1).standard_normal((60, 4)).astype(np.float32)
+    with td.record(tmp_path / "a.h5") as rec:
+        rec.log("h", rows, token_ids=tokens, request="p")
+    with td.record(tmp_path / "b.h5") as rec:
+        rec.request_tokens("q", tokens)
+        held = [3, 4, 9, 14, 19]
+        rec.log("h", rows[held], positions=held, token_ids=[tokens[i] for i in held], request="q")
+    with td.record(tmp_path / "c.h5") as rec:
+        rec.request_tokens("q", tokens)
+        held = list(range(20, 60, 2))
+        rec.log("h", rows[held], positions=held, token_ids=[tokens[i] for i in held], request="q")
+    with pytest.raises(InputError) as gaps:
+        row_view(tmp_path / "a.h5", tmp_path / "b.h5", "h", request="p", request_b="q", position=5)
+    assert gaps.value.problem.endswith("at position 5 (positions of the rows selected: 3..4, 9, 14, 19)")
+    with pytest.raises(InputError) as many:
+        row_view(tmp_path / "a.h5", tmp_path / "c.h5", "h", request="p", request_b="q", position=5)
+    assert many.value.problem.endswith("(positions of the rows selected: 20, 22, 24, 26, 28, 30, 32, 34, "
+                                       "... (20 positions in all))")
+    with pytest.raises(InputError) as none_shared:
+        row_view(tmp_path / "b.h5", tmp_path / "c.h5", "h", request="q")
+    assert none_shared.value.problem.endswith("on a: positions 3..4, 9, 14, 19; on b: 20, 22, 24, 26, 28, "
+                                              "30, 32, 34, ... (20 positions in all))")

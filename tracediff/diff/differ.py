@@ -17,6 +17,7 @@ import numpy as np
 from tracediff.diff.align import first_token_difference
 from tracediff.diff.contract import contract_diff
 from tracediff.diff.findings import Side
+from tracediff.diff.finite import measure_finite_parts
 from tracediff.diff.metrics import Engine, engine_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, SideKeys, TensorPlan, make_plan
@@ -280,7 +281,7 @@ def _note_non_finite(traces: Pair[Trace], metrics: dict[str, np.ndarray], chunk:
     keys = chunk.tensor.keys
     decoded = traces.zip(keys, chunk.rows).starmap(
         lambda trace, k, rows: decode(trace.gather(k, rows[suspects]), k.dtype).reshape(len(suspects), -1))
-    same = _measure_finite_parts(decoded, suspects, metrics, chunk.tensor.name, engine)
+    same = measure_finite_parts(decoded, suspects, metrics, chunk.tensor.name, engine)
     hits = decoded.map(lambda values: suspects[~np.isfinite(values).all(axis=1) & ~same])
     first = hits.map(lambda hit: hit[0] if len(hit) else len(metrics["max_abs"]))
     sides: tuple[Side, ...] = ("b", "a") if first.b < first.a else ("a", "b")
@@ -294,23 +295,3 @@ def _note_non_finite(traces: Pair[Trace], metrics: dict[str, np.ndarray], chunk:
         seen.rows += len(hit)
         comparison.first_non_finite.setdefault(side, chunk.tensor.name)
     return int(same.sum())
-
-
-def _measure_finite_parts(decoded: Pair[np.ndarray], suspects: np.ndarray, metrics: dict[str, np.ndarray],
-                          name: str, engine: Engine) -> np.ndarray:
-    """Overwrite the metrics of suspect rows whose non-finite elements agree on both sides (NaN
-    against NaN, the same infinity) with those of their finite elements; which rows they were."""
-    a, b = decoded.a, decoded.b
-    if a.shape != b.shape:
-        return np.zeros(len(suspects), bool)
-    finite_a, finite_b = np.isfinite(a), np.isfinite(b)
-    with np.errstate(invalid="ignore"):
-        agree = (finite_a == finite_b) & (finite_a | (np.isnan(a) & np.isnan(b)) | (a == b))
-    same = agree.all(axis=1)
-    if not same.any():
-        return same
-    kept = Pair(*(np.where(finite_a[same], x[same], 0) for x in (a, b)))
-    again = engine.float_metrics(kept.a, kept.b, logits=name.endswith("logits"))
-    for k, v in again.items():
-        metrics[k][suspects[same]] = v
-    return same

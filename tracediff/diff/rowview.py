@@ -14,11 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from tracediff.diff.metrics import metrics_for
+from tracediff.diff.finite import measure_finite_parts
+from tracediff.diff.metrics import NUMPY, metrics_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.shapes import dtype_note, mismatch
 from tracediff.errors import InputError
-from tracediff.trace.dtypes import decode
+from tracediff.trace.dtypes import FLOAT_TAGS, decode
 from tracediff.trace.reader import RowKeys, Trace, open_trace
 from tracediff.trace.summary import TensorStats, last_static, value_stats
 
@@ -27,6 +28,9 @@ SIDES = Pair("a", "b")
 HEAD = 8  # first values shown per side
 FED = "draft.input_ids"  # as compare's alignment reads fed tokens
 LISTED = 6  # values of a key column named when a selection finds nothing
+RUNS = 8  # runs of consecutive positions named when a side lacks the position asked for
+FINITE_NOTE = ("the rows hold NaN/Inf at the same elements with the same values on both sides: measured on "
+               "their finite elements, as compare does")
 
 
 @dataclass
@@ -40,7 +44,7 @@ class RowSide:
     step: int
     token_id: int | None  # the row's token (None for a static tensor)
     fed: int | None  # at depth > 0: the token fed to the draft there (draft.input_ids), where recorded
-    matched: int  # rows that fit the selection on this side; the first of them (trace order) is shown
+    matched: int  # rows that fit the selection on this side; shown: the first at the lowest step
     stats: TensorStats
 
 
@@ -84,9 +88,12 @@ def row_view(a: TraceLike, b: TraceLike, name: str, *, request: str | None = Non
 
     ``request_b`` / ``step_b`` default to ``request`` / ``step``. Without ``position``, the first row
     of ``a`` (trace order) whose position ``b`` holds too. Several rows fitting the selection on a
-    side (no request given, or a position drafted in several steps): the first in trace order, and
-    ``matched`` says how many fit. A static tensor (``log_static``) is compared whole (its last
-    record). Raises ``InputError`` naming the side's file when it lacks the tensor or the row."""
+    side (no request given, a request seen in several epochs or retried, a position drafted in
+    several steps): the first in trace order at the lowest step (negative steps last), so that
+    compare's ``next:`` command needs no ``--step`` for a row at step 0; ``matched`` says how many
+    fit. Metrics are compare's, a row whose NaN/Inf agree on both sides measured on its finite
+    elements. A static tensor (``log_static``) is compared whole (its last record). Raises
+    ``InputError`` naming the side's file when it lacks the tensor or the row."""
     if top < 0:
         raise ValueError(f"top must be >= 0, got {top}")
     with ExitStack() as stack:
@@ -140,7 +147,7 @@ def _rows(traces: Pair[Trace], labels: Pair[str], name: str, requests: Pair[str 
         if not shared.any():
             raise InputError(labels.b, f"b holds no row of {name!r} at a position a holds "
                                        f"({_selection(requests.a, depth, steps.a)} on a: positions "
-                                       f"{_span(keys.a.position)}; on b: {_span(keys.b.position)})")
+                                       f"{_positions(keys.a.position)}; on b: {_positions(keys.b.position)})")
         position = int(keys.a.position[np.argmax(shared)])
     chosen = position
     return traces.zip(keys, labels, SIDES).starmap(lambda t, k, label, side: _read(t, k, label, side, chosen))
@@ -173,8 +180,9 @@ def _read(trace: Trace, keys: RowKeys, label: str, side: str, position: int) -> 
     at = np.flatnonzero(keys.position == position)
     if not len(at):
         raise InputError(label, f"{side} has no row of {keys.name!r} at position {position} "
-                                f"(positions of the rows selected: {_span(keys.position)})")
-    i = int(at[0])
+                                f"(positions of the rows selected: {_positions(keys.position)})")
+    steps = keys.step[at]
+    i = int(at[np.lexsort((steps, steps < 0))[0]])  # lowest step, negative ones last; stable: trace order
     values = decode(trace.gather(keys, np.array([i])), keys.dtype)[0]
     stats = value_stats(keys.name, keys.dtype, values, 1, values.reshape(-1)[:HEAD])
     request, row_depth, step = str(keys.request[i]), int(keys.depth[i]), int(keys.step[i])
@@ -195,7 +203,12 @@ def _view(name: str, static: bool, found: Pair[_Found], top: int, traces: Pair[T
         view.notes.append(("shape" if static else "row shape") + problem[1].removeprefix("row shape"))
         return view
     x, y = found.a.values, found.b.values
-    view.metrics = {k: float(v[0]) for k, v in metrics_for(name, dtypes, x[None], y[None]).items()}
+    measured = metrics_for(name, dtypes, x[None], y[None])
+    if any(d in FLOAT_TAGS for d in dtypes) and not np.isfinite(measured["max_abs"][0]):
+        flat = Pair(x.reshape(1, -1), y.reshape(1, -1))
+        if measure_finite_parts(flat, np.array([0]), measured, name, NUMPY).any():
+            view.notes.append(FINITE_NOTE)
+    view.metrics = {k: float(v[0]) for k, v in measured.items()}
     view.elements = int(x.size)
     differs, order = _largest(x, y)
     view.differing = int(differs.sum())
@@ -271,9 +284,16 @@ def _selection(request: str | None, depth: int, step: int | None) -> str:
     return ", ".join(p for p in parts if p)
 
 
-def _span(positions: np.ndarray) -> str:
-    real = positions[positions >= 0]
-    return f"{int(real.min())}..{int(real.max())}" if len(real) else "none"
+def _positions(positions: np.ndarray) -> str:
+    """The positions held, as runs of consecutive ones ('3..4, 9, 14, 19'): gaps stay visible. At
+    most ``RUNS`` runs, then how many positions there are in all."""
+    real = np.unique(positions[positions >= 0])
+    if not len(real):
+        return "none"
+    starts = np.flatnonzero(np.diff(real, prepend=real[0] - 2) != 1)
+    ends = np.append(starts[1:], len(real)) - 1
+    runs = [str(real[s]) if s == e else f"{real[s]}..{real[e]}" for s, e in zip(starts[:RUNS], ends[:RUNS])]
+    return ", ".join(runs) + (f", ... ({len(real)} positions in all)" if len(starts) > RUNS else "")
 
 
 def _listed(values: list) -> str:

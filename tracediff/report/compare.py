@@ -63,7 +63,9 @@ def where(row: RowRef, text: Callable[[Any], str] = safe) -> str:
 def next_command(report: Report) -> str | None:
     """The command that shows the first diverging row on both sides (``tracediff show A B``), shell-
     quoted so that it pastes; None unless the report diverged, or when a part of it (a name, a
-    request, a path) is not plain text that a terminal would print as is."""
+    request, a path) is not plain text that a terminal would print as is. A request may hold rows at
+    several steps (training epochs, a retried request id): ``--step`` / ``--step-b`` name the
+    diverging row's, left out only at step 0 on both sides, which ``show`` picks by default."""
     first = report.first_divergence
     if first is None or report.verdict != "diverged":
         return None
@@ -77,6 +79,8 @@ def next_command(report: Report) -> str | None:
         argv += ["--request-b", row.request_b] if row.request_b != row.request_a else []
         argv += ["--position", str(row.position)]
         argv += ["--depth", str(row.depth)] if row.depth else []
+        argv += ["--step", str(row.step_a)] if row.step_a or row.step_b else []
+        argv += ["--step-b", str(row.step_b)] if row.step_b != row.step_a else []
     return shlex.join(argv) if all(safe(part) == part for part in argv) else None
 
 

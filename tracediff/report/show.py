@@ -109,8 +109,8 @@ def render_row_view(console: Console, view: RowView) -> None:
         if side.matched > 1:
             tail = "-b" if label == "b" else ""
             narrow = f"--request{tail} or --step{tail}"
-            console.print(Text(f"  {label}: {side.matched} rows match; the first in trace order is shown "
-                               f"(narrow with {narrow})", style="yellow"), highlight=False)
+            console.print(Text(f"  {label}: {side.matched} rows match; the first at the lowest step is "
+                               f"shown (narrow with {narrow})", style="yellow"), highlight=False)
     if view.metrics:
         console.print(Text("row metrics: " + "  ".join(f"{k} {_value(v)}" for k, v in view.metrics.items())),
                       highlight=False)
