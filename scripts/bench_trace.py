@@ -7,7 +7,13 @@ Every figure is measured in the same run as its baseline:
   overhead  a simulated forward (torch matmul loop, ~5 ms a step, logging ~1 MB a step):
             no recorder vs recorder on vs a recorder that filters everything out
 
+With --tiny, instead, for each format side by side (a flood of tiny records, 16 bytes and one row
+each): records/s one writer sustains on batches of WRITE_BATCH records; records/s a host logging
+as fast as it can gets written, and how many the full queue dropped meanwhile; and the file size of
+a small trace (10 KB of tensors in 10 flushes).
+
 Usage: python scripts/bench_trace.py [--steps 2000] [--dir /tmp/bench] [--out bench.json]
+       python scripts/bench_trace.py --tiny [--tiny-records 200000]
 """
 
 from __future__ import annotations
@@ -185,6 +191,62 @@ def overhead(torch, steps: int, reps: int, tmp: Path) -> dict[str, float]:
             "idle_log_call_share_of_step": {k: v / step_us for k, v in calls.items()}}
 
 
+def tiny_records(n: int) -> list:
+    from tracediff.trace.schema import Record
+
+    x, keys = np.zeros((1, 4), np.float32), {"request": np.array(["r"], dtype=object),
+                                              "token_id": np.zeros(1, np.int64)}
+    return [Record("h", x, "float32", seq_no=i, step=i, position=np.array([i]), **keys) for i in range(n)]
+
+
+def tiny_writer_rate(path: Path, n: int) -> float:
+    """Records/s of the format's writer alone, in writes of WRITE_BATCH records (the writer thread's)."""
+    from tracediff.record.recorder import WRITE_BATCH
+    from tracediff.trace.writer import open_writer
+
+    records = tiny_records(n)
+    writer = open_writer(path, {"source": "bench"})
+    start = time.perf_counter()
+    for at in range(0, n, WRITE_BATCH):
+        writer.write(records[at : at + WRITE_BATCH])
+    writer.close({"closed": True})
+    return n / (time.perf_counter() - start)
+
+
+def tiny_flood(path: Path, n: int) -> dict[str, float]:
+    """A host logging n tiny records as fast as it can, default options: records/s it logged,
+    records/s written (to the closed file), and the share the full queue dropped."""
+    x, ids = np.zeros((1, 4), np.float32), np.arange(1)
+    start = time.perf_counter()
+    rec = td.record(path, source="bench")
+    for step in range(n):
+        rec.log("h", x, step=step, token_ids=ids, request="r")
+    logged = time.perf_counter() - start
+    rec.close()
+    seconds = time.perf_counter() - start
+    return {"logged_per_s": n / logged, "written_per_s": rec.records_written / seconds,
+            "dropped_share": sum(rec.dropped.values()) / n}
+
+
+def small_trace_bytes(path: Path) -> int:
+    """File size of a trace of 10 KB of tensors (ten 1 KB records, one flush each)."""
+    with td.record(path, source="bench") as rec:
+        for step in range(10):
+            rec.log("h", np.zeros((4, 64), np.float32), step=step, token_ids=np.arange(4), request="r")
+            rec.flush()
+    return path.stat().st_size
+
+
+def tiny(work: Path, formats: list[str], n: int) -> dict:
+    results: dict = {"records": n}
+    for fmt in formats:
+        results[fmt] = {"writer_records_per_s": tiny_writer_rate(work / f"writer.{fmt}", n),
+                        **tiny_flood(work / f"flood.{fmt}", n),
+                        "small_trace_kb": small_trace_bytes(work / f"small.{fmt}") / 1e3}
+        print(fmt, json.dumps(results[fmt]), flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -194,10 +256,21 @@ def main() -> None:
     parser.add_argument("--overhead-steps", type=int, default=200)
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
+    parser.add_argument("--tiny", action="store_true", help="tiny records and small traces instead")
+    parser.add_argument("--tiny-records", type=int, default=200_000)
     args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(dir=args.dir))
+    if args.tiny:
+        try:
+            results = tiny(work, list(filter(None, args.formats.split(","))), args.tiny_records)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(json.dumps(results, indent=1))
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1))
+        return
     import torch
 
-    work = Path(tempfile.mkdtemp(dir=args.dir))
     results: dict = {"steps": args.steps, "step_mb": ROWS * sum(ROW_WIDTHS.values()) * 2 / MB}
     try:
         probe = work / "disk.bin"

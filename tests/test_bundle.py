@@ -1,11 +1,14 @@
 """tracediff bundle: the sample's bug pair as a bug report within 1 MB whose slices reproduce the
 compare; a budget that forces leaving things out says what; no divergence, a static divergence, a
-divergence whose evidence lies outside the window; bad input as one error line."""
+divergence whose evidence lies outside the window, an incomplete verdict; reproduction means the same
+evidence, not just the same kinds; the budget rule (directory, and zip on its own) measured on disk;
+many tensors that only fit with trimmed profiles; hostile text; bad input as one error line."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import zipfile
 from pathlib import Path
@@ -17,20 +20,32 @@ from typer.testing import CliRunner
 import tracediff as td
 from tests.conftest import REPO
 from tracediff.bundle.build import make_bundle
+from tracediff.bundle.select import ladder
+from tracediff.bundle.trim import attach
+from tracediff.bundle.verify import FIELD_RULES, differences
 from tracediff.cli import app
 from tracediff.diff.results import Report
+from tracediff.errors import InputError
+from tracediff.report.html import render_html
+from tracediff.trace.slice import Selection, Span, slice_trace
 
 SAMPLE = REPO / "traces" / "eagle3"
 TRAINING, BUG, HEALTHY = SAMPLE / "training.h5", SAMPLE / "serving_aux_bug.h5", SAMPLE / "serving.h5"
 
 
 def reproduces(full: Report, small: Report) -> bool:
+    """Same verdict, first divergence (tensor and row), and diagnoses with the same evidence but for
+    the fields documented as free to differ (counts and statistics of the rows read)."""
     row, again = full.first_divergence, small.first_divergence
     same_row = (row is None) == (again is None) and (row is None or (
         row.name == again.name and (row.row.request_a, row.row.request_b, row.row.position, row.row.depth)
         == (again.row.request_a, again.row.request_b, again.row.position, again.row.depth)))
-    return small.verdict == full.verdict and same_row and \
-        [d.kind for d in small.diagnoses] == [d.kind for d in full.diagnoses]
+
+    def evidence(report: Report) -> list:
+        return [(d.kind, {k: v for k, v in vars(d.evidence).items() if k not in FIELD_RULES})
+                for d in report.diagnoses]
+
+    return small.verdict == full.verdict and same_row and evidence(small) == evidence(full)
 
 
 def on_disk(directory: Path) -> int:
@@ -92,7 +107,11 @@ def test_report_json_is_the_full_compare_and_stats_cover_what_is_not_sliced(samp
 def test_report_md_says_what_reproduces_how_to_reproduce_and_the_environment(sample_bundle) -> None:
     out, bundle, text = sample_bundle
     assert text.startswith("# tracediff bundle: diverged\n")
-    assert "**Reproduced on the slices**" in text and "diagnoses (aux_layer_set)" in text
+    assert "**Reproduced on the slices**" in text
+    assert "diagnoses with the same evidence (aux_layer_set)" in text
+    assert text.splitlines()[2].startswith("> **Check before posting publicly**: this bundle holds what the "
+                                           "traces recorded about where they ran: local paths, the hostname, "
+                                           "process ids, request ids")
     assert "```sh\ntracediff compare a.h5 b.h5\n```" in text
     assert f"```sh\ntracediff compare {TRAINING} {BUG}\n```" in text
     assert f"tracediff bundle {TRAINING} {BUG} -o {out} --budget 1000000 --zip" in text
@@ -103,20 +122,28 @@ def test_report_md_says_what_reproduces_how_to_reproduce_and_the_environment(sam
            '"num_steps": 4, "topk": 1}` |' in environment
     assert "| aux layer ids | `[-1, 1, 3]` | `[1, 3, 5]` |" in environment
     assert "<details><summary>Run contracts</summary>" in text  # the compare report's collapsible parts
-    assert f"| `report.md` | {(out / 'report.md').stat().st_size / 1000:.3g} kB | this file |" in text
+    assert f"| `report.md` | {(out / 'report.md').stat().st_size} bytes | this file |" in text
     assert "- nothing to fit the budget" in text
+    assert "| `a.h5` | " in text and "a's slice: 8 tensors, " in text  # a count, never "1 tensors"
 
 
 def test_a_tight_budget_leaves_things_out_says_so_and_still_fits(sample_bundle, tmp_path) -> None:
     _, roomy, _ = sample_bundle
-    budget = roomy.total - 5000  # the default window no longer fits (report.md's text differs by a few bytes)
+    # room for the default slices beside report.md and the first divergence's profile, not for stats.json
+    core = attach(roomy.report, ["target.aux"]).size
+    budget = roomy.files["a.h5"] + roomy.files["b.h5"] + core + roomy.files["report.md"] + 2000
+    assert budget < roomy.files["a.h5"] + roomy.files["b.h5"] + core + roomy.files["report.md"] \
+        + roomy.files["stats.json"]
     out = tmp_path / "tight"
     bundle = make_bundle(TRAINING, BUG, out, budget=budget)
     assert on_disk(out) <= budget and bundle.left_out
     text = (out / "report.md").read_text()
-    for line in bundle.left_out:
-        assert f"- to fit the budget: {line}" in text
-    assert "positions more than" in bundle.left_out[0]
+    assert str(bundle.left_out[-1]) == "stats.json (summary statistics of the tensors not sliced)"
+    assert "- to fit the budget: stats.json (summary statistics of the tensors not sliced)" in text
+    assert "neither sliced nor summarized (stats.json was left out to fit the budget): `draft.d2t`" in text
+    assert "nowhere" not in text and "(stats.json left out)" in text
+    dropped = len(bundle.profiles_dropped)
+    assert dropped and f"the error profiles (heatmap cells) of {dropped} tensors in report.json" in text
     assert bundle.verification.reproduced == reproduces(td.compare(TRAINING, BUG),
                                                         td.compare(out / "a.h5", out / "b.h5"))
 
@@ -183,7 +210,8 @@ def test_the_command_writes_the_bundle(tmp_path) -> None:
     out = tmp_path / "b"
     done = CliRunner().invoke(app, ["bundle", str(TRAINING), str(BUG), "-o", str(out), "--budget", "1MB"])
     assert done.exit_code == 0, done.stderr
-    assert done.stdout.startswith(f"wrote {out}: ")
+    assert done.stdout.startswith(f"wrote {out} ({on_disk(out)} bytes in 6 files), each within the budget of "
+                                  "1 MB (1000000 bytes)")
     assert "the slices reproduce the compare: diverged" in done.stdout
     assert (out / "report.md").exists() and not out.with_name("b.zip").exists()
 
@@ -208,8 +236,8 @@ def test_bad_input_is_one_error_line_and_leaves_nothing(tmp_path, case) -> None:
                 "not_empty": f"error: {out}: exists and is not an empty directory: a bundle goes into a new "
                              "one",
                 "budget": "error: --budget: expected a size such as 1MB, 500k or 2MiB, got '1x'",
-                "too_small": f"error: {out}: not even the smallest bundle fits the budget of 50 kB: it takes "
-                             "at least ",
+                "too_small": f"error: {out}: not even the smallest bundle fits the budget of 50 kB (50000 "
+                             "bytes): it takes ",
                 "zip_exists": f"error: {out.with_name('out.zip')}: exists: a bundle never overwrites a file"}
     assert done.exit_code == 2 and done.stdout == "" and done.stderr.count("\n") == 1
     assert done.stderr.startswith(expected[case])
@@ -219,3 +247,238 @@ def test_bad_input_is_one_error_line_and_leaves_nothing(tmp_path, case) -> None:
         assert out.with_name("out.zip").read_text() == "keep" and not out.exists()
     else:
         assert not out.exists() and not out.with_name("out.zip").exists()
+
+
+def write_nan_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """The first divergence at position 40 of target.layer.0; b's draft.logits holds NaN rows at
+    positions 2 and 45: the default window (24:57) holds only the second."""
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(0, 500, 64)
+    layer, logits = rng.standard_normal((64, 16)).astype(np.float32), rng.standard_normal((64, 32)).astype(
+        np.float32)
+    paths = tmp_path / "nan_a.h5", tmp_path / "nan_b.h5"
+    for path, changed in zip(paths, (False, True)):
+        x, y = layer.copy(), logits.copy()
+        if changed:
+            x[40] += 1.0
+            y[2, :4] = y[45, :4] = np.nan
+        with td.record(path, source="t") as rec:
+            rec.log("target.layer.0", x, token_ids=tokens, request="R0", step=0)
+            rec.log("draft.logits", y, token_ids=tokens, request="R0", step=0)
+    return paths
+
+
+def test_a_diagnosis_reproduces_only_with_the_same_evidence(tmp_path) -> None:
+    a, b = write_nan_pair(tmp_path)
+    full = td.compare(a, b)
+    assert [d.kind for d in full.diagnoses] == ["nan_inf"] and full.first_divergence.row.position == 40
+    cut = {}
+    for label, positions in (("around", Span(24, 57)), ("from0", Span(0, 41))):
+        for side, path in zip("ab", (a, b)):
+            slice_trace(path, tmp_path / f"{label}_{side}.h5", Selection(positions=positions))
+        cut[label] = td.compare(tmp_path / f"{label}_a.h5", tmp_path / f"{label}_b.h5")
+    around, from0 = cut["around"], cut["from0"]
+    # same kind and tensor, another row: not a reproduction, and the difference names the field
+    assert [d.kind for d in around.diagnoses] == ["nan_inf"]
+    assert around.diagnoses[0].evidence.position != full.diagnoses[0].evidence.position
+    lines = [str(d) for d in differences(full, around)]
+    at = around.diagnoses[0].evidence.position, full.diagnoses[0].evidence.position
+    assert lines == [f"diagnosis 1 (nan_inf) position: {at[0]} on the slices, {at[1]} on the full traces"]
+    # the same row with fewer NaN rows counted: rows_non_finite shrinks with the slice, it reproduces
+    assert from0.diagnoses[0].evidence.rows_non_finite < full.diagnoses[0].evidence.rows_non_finite
+    assert differences(full, from0) == [] and reproduces(full, from0)
+
+
+def test_a_slice_with_other_evidence_is_widened_until_it_reproduces(tmp_path) -> None:
+    a, b = write_nan_pair(tmp_path)
+    bundle = make_bundle(a, b, tmp_path / "out")
+    assert bundle.window.wide == "requests" and bundle.verification.reproduced
+    assert reproduces(bundle.report, td.compare(tmp_path / "out" / "a.h5", tmp_path / "out" / "b.h5"))
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "A slice of the default window did not reproduce it, so the slices hold every row of the " \
+           "requests involved. Wider slices tried first: every tensor in the window (does not reproduce it " \
+           "either)." in text
+
+
+def write_incomplete_pair(tmp_path: Path) -> tuple[Path, Path]:
+    """target.layer.1 at positions 0..29 on a; on b too for r0, but 10..39 for r1: incomplete, and only
+    r1's rows fall short."""
+    rng = np.random.default_rng(5)
+    tokens = {r: rng.integers(0, 500, 40) for r in ("r0", "r1")}
+    rows = {r: rng.standard_normal((40, 8)).astype(np.float32) for r in tokens}
+    paths = tmp_path / "inc_a.h5", tmp_path / "inc_b.h5"
+    for path, side in zip(paths, "ab"):
+        with td.record(path, source=side) as rec:
+            for step, r in enumerate(tokens):
+                rec.request_tokens(r, tokens[r])
+                rec.log("target.layer.0", rows[r], token_ids=tokens[r], request=r, step=step)
+                kept = slice(0, 30) if side == "a" or r == "r0" else slice(10, 40)
+                rec.log("target.layer.1", rows[r][kept] * 2, token_ids=tokens[r][kept],
+                        positions=np.arange(40)[kept], request=r, step=step)
+    return paths
+
+
+def test_an_incomplete_verdict_is_sliced_where_coverage_falls_short(tmp_path) -> None:
+    a, b = write_incomplete_pair(tmp_path)
+    bundle = make_bundle(a, b, tmp_path / "out")
+    assert bundle.report.verdict == "incomplete" and bundle.focus.short == ["target.layer.1"]
+    assert [s.selection.requests for s in bundle.sides] == [("r1",), ("r1",)]
+    small = td.compare(tmp_path / "out" / "a.h5", tmp_path / "out" / "b.h5")
+    assert small.verdict == "incomplete" and bundle.verification.reproduced
+    assert [r.split(":")[0] for r in small.reasons] == ["target.layer.1"]
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "tensors compared too little (`target.layer.1`)" in text
+    # a slice of the fully covered request matches: not a reproduction of an incomplete verdict
+    for side, path in zip("ab", (a, b)):
+        slice_trace(path, tmp_path / f"r0_{side}.h5", Selection(requests=("r0",)))
+    covered = td.compare(tmp_path / "r0_a.h5", tmp_path / "r0_b.h5")
+    assert [str(d) for d in differences(bundle.report, covered)] == [
+        "verdict: match on the slices, incomplete on the full traces",
+        "tensors compared too little: [] on the slices, ['target.layer.1'] on the full traces"]
+
+
+def test_the_budget_bounds_the_directory_and_the_zip_each_on_disk(tmp_path) -> None:
+    out = tmp_path / "z"
+    bundle = make_bundle(TRAINING, BUG, out, budget=300_000, zip=True)
+    zipped = tmp_path / "z.zip"
+    assert on_disk(out) == bundle.total <= 300_000 and zipped.stat().st_size == bundle.zip_size <= 300_000
+    assert on_disk(out) + zipped.stat().st_size > 300_000  # the rule is each on its own, not the two summed
+    text = (out / "report.md").read_text()
+    assert f"{on_disk(out)} bytes (283 kB) in 6 files, within the budget of 300000 bytes (300 kB). Also " \
+           "zipped as `z.zip`, within the budget too." in text
+    assert "The budget bounds the directory's files together, and with `--zip` the zip on its own " \
+           "too." in text
+    shown = CliRunner().invoke(app, ["bundle", "--help"], env={"COLUMNS": "200"}).stdout
+    flat = re.sub(r"\s+", " ", shown.replace("│", ""))
+    assert "for the directory's files together, and with --zip for the zip on its own too" in flat
+
+
+def write_many(tmp_path: Path, layers: int = 40, length: int = 256) -> tuple[Path, Path]:
+    """Two requests through ``layers`` narrow target layers; b's middle layer is scaled from position
+    100 of q1 on: a report whose per-tensor profiles outweigh the slices."""
+    tokens = {r: np.random.default_rng(r).integers(0, 1000, length) for r in range(2)}
+    paths = tmp_path / "many_a.h5", tmp_path / "many_b.h5"
+    for path, side in zip(paths, "ab"):
+        rng = np.random.default_rng(4)
+        with td.record(path, source=side) as rec:
+            for r in range(2):
+                rec.request_tokens(f"q{r}", tokens[r])
+                for name in ["target.embed", *(f"target.layer.{i}" for i in range(layers))]:
+                    x = rng.standard_normal((length, 8)).astype(np.float32)
+                    if side == "b" and r == 1 and name == f"target.layer.{layers // 2}":
+                        x[100:] *= 1.01
+                    rec.log(name, x, token_ids=tokens[r], request=f"q{r}", step=r)
+    return paths
+
+
+def test_many_tensors_fit_with_fewer_profiles_after_a_bounded_search(tmp_path) -> None:
+    a, b = write_many(tmp_path)
+    out = tmp_path / "out"
+    bundle = make_bundle(a, b, out, budget=400_000)
+    full = td.compare(a, b)
+    assert len(full.to_json()) + len(render_html(full)) > 1_000_000  # the whole report alone would not fit
+    assert on_disk(out) == bundle.total <= 400_000 and bundle.verification.reproduced
+    attached = Report.from_json((out / "report.json").read_text())
+    kept = [t.name for t in attached.tensors if t.profile is not None]
+    assert kept == ["target.layer.20"] and len(bundle.profiles_dropped) == 40
+    assert [t.status for t in attached.tensors] == [t.status for t in full.tensors]  # all else kept
+    assert (out / "report.html").read_text() == render_html(attached)  # the page of that same report
+    text = (out / "report.md").read_text()
+    assert "the full compare as JSON (docs/REPORT.md; `tracediff.Report.from_json` reads it), less the " \
+           "error profiles of 40 tensors (see Left out)" in text
+    windows = len(ladder(bundle.focus))
+    assert windows > 20 and bundle.windows_sliced <= math.ceil(math.log2(windows)) + 2
+
+
+def test_a_budget_below_the_smallest_bundle_states_its_exact_size_and_that_size_fits(tmp_path) -> None:
+    a, b = write_many(tmp_path)
+    with pytest.raises(InputError) as error:
+        make_bundle(a, b, tmp_path / "out", budget=100_000)
+    problem = error.value.problem
+    needed = int(re.search(r"it takes (\d+) bytes", problem).group(1))
+    assert problem.startswith("not even the smallest bundle fits the budget of 100 kB (100000 bytes): it "
+                              "takes ")
+    assert problem.endswith(f"give --budget {math.ceil(needed / 1000)}k or more")
+    assert not (tmp_path / "out").exists()
+    bundle = make_bundle(a, b, tmp_path / "out", budget=math.ceil(needed / 1000) * 1000)  # rounded up: fits
+    assert bundle.total <= math.ceil(needed / 1000) * 1000
+
+
+def test_a_bundle_into_the_current_directory_zips_under_its_resolved_name(tmp_path, monkeypatch) -> None:
+    here = tmp_path / "dot"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    done = CliRunner().invoke(app, ["bundle", str(TRAINING), str(BUG), "-o", ".", "--zip"])
+    assert done.exit_code == 0, done.stderr
+    zipped = tmp_path / "dot.zip"
+    assert f" and {zipped} (" in done.stdout
+    assert sorted(zipfile.ZipFile(zipped).namelist()) == sorted(f"dot/{p.name}" for p in here.iterdir())
+
+
+def table_rows(text: str) -> list[tuple[int, int]]:
+    """(cells in the header, cells in the row) of every table row, as a GFM parser reads them."""
+    from markdown_it import MarkdownIt
+
+    tokens, out, header, cells = MarkdownIt("commonmark").enable("table").parse(text), [], 0, 0
+    for token in tokens:
+        if token.type == "tr_open":
+            cells = 0
+        elif token.type in ("th_open", "td_open"):
+            cells += 1
+        elif token.type == "tr_close":
+            header = cells if header == 0 else header
+            out.append((header, cells))
+        elif token.type == "table_close":
+            header = 0
+    return out
+
+
+HOSTILE = "r|`q`</details><b>bold</b>\x1b[2J [x](javascript:alert(1)) @octocat #1"
+
+
+def test_hostile_requests_and_names_keep_every_table_cell_and_mention_nobody(tmp_path) -> None:
+    paths = tmp_path / "a.h5", tmp_path / "b.h5"
+    base = np.random.default_rng(0).standard_normal((12, 8)).astype(np.float32)
+    for path, side in zip(paths, "ab"):
+        with td.record(path, source=f"{side}|@octocat", meta={"target_model": "m|@octocat"}) as rec:
+            x = base + (1.0 if side == "b" else 0.0) * (np.arange(12) >= 5)[:, None]
+            rec.log("h|@octocat", x.astype(np.float32), step=0, request=HOSTILE, token_ids=np.arange(12))
+    make_bundle(*paths, tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text()
+    rows = table_rows(text)
+    assert len(rows) > 25 and all(header == cells for header, cells in rows)
+    ours = text[:text.index("## The compare report")] + text[text.index("## This bundle"):]
+    assert "request ``" in ours and "@octocat" in ours
+    assert "@octocat" not in outside_code(ours)  # trace text in code spans: no mention, no markup
+
+
+def test_each_rank_file_of_a_slice_states_its_own_holdings(tmp_path) -> None:
+    rng = np.random.default_rng(2)
+    data = {r: (rng.integers(0, 500, 20), rng.standard_normal((20, 16)).astype(np.float32)) for r in range(2)}
+    for side in "ab":
+        for rank in range(2):
+            with td.record(tmp_path / f"mr_{side}.h5", source=side, rank=rank, world_size=2) as rec:
+                tokens, x = data[rank]
+                rec.log("target.layer.0", x * (1.5 if side == "b" and rank == 1 else 1.0), token_ids=tokens,
+                        request=f"q{rank}", step=0)
+    bundle = make_bundle(tmp_path / "mr_a.h5", tmp_path / "mr_b.h5", tmp_path / "out")
+    text = (tmp_path / "out" / "report.md").read_text()
+    parts = bundle.sides[0].sliced.parts
+    assert [(p.path.name, p.rows) for p in parts] == [("a.rank0.h5", 0), ("a.rank1.h5", 17)]
+    assert "a's slice (rank file 0): 0 tensors, 0 rows, 0 request tokens (request `q1`" in text
+    assert "a's slice (rank file 1): 1 tensor, 17 rows, 20 request tokens (request `q1`" in text
+
+
+def test_slices_that_do_not_reproduce_and_cannot_widen_say_so(tmp_path) -> None:
+    a, b = write_nan_pair(tmp_path)
+    wide = make_bundle(a, b, tmp_path / "wide")
+    # whole requests with the least report.md no longer fit, the default window does
+    budget = wide.files["a.h5"] + wide.files["b.h5"] + attach(wide.report, ["target.layer.0"]).size
+    bundle = make_bundle(a, b, tmp_path / "out", budget=budget)
+    assert not bundle.verification.reproduced and bundle.window.wide == ""
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "**Reproduced" not in text and "**Not reproduced on the slices**" in text
+    assert "- diagnosis 1 (nan\\_inf) position: `45` on the slices, `2` on the full traces" in text
+    assert "Wider slices tried first: every tensor in the window (does not reproduce it either); every row " \
+           "of the requests involved (does not fit the budget); the whole traces (does not fit the " \
+           "budget)." in text

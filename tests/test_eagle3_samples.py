@@ -58,7 +58,8 @@ def test_replay_bad_inputs(tmp_path) -> None:
         assert out.returncode == 2 and expected in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
-VOLATILE = {"created": "the time the file was written", "host": "hostname and pid of the writing process"}
+VOLATILE = {"created": "the time the file was written", "host": "hostname and pid of the writing process",
+            "versions": "versions of the libraries the writing process had loaded"}
 
 
 def layout(tensors: dict[str, np.ndarray]) -> dict[str, tuple]:

@@ -5,8 +5,11 @@ whole flush."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -482,3 +485,16 @@ def test_any_bits_are_data_for_show_stats(tmp_path, fmt) -> None:
         warnings.simplefilter("error")
         signalling, extreme = tensor_stats(trace.rows("s")), tensor_stats(trace.rows("d"))
     assert signalling.nan == 1 and signalling.max == 0.0 and extreme.max == 1e308
+
+
+def test_h5_killed_trace_with_a_bad_checksum_fails_at_once_instead_of_hanging(tmp_path) -> None:
+    """A killed trace (it opens only in SWMR mode) with one byte of its root object header flipped:
+    HDF5 retries the bad checksum, sleeping, for minutes (show hung for 10+ minutes on it). The
+    reader asks for few attempts, so it is one error line."""
+    path = tmp_path / "killed_bad_checksum.h5"
+    packed = Path(__file__).parent / "data" / "killed_bad_checksum.h5.gz"
+    path.write_bytes(gzip.decompress(packed.read_bytes()))
+    shown = subprocess.run([sys.executable, "-m", "tracediff.cli", "show", str(path)], capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode == 2 and shown.stderr.startswith(f"error: {path}: ")
+    assert "checksum" in shown.stderr and len(shown.stderr.strip().splitlines()) == 1

@@ -180,6 +180,83 @@ def test_log_after_close_is_ignored(tmp_path) -> None:
     assert rec.stopped is None and not rec.active
 
 
+class DeviceArray:
+    """An array of another library: numpy reads it through ``__array__``, a copy each time (off a
+    device, say)."""
+
+    def __init__(self, values: np.ndarray) -> None:
+        self.values, self.reads = values, 0
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        self.reads += 1
+        return self.values.astype(dtype or self.values.dtype, copy=True)
+
+
+def test_an_array_of_another_library_is_read_once_a_call(tmp_path, fmt) -> None:
+    """Each check of a call converted it again (unrecordable, byte count, host bytes, the copy): 4
+    reads for log_static, and log stopped recording (no ``shape``). Now one read a call; what numpy
+    makes no array of is refused and counted, and recording goes on."""
+    x = DeviceArray(np.arange(12, dtype=np.float32).reshape(3, 4))
+    w = DeviceArray(np.arange(5, dtype=np.int64))
+    path = tmp_path / f"device.{fmt}"
+    with td.record(path) as rec:
+        rec.log("x", x, token_ids=np.arange(3))
+        rec.log_static("w", w)
+        rec.log("ragged", [[1.0, 2.0], [3.0]], token_ids=np.arange(2))
+        rec.log("x", x, step=1, token_ids=np.arange(3))
+    assert (x.reads, w.reads) == (2, 1) and rec.stopped is None
+    assert dict(rec.dropped_reasons) == {"unrecordable: not an array (list)": 1}
+    with td.open_trace(path) as trace:
+        assert trace.rows("x").data.tolist() == x.values.tolist() * 2
+        assert trace.read(trace.select(name="w")[0]).data.tolist() == list(range(5))
+
+
+# A recorder's process killed at once: before the writer's first flush.
+KILLED_AT_OPEN = """
+import os, signal, sys
+import tracediff as td
+rec = td.record(sys.argv[1], source="serving")
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_trace_killed_before_its_first_write_says_who_started_it(tmp_path, fmt) -> None:
+    """An Arrow writer wrote nothing before its first batch: a 0-byte file, refused as "empty file,
+    not a trace". Now it writes the file's header (schema, run metadata) at open, as the HDF5 writer
+    does: the file reads as a trace that was never closed and holds no records."""
+    path = tmp_path / f"killed.{fmt}"
+    assert run_python(KILLED_AT_OPEN, str(path)).returncode == -9
+    shown = run_cli("show", str(path))
+    assert shown.returncode == 0, shown.stderr
+    assert "incomplete: the writer never closed" in shown.stdout and "source serving" in shown.stdout
+    with td.open_trace(path) as trace:
+        assert not trace.complete and len(trace.index) == 0 and trace.meta["source"] == "serving"
+
+
+H5_KILLED_IN_OPEN = """
+import os, signal, sys
+import h5py
+f = h5py.File(sys.argv[1], "w", libver="latest")  # what the HDF5 writer's open does first
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_file_killed_before_it_held_a_trace_is_one_error_line(tmp_path) -> None:
+    """A file claimed but never written (the launcher claims a path before its recorder opens it) is
+    0 bytes; an HDF5 writer killed inside its open leaves HDF5's superblock alone (48 bytes), which
+    was "unreadable HDF5 (truncated or corrupt): truncated file: eof = 48, sblock->base_addr = 0,
+    stored_eof = 2048"."""
+    claimed = tmp_path / "claimed.arrow"
+    claimed.touch()
+    superblock = tmp_path / "superblock.h5"
+    assert run_python(H5_KILLED_IN_OPEN, str(superblock)).returncode == -9
+    for path, words in ((claimed, "empty file"), (superblock, "killed before its first write")):
+        shown = run_cli("show", str(path))
+        assert shown.returncode == 2 and shown.stdout == ""
+        assert shown.stderr.startswith(f"error: {path}: ") and shown.stderr.count("\n") == 1, shown.stderr
+        assert words in shown.stderr
+
+
 RANK_WRITER = """
 import sys, numpy as np, tracediff as td
 with td.record(sys.argv[1], source="serving") as rec:

@@ -1,5 +1,6 @@
 """tracediff slice: a smaller trace that is still a trace. Selection semantics per axis, what is copied
-whole (metadata, contract, statics, token sequences), per-rank traces, and bad input."""
+whole (metadata, contract, statics, token sequences), per-rank traces, outputs that would overwrite
+or hide files, names and requests taken whole (commas included), and bad input."""
 
 from __future__ import annotations
 
@@ -165,11 +166,12 @@ def test_bad_spans_say_why(text, why) -> None:
 
 def test_the_command_writes_the_slice(trace_path, tmp_path) -> None:
     out = tmp_path / "small.arrow"
-    done = CliRunner().invoke(app, ["slice", str(trace_path), "-o", str(out), "--names", "target.*,draft.d2t",
-                                    "--requests", "r1", "--positions", "4:8", "--steps", "1",
-                                    "--depths", "0"])
+    done = CliRunner().invoke(app, ["slice", str(trace_path), "-o", str(out), "--names", "target.*",
+                                    "--names", "draft.d2t", "--requests", "r1", "--positions", "4:8",
+                                    "--steps", "1", "--depths", "0"])
     assert done.exit_code == 0, done.stderr
     assert done.stdout.startswith(f"wrote {out}: 2 records, 4 rows, {LENGTH} request tokens")
+    assert done.stderr == ""
     with td.open_trace(out) as small:
         assert small.names() == ["draft.d2t", "target.layer.0"]
 
@@ -196,3 +198,65 @@ def test_bad_files_are_one_error_line(trace_path, tmp_path) -> None:
     suffix = CliRunner().invoke(app, ["slice", str(trace_path), "-o", str(tmp_path / "s.txt")])
     assert suffix.exit_code == 2 and suffix.stderr.startswith(f"error: {tmp_path / 's.txt'}: cannot tell")
     assert suffix.stderr.count("\n") == 1
+
+
+def test_a_request_id_or_name_with_a_comma_is_taken_whole(tmp_path) -> None:
+    path, out = tmp_path / "comma.h5", tmp_path / "small.h5"
+    x = np.ones((4, 2), np.float32)
+    with td.record(path) as rec:
+        rec.log("t.x", x, token_ids=[1, 2, 3, 4], request="chat,42", step=0)
+        rec.log("t.x", x * 2, token_ids=[1, 2, 3, 5], request="chat", step=1)
+        rec.log("t.x,y", x, token_ids=[1, 2, 3, 4], request="chat,42", step=0)
+    done = CliRunner().invoke(app, ["slice", str(path), "-o", str(out), "--requests", "chat,42",
+                                    "--names", "t.x,y"])
+    assert done.exit_code == 0, done.stderr
+    assert done.stdout.startswith(f"wrote {out}: 1 record, 4 rows, 4 request tokens (")  # 1: singular
+    with td.open_trace(out) as small:
+        assert small.names() == ["t.x,y"] and set(small.rows("t.x,y").request.tolist()) == {"chat,42"}
+
+
+def test_what_matches_nothing_is_named_even_when_statics_are_kept(trace_path, tmp_path) -> None:
+    out = tmp_path / f"s{trace_path.suffix}"
+    done = CliRunner().invoke(app, ["slice", str(trace_path), "-o", str(out), "--requests", "r9",
+                                    "--requests", "r1", "--names", "draft.*", "--names", "nosuch.*"])
+    assert done.exit_code == 0, done.stderr
+    assert done.stdout.startswith(f"wrote {out}: 19 records, 72 rows, {LENGTH} request tokens")  # d2t, r1's
+    hint = "(tracediff show TRACE lists names, requests and steps)"
+    assert done.stderr.splitlines() == [
+        f"tracediff: note: --names 'nosuch.*' matched nothing in {trace_path} {hint}",
+        f"tracediff: note: --requests 'r9' matched nothing in {trace_path} {hint}"]
+    result = slice_trace(trace_path, tmp_path / f"t{trace_path.suffix}", Selection(requests=("r9",)))
+    assert result.records == 1 and result.unmatched_requests == ["r9"]  # the static d2t alone
+
+
+def test_an_existing_output_is_never_overwritten(trace_path, tmp_path) -> None:
+    out = tmp_path / f"s{trace_path.suffix}"
+    out.write_bytes(b"mine")
+    done = CliRunner().invoke(app, ["slice", str(trace_path), "-o", str(out)])
+    assert (done.exit_code, done.stdout) == (2, "")
+    assert done.stderr == f"error: {out}: exists: a slice never overwrites a file (remove it, or choose " \
+                          "another name)\n"
+    assert out.read_bytes() == b"mine"
+
+
+def test_an_output_that_would_hide_rank_files_is_refused(tmp_path, fmt) -> None:
+    for rank in (0, 1):
+        write_trace(tmp_path / f"run.{fmt}", rank=rank, world_size=2)
+    stem = tmp_path / f"run.{fmt}"
+    before = [digest(tmp_path / f"run.rank{r}.{fmt}") for r in (0, 1)]
+    # a rank file sliced into the stem of its own ranks: `run` would name the slice, no longer the ranks
+    with pytest.raises(InputError, match=rf"is the stem of the rank files run.rank0.{fmt}, run.rank1.{fmt}: "
+                                         "a trace written there would hide them"):
+        slice_trace(tmp_path / f"run.rank0.{fmt}", stem, Selection(names=("target.*",)))
+    assert not stem.exists() and [digest(tmp_path / f"run.rank{r}.{fmt}") for r in (0, 1)] == before
+    with td.open_trace(stem) as still:
+        assert len(still.files) == 2
+    # a trace of rank files sliced next to a file named like the output stem: that file would hide them
+    (tmp_path / f"small.{fmt}").write_bytes(b"mine")
+    with pytest.raises(InputError, match="exists: it would hide the slice's rank files"):
+        slice_trace(stem, tmp_path / f"small.{fmt}", Selection())
+    assert not list(tmp_path.glob(f"small.rank*.{fmt}"))
+    # a stale rank file beyond the slice's ranks would be read with them as one trace
+    (tmp_path / f"other.rank5.{fmt}").write_bytes(b"old")
+    with pytest.raises(InputError, match="it would be read as a rank of the slice"):
+        slice_trace(stem, tmp_path / f"other.{fmt}", Selection())

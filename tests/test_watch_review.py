@@ -130,6 +130,7 @@ def test_torch_compile_fullgraph_runs_and_what_it_does_not_record_is_said(tmp_pa
     """Traced by dynamo, the hooks broke the graph: fullgraph=True raised in the program. Compiled
     code is not recorded (it calls no Python hooks), said once; eager calls still are."""
     monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)  # conftest's, for SpecForge's tests
+    monkeypatch.setattr(torch._dynamo.config, "disable", False)  # read from it when dynamo was imported
     model = small_net()
     compiled = torch.compile(model, backend="eager", fullgraph=True)
     assert type(compiled).__name__ == "OptimizedModule"

@@ -149,18 +149,24 @@ def convert(
 @app.command("slice")
 def slice_command(
     trace: Path = typer.Argument(..., help="trace to read (.h5 / .arrow, or the stem of per-rank files)"),
-    out: Path = typer.Option(..., "--out", "-o", help="the smaller trace to write (.h5 or .arrow); a trace "
-                             "of rank files is sliced per rank (OUT stem + .rankN)"),
-    names: list[str] = typer.Option([], "--names", help="keep tensors whose names match these globs "
-                                    "(repeat, or comma-separate)"),
-    requests: list[str] = typer.Option([], "--requests", help="keep the rows and tokens of these requests"),
+    out: Path = typer.Option(..., "--out", "-o", help="the smaller trace to write (.h5 or .arrow): a new "
+                             "file (never overwritten; nor the stem of existing rank files); a trace of rank "
+                             "files is sliced per rank (OUT stem + .rankN)"),
+    names: list[str] = typer.Option([], "--names", help="keep tensors whose names match this glob (repeat "
+                                    "for more; taken whole: a comma is part of the glob)"),
+    requests: list[str] = typer.Option([], "--requests", help="keep the rows and tokens of this request "
+                                       "(repeat for more; taken whole: a comma is part of the id)"),
     positions: str | None = typer.Option(None, "--positions", help="keep rows at positions A:B (half-open; "
                                          "A: and :B are open-ended)"),
-    steps: list[str] = typer.Option([], "--steps", help="keep records of these steps: N or A:B (half-open)"),
-    depths: list[str] = typer.Option([], "--depths", help="keep records of these draft depths: N or A:B"),
+    steps: list[str] = typer.Option([], "--steps", help="keep records of these steps: N or A:B (half-open; "
+                                    "repeat or comma-separate)"),
+    depths: list[str] = typer.Option([], "--depths", help="keep records of these draft depths: N or A:B "
+                                     "(repeat or comma-separate)"),
 ) -> None:
     """Write a smaller, valid trace: the records and rows a selection keeps, with the run metadata,
-    contract, static records of the kept names and the kept requests' whole token sequences."""
+    contract, static records of the kept names and the kept requests' whole token sequences. Names
+    and requests the trace does not hold are named in a note."""
+    from tracediff.report.text import safe
     from tracediff.trace.slice import Selection, parse_list, parse_spans, slice_trace
 
     spans = {}
@@ -178,8 +184,12 @@ def slice_command(
     results = []
     guarded(trace, lambda: results.append(slice_trace(trace, out, selection)))
     result = results[0]
-    console.print(Text(f"wrote {', '.join(map(str, result.paths))}: {result.records} records, {result.rows} "
-                       f"rows, {result.tokens} request tokens ({result.bytes} bytes)"))
+    console.print(Text(f"wrote {', '.join(map(str, result.paths))}: {result.describe()}"))
+    for option, unmatched in (("--names", result.unmatched_names),
+                              ("--requests", result.unmatched_requests)):
+        if unmatched:
+            print(f"tracediff: note: {option} {', '.join(repr(safe(u)) for u in unmatched)} matched nothing "
+                  f"in {safe(trace)} (tracediff show TRACE lists names, requests and steps)", file=sys.stderr)
     if not result.records:
         print("tracediff: note: the selection kept no tensor record (tracediff show TRACE lists names, "
               "requests and steps)", file=sys.stderr)
@@ -190,19 +200,23 @@ def bundle_command(
     a: Path = typer.Argument(..., help="baseline trace (e.g. training)"),
     b: Path = typer.Argument(..., help="trace to check against it (e.g. serving)"),
     out: Path = typer.Option(..., "--out", "-o", help="directory to write (new, or empty)"),
-    budget: str = typer.Option("1MB", "--budget", help="at most this size on disk, all files together (and "
-                               "the zip): e.g. 500k, 2MB, 1MiB"),
-    zip_: bool = typer.Option(False, "--zip", help="also write DIR.zip (what a GitHub issue can attach)"),
+    budget: str = typer.Option("1MB", "--budget", help="at most this size on disk for the directory's files "
+                               "together, and with --zip for the zip on its own too (you attach one or the "
+                               "other): e.g. 500k, 2MB, 1MiB"),
+    zip_: bool = typer.Option(False, "--zip", help="also write DIR.zip next to DIR (what a GitHub issue can "
+                              "attach)"),
     tol: list[str] = typer.Option([], "--tol", help="per-name bounds, as for compare"),
     mapping: list[str] = typer.Option([], "--map", help="NAME_IN_B=NAME_IN_A, as for compare"),
     align: str = typer.Option("prefix", "--align", help="prefix or step, as for compare"),
     min_coverage: float = typer.Option(0.95, "--min-coverage", help="as for compare"),
 ) -> None:
     """A bug-report bundle of two traces: report.md (for a GitHub issue), report.json, report.html,
-    small slices of both (a.h5 / b.h5) that reproduce the compare, stats.json for the rest.
+    small slices of both (a.h5 / b.h5) that reproduce the compare, stats.json for the rest. When the
+    budget is short, the slices keep fewer rows and tensors, and report.json / report.html fewer
+    per-tensor error profiles (report.md lists what was left out).
 
     Exit 0 when written (report.md says whether the slices reproduce the compare), 2 for bad input or
-    a budget too small for the smallest bundle."""
+    a budget too small for the smallest bundle (the error says how many bytes it takes)."""
     from tracediff.bundle.budget import human, parse_size
     from tracediff.bundle.build import make_bundle
     from tracediff.diff.rename import parse_pair
@@ -232,17 +246,20 @@ def bundle_command(
     guarded(a, lambda: made.append(make_bundle(a, b, out, budget=size, zip=zip_, tol=tol, rename=rename,
                                                align=align, min_coverage=min_coverage)))
     bundle = made[0]
-    zipped = f" and {bundle.zip}" if bundle.zip is not None else ""
-    console.print(Text(f"wrote {out}{zipped}: {human(bundle.total)} in {len(bundle.files)} files (budget "
-                       f"{human(size)}); read {out / 'report.md'}"))
+    zipped = "" if bundle.zip is None else f" and {bundle.zip} ({bundle.zip_size} bytes)"
+    console.print(Text(f"wrote {out} ({bundle.total} bytes in {len(bundle.files)} files){zipped}, each "
+                       f"within the budget of {human(size)} ({size} bytes); read {out / 'report.md'}"))
     for line in bundle.left_out:
         console.print(Text(f"  left out to fit the budget: {safe(line)}"))
+    if bundle.profiles_dropped:
+        console.print(Text(f"  left out to fit the budget: the error profiles of "
+                           f"{len(bundle.profiles_dropped)} tensors in report.json and report.html"))
     check = bundle.verification
     if check.reproduced and check.report is not None:
         console.print(Text(f"  the slices reproduce the compare: {check.report.verdict}"))
     else:
         print(f"tracediff: warning: the slices do not reproduce the compare: "
-              f"{safe('; '.join(check.differences))}", file=sys.stderr)
+              f"{safe('; '.join(map(str, check.differences)))}", file=sys.stderr)
 
 
 def need_torch() -> None:

@@ -1,5 +1,7 @@
 """Sizes as people write them (``1MB``, ``500k``), and sizes of what a bundle really wrote: the budget is
-checked against the files on disk, never against an estimate."""
+checked against the files on disk, never against an estimate. The rule: the directory's files
+together are at most the budget, and with ``--zip`` the zip on its own is too (each is what you
+attach: the files, or the zip)."""
 
 from __future__ import annotations
 
@@ -32,11 +34,18 @@ def file_sizes(directory: Path) -> dict[str, int]:
 
 
 def write_zip(directory: Path, dest: Path) -> int:
-    """``directory`` as a zip (entries under the directory's name), returns its size."""
+    """``directory`` as a zip (entries under the zip's own stem: ``DIR.zip`` unpacks to ``DIR/``,
+    whatever path named the directory), returns its size."""
     with zipfile.ZipFile(dest, "w", compression=zipfile.ZIP_DEFLATED) as zf:
         for name in file_sizes(directory):
-            zf.write(directory / name, f"{directory.name}/{name}")
+            zf.write(directory / name, f"{dest.stem}/{name}")
     return dest.stat().st_size
+
+
+def kilo_up(size: int) -> str:
+    """The smallest whole number of kB holding ``size`` bytes, as a ``--budget`` value (rounded up:
+    ``245001`` -> ``246k``)."""
+    return f"{-(-size // 1000)}k"
 
 
 def human(size: int) -> str:

@@ -1,6 +1,12 @@
 """``make_bundle``: compare two traces once, slice both around what the report points at, check that
-the slices reproduce the report, and write it all into a new directory within a size budget, trying
-smaller windows until the files on disk fit."""
+the slices reproduce the report, and write it all into a new directory within a size budget.
+
+The budget bounds the directory's files together, and with ``--zip`` the zip on its own too. It is
+spent in this order: report.md and the attached report with the first divergence's error profile
+(known before any slice: a budget they exceed fails at once), then the widest slices that fit
+(a binary search over ``ladder``'s windows, which shrink monotonically: a handful of slicings, each
+first bounded from the key columns alone), then the other tensors' profiles. A slice that does not
+reproduce the compare is widened, when a wider one fits, whatever the verdict."""
 
 from __future__ import annotations
 
@@ -10,24 +16,27 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracediff.bundle.budget import file_sizes, human, write_zip
+from tracediff.bundle.budget import file_sizes, human, kilo_up, write_zip
 from tracediff.bundle.contents import Bundle, Side
 from tracediff.bundle.fingerprint import fingerprint
 from tracediff.bundle.markdown import render
-from tracediff.bundle.select import RADII, Focus, Window, focus_of, ladder, selections, widened
+from tracediff.bundle.select import Window, focus_of, ladder, left_out, selections, widened
+from tracediff.bundle.shortfall import shortfall
 from tracediff.bundle.stats import trace_stats
-from tracediff.bundle.verify import Verification, differences
+from tracediff.bundle.trim import Attached, attach, levels
+from tracediff.bundle.verify import Difference, Verification, differences
 from tracediff.diff.api import compare
 from tracediff.diff.jsonio import to_plain
 from tracediff.diff.results import Report
 from tracediff.diff.verdict import MIN_COVERAGE
 from tracediff.errors import InputError
-from tracediff.report.html import render_html
+from tracediff.report.compare import to_markdown
 from tracediff.trace.reader import Trace, detect_format, open_trace
-from tracediff.trace.slice import slice_trace
+from tracediff.trace.slice import planned_bytes, slice_trace
 from tracediff.trace.storage import by_name
 
 DEFAULT_BUDGET = 1_000_000
+SEARCHES = 4  # binary searches at most: each after the first allows for what report.md (or the zip) took
 
 
 @dataclass
@@ -53,21 +62,22 @@ class _Options:
 def make_bundle(a: str | Path, b: str | Path, out: str | Path, *, budget: int = DEFAULT_BUDGET,
                 zip: bool = False, tol: list[str] | None = None, rename: dict[str, str] | None = None,
                 align: str = "prefix", min_coverage: float = MIN_COVERAGE) -> Bundle:
-    """Write the bundle of traces ``a`` (baseline) and ``b`` into the new directory ``out`` (and
-    ``out.zip`` with ``zip``), all files together at most ``budget`` bytes on disk (the zip too).
+    """Write the bundle of traces ``a`` (baseline) and ``b`` into the new directory ``out`` (and the zip
+    ``zip_path(out)`` with ``zip``): the directory's files together at most ``budget`` bytes on disk,
+    and the zip too.
 
-    Raises InputError (one line) for unreadable traces, an ``out`` that exists and is not empty, and a
-    budget that not even the smallest bundle fits; nothing is left behind then."""
+    Raises InputError (one line) for unreadable traces, an ``out`` that exists and is not empty, a zip
+    that exists, and a budget that not even the smallest bundle fits; nothing is left behind then."""
     out = Path(out)
-    zip_path = out.with_name(out.name + ".zip") if zip else None
-    _check_output(out, zip_path)
+    zip_file = zip_path(out) if zip else None
+    _check_output(out, zip_file)
     options = _Options(list(tol or []), dict(rename or {}), align, min_coverage)
     report = options.run(a, b)
     created = not out.exists()
     out.mkdir(exist_ok=True)
     try:
         with open_trace(a) as ta, open_trace(b) as tb:
-            maker = _Maker(report, ta, tb, out, options, budget, zip_path)
+            maker = _Maker(report, ta, tb, out, options, budget, zip_file)
             maker.commands = _commands(a, b, out, budget, zip, options, maker.files)
             return maker.build()
     except BaseException:
@@ -75,18 +85,27 @@ def make_bundle(a: str | Path, b: str | Path, out: str | Path, *, budget: int = 
             _remove(path)
         if created:
             out.rmdir()
-        if zip_path is not None:
-            zip_path.unlink(missing_ok=True)
+        if zip_file is not None:
+            zip_file.unlink(missing_ok=True)
         raise
 
 
-def _check_output(out: Path, zip_path: Path | None) -> None:
+def zip_path(out: Path) -> Path:
+    """``DIR.zip`` next to ``DIR``; a directory named ``.`` or ``..`` gives its resolved name."""
+    named = out if out.name not in ("", ".", "..") else out.resolve()
+    if not named.name:
+        raise InputError(out, "has no name to give the zip (DIR.zip): write the bundle into a named "
+                              "directory")
+    return named.with_name(named.name + ".zip")
+
+
+def _check_output(out: Path, zip_file: Path | None) -> None:
     if not out.parent.is_dir():
         raise InputError(out, f"directory {out.parent} does not exist")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(out, "exists and is not an empty directory: a bundle goes into a new one")
-    if zip_path is not None and zip_path.exists():
-        raise InputError(zip_path, "exists: a bundle never overwrites a file")
+    if zip_file is not None and zip_file.exists():
+        raise InputError(zip_file, "exists: a bundle never overwrites a file")
 
 
 def _remove(path: Path) -> None:
@@ -98,51 +117,117 @@ def _suffix(trace: Trace) -> str:
     return by_name(detect_format(trace.paths[0])).suffixes[0]
 
 
+@dataclass
+class _Slices:
+    """One window's slices and stats.json, on disk in the bundle directory."""
+
+    window: Window
+    sides: tuple[Side, Side]
+    bytes: int
+
+
 class _Maker:
-    """One bundle's construction: fixed files first, then windows tried until one fits."""
+    """One bundle's construction: the fixed cost first, then the widest window that fits."""
 
     def __init__(self, report: Report, a: Trace, b: Trace, out: Path, options: _Options, budget: int,
-                 zip_path: Path | None) -> None:
+                 zip_file: Path | None) -> None:
         self.report, self.traces, self.out, self.options = report, (a, b), out, options
-        self.budget, self.zip_path = budget, zip_path
-        self.focus = focus_of(report, a, b, options.rename)
+        self.budget, self.zip_file = budget, zip_file
+        short = shortfall(report, a, b, options.rename) if report.verdict == "incomplete" else None
+        self.focus = focus_of(report, a, b, options.rename, short)
         self.stats = trace_stats(a), trace_stats(b)
         self.prints = fingerprint(a), fingerprint(b)
         self.files = {"a": f"a{_suffix(a)}", "b": f"b{_suffix(b)}"}
         self.commands: dict[str, str] = {}
-        self.smallest = 0  # the smallest total measured so far, for when nothing fits
+        self.levels, self.core = levels(report, self.focus)
+        self.attached: dict[int, Attached] = {}
+        self.md_floor = len(to_markdown(report).encode())  # report.md holds the compare report whole
+        self.on_disk: _Slices | None = None
+        self.checked: dict[Window, Verification] = {}
+        self.tried: dict[str, str] = {}  # wider windows tried so far -> outcome (report.md says so)
+        self.sizes: dict[Window, int] = {}  # bytes of each window's slices and stats.json, once written
+        self.fixed = 0  # what the last bundle _finish gave up on took beside its slices (zip overshoot added)
+
+    def _attach(self, level: int) -> Attached:
+        if level not in self.attached:
+            self.attached[level] = attach(self.report, self.levels[level])
+        return self.attached[level]
 
     def build(self) -> Bundle:
-        (self.out / "report.json").write_text(self.report.to_json())
-        (self.out / "report.html").write_text(render_html(self.report), encoding="utf-8")
         windows = ladder(self.focus)
-        for k, window in enumerate(windows):
-            bundle = self._attempt(window)
-            if bundle is None:
+        bases = list(dict.fromkeys([self.core, len(self.levels) - 1]))
+        for base in bases:
+            floor = self._attach(base).size + self.md_floor
+            if floor > self.budget:  # known before any slice: no window can fit beside it
                 continue
-            if k == 0 and not bundle.verification.reproduced and self.report.verdict == "diverged":
-                wider = next((w for w in map(self._attempt, widened(self.focus))
-                              if w is not None and w.verification.reproduced), None)
-                bundle = wider or self._attempt(window)
+            bundle = self._search(windows, base, floor)
+            if bundle is not None:
+                return self._widen(bundle, base, floor)
+        raise self._too_small(windows[-1])
+
+    def _search(self, windows: list[Window], base: int, floor: int) -> Bundle | None:
+        """The bundle of the widest window whose slices fit beside ``floor`` bytes: the smallest is
+        tried first (none fits if it does not), then a binary search. When report.md (or the zip)
+        turns out larger than ``floor`` allowed for, the search runs again with the excess added."""
+        for _ in range(SEARCHES):
+            def fits(k: int, floor: int = floor) -> bool:
+                size = self._size(windows[k], floor)
+                return size is not None and size + floor <= self.budget
+
+            if not fits(len(windows) - 1):
+                return None
+            lo, hi = 0, len(windows) - 1
+            while lo < hi:
+                mid = (lo + hi) // 2
+                lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
+            written = self._write(windows[lo], floor)
+            assert written is not None  # it fitted
+            bundle = self._finish(written, base)
             if bundle is not None:
                 return bundle
-        fixed = file_sizes(self.out)
-        raise InputError(self.out, f"not even the smallest bundle fits the budget of {human(self.budget)}: "
-                                   f"it takes at least {human(self.smallest)} (report.json "
-                                   f"{human(fixed['report.json'])} and report.html "
-                                   f"{human(fixed['report.html'])} of it); give a larger --budget")
+            floor = max(floor + 1, self.fixed)
+        return None
 
-    def _clear(self) -> None:
+    def _widen(self, bundle: Bundle, base: int, floor: int) -> Bundle:
+        """``bundle`` if its slices reproduce the compare; else the first wider window that fits and
+        reproduces it; else the search's pick again, report.md saying what was tried."""
+        if bundle.verification.reproduced:
+            return bundle
+        for window in widened(self.focus):
+            written = self._write(window, floor)
+            wider = None if written is None else self._finish(written, base)
+            if wider is not None and wider.verification.reproduced:
+                return wider
+            self.tried[window.wide] = "does not fit the budget" if wider is None else \
+                "does not reproduce it either"
+        # the first pick again; report.md now says what was tried, so it may take a smaller window
+        again = self._search(ladder(self.focus), base, floor)
+        if again is None:
+            raise self._too_small(ladder(self.focus)[-1])
+        return again
+
+    def _size(self, window: Window, floor: int) -> int | None:
+        """Bytes of one window's slices and stats.json on disk (written once, then remembered)."""
+        if window not in self.sizes:
+            written = self._write(window, floor)
+            if written is None:
+                return None
+        return self.sizes[window]
+
+    def _write(self, window: Window, floor: int | None) -> _Slices | None:
+        """Write one window's slices and stats.json (the last one written stays on disk); None, writing
+        nothing, when their tensor bytes alone exceed the budget beside ``floor`` bytes."""
+        if self.on_disk is not None and self.on_disk.window == window:
+            return self.on_disk
+        chosen = selections(self.focus, window, self.options.rename)
+        if floor is not None and sum(planned_bytes(t, s) for t, s in zip(self.traces, chosen)) + floor \
+                > self.budget:
+            return None
+        self.on_disk = None
         for path in self.out.iterdir():
-            if path.name not in ("report.json", "report.html"):
-                _remove(path)
-
-    def _attempt(self, window: Window) -> Bundle | None:
-        """Write the bundle of one window; None when its files (or zip) exceed the budget."""
-        self._clear()
+            _remove(path)
         sides = []
-        for label, trace, selection, stats, print_ in zip("ab", self.traces, selections(self.focus, window,
-                                                          self.options.rename), self.stats, self.prints):
+        for label, trace, selection, stats, print_ in zip("ab", self.traces, chosen, self.stats, self.prints):
             sliced = slice_trace(trace, self.out / self.files[label], selection)
             summarized = [s.name for s in stats if s.name not in sliced.names]
             sides.append(Side([str(p) for p in trace.paths], self.files[label], selection, sliced, summarized,
@@ -151,72 +236,89 @@ class _Maker:
             kept = {label: [to_plain(s) for s in stats if s.name in side.summarized]
                     for label, stats, side in zip("ab", self.stats, sides)}
             (self.out / "stats.json").write_text(json.dumps(_stats_doc(kept, sides), indent=1))
-        if not self._fits(sum(file_sizes(self.out).values()), final=False):  # report.md only adds to it
-            return None
-        bundle = Bundle(self.out, self.report, self.focus, window, (sides[0], sides[1]), self._verify(),
-                        left_out(self.focus, window), self.commands, self.budget, zip=self.zip_path)
-        return self._finish(bundle)
+        written = _Slices(window, (sides[0], sides[1]), sum(file_sizes(self.out).values()))
+        self.on_disk, self.sizes[window] = written, written.bytes
+        return written
 
-    def _verify(self) -> Verification:
-        """Compare the slices as the full traces were compared."""
-        try:
-            check = self.options.run(self.out / self.files["a"], self.out / self.files["b"])
-        except InputError as exc:  # e.g. a slice with no rows
-            return Verification(None, [f"compare of the slices fails: {exc.problem}"])
-        return Verification(check, differences(self.report, check))
+    def _verify(self, window: Window) -> Verification:
+        """Compare the slices on disk as the full traces were compared (once per window)."""
+        if window not in self.checked:
+            try:
+                check = self.options.run(self.out / self.files["a"], self.out / self.files["b"])
+                self.checked[window] = Verification(check, differences(self.report, check))
+            except InputError as exc:  # e.g. a slice with no rows
+                self.checked[window] = Verification(None, [Difference("the compare", f"fails ({exc.problem})",
+                                                                       self.report.verdict)])
+        return self.checked[window]
 
-    def _finish(self, bundle: Bundle) -> Bundle | None:
-        """Write report.md (sized to state its own size) and the zip; None when they break the budget."""
-        text, size = "", -1
-        for _ in range(8):  # report.md states the total, its own size included: settle on a fixed point
-            bundle.files = {**file_sizes(self.out), "report.md": len(text.encode())}
-            text = render(bundle)
-            if len(text.encode()) == size:
-                break
-            size = len(text.encode())
-        (self.out / "report.md").write_text(text, encoding="utf-8")
-        bundle.files = file_sizes(self.out)
-        if not self._fits(bundle.total):
-            return None
-        if self.zip_path is not None:
-            bundle.zip_size = write_zip(self.out, self.zip_path)
-            if not self._fits(bundle.zip_size):
-                self.zip_path.unlink()
-                return None
-        return bundle
+    def _bundle(self, written: _Slices, level: int) -> tuple[Bundle, str]:
+        """The bundle of the slices on disk with report level ``level``, and its report.md (unwritten)."""
+        attached = self._attach(level)
+        bundle = Bundle(self.out, self.report, self.focus, written.window, written.sides,
+                        self._verify(written.window), left_out(self.focus, written.window), self.commands,
+                        self.budget, profiles_dropped=attached.dropped, widened=dict(self.tried),
+                        windows_sliced=len(self.sizes), zip=self.zip_file)
+        sizes = {**file_sizes(self.out), "report.json": len(attached.json.encode()),
+                 "report.html": len(attached.html.encode())}
+        return bundle, _settle(bundle, sizes)
 
-    def _fits(self, size: int, final: bool = True) -> bool:
-        """Whether ``size`` is within the budget; the smallest bundle seen is kept for the error
-        (a partial bundle's size counts only when it is already over: then it is a lower bound)."""
-        fits = size <= self.budget
-        if final or not fits:
-            self.smallest = min(self.smallest, size) if self.smallest else size
-        return fits
+    def _finish(self, written: _Slices, base: int) -> Bundle | None:
+        """Verify the slices, then write report.json / report.html with the most profiles that fit,
+        report.md (sized to state its own size) and the zip; None when even ``base`` breaks the budget
+        (``fixed`` says what it took beside the slices)."""
+        for level in range(base + 1):
+            attached = self._attach(level)
+            if written.bytes + attached.size + self.md_floor > self.budget:
+                continue
+            made, text = self._bundle(written, level)
+            self.fixed = made.total - written.bytes
+            if made.total > self.budget:
+                continue
+            (self.out / "report.json").write_text(attached.json)
+            (self.out / "report.html").write_text(attached.html, encoding="utf-8")
+            (self.out / "report.md").write_text(text, encoding="utf-8")
+            made.files = file_sizes(self.out)
+            if self.zip_file is None:
+                return made
+            made.zip_size = write_zip(self.out, self.zip_file)
+            self.fixed += made.zip_size - self.budget
+            if made.zip_size <= self.budget:
+                return made
+            self.zip_file.unlink()
+            for name in ("report.json", "report.html", "report.md"):
+                (self.out / name).unlink()
+        return None
+
+    def _too_small(self, smallest: Window) -> InputError:
+        """The error for a budget below the smallest bundle, with that bundle's exact size (its slices
+        written, its report.md rendered: the smallest window and no tensor's profile)."""
+        written = self._write(smallest, None)
+        assert written is not None  # no floor: always written
+        bundle, _ = self._bundle(written, len(self.levels) - 1)
+        files = bundle.files
+        slices = bundle.total - sum(files[n] for n in ("report.json", "report.html", "report.md"))
+        return InputError(self.out, f"not even the smallest bundle fits the budget of {human(self.budget)} "
+                                    f"({self.budget} bytes): it takes {bundle.total} bytes (report.json "
+                                    f"{files['report.json']} and report.html {files['report.html']} with no "
+                                    f"tensor's profile, report.md {files['report.md']}, the smallest slices "
+                                    f"{slices}); give --budget {kilo_up(bundle.total)} or more")
+
+
+def _settle(bundle: Bundle, sizes: dict[str, int]) -> str:
+    """report.md's text: it states the total, its own size included, so render to a fixed point."""
+    text, size = "", -1
+    for _ in range(8):
+        bundle.files = dict(sorted({**sizes, "report.md": len(text.encode())}.items()))
+        text = render(bundle)
+        if len(text.encode()) == size:
+            break
+        size = len(text.encode())
+    bundle.files = dict(sorted({**sizes, "report.md": len(text.encode())}.items()))
+    return text
 
 
 def _stats_doc(kept: dict[str, list], sides: list[Side]) -> dict:
     return {label: {"paths": side.paths, "tensors": kept[label]} for label, side in zip("ab", sides)}
-
-
-def left_out(focus: Focus, window: Window) -> list[str]:
-    """What a window leaves out that the default one keeps, one line each."""
-    if window.wide:
-        return []
-    lines = []
-    if window.radius < RADII[0] and not focus.centred:
-        lines.append(f"positions from {2 * window.radius + 1} on (the default keeps {2 * RADII[0] + 1})")
-    elif window.radius < RADII[0]:
-        lines.append(f"positions more than {window.radius} from the first divergence's ({focus.position}; "
-                     f"the default keeps {RADII[0]} each side)")
-    if window.extra_depths < 1:
-        lines.append(f"draft depths past {focus.depth}")
-    if window.deps < len(focus.deps):
-        lines.append("tensors the first divergence depends on: " + ", ".join(focus.deps[window.deps:]))
-    if not window.evidence and focus.evidence:
-        lines.append("tensors the diagnoses read: " + ", ".join(focus.evidence))
-    if not window.stats:
-        lines.append("stats.json (summary statistics of the tensors not sliced)")
-    return lines
 
 
 def _commands(a: str | Path, b: str | Path, out: Path, budget: int, zip: bool, options: _Options,

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tracediff.bundle.fingerprint import Fingerprint
-from tracediff.bundle.select import Focus, Window
+from tracediff.bundle.select import Focus, LeftOut, Window
 from tracediff.bundle.verify import Verification
 from tracediff.diff.results import Report
 from tracediff.trace.slice import Selection, SliceResult
@@ -32,9 +32,12 @@ class Bundle:
     window: Window
     sides: tuple[Side, Side]
     verification: Verification  # the slices' compare
-    left_out: list[str]  # what the budget made the bundle leave out, one line each (trace text as is)
+    left_out: list[LeftOut]  # what the budget made the slices leave out
     commands: dict[str, str]  # what each reproduce command does -> the command (shell-quoted)
     budget: int
+    profiles_dropped: list[str] = field(default_factory=list)  # tensors whose profile report.json/html lack
+    widened: dict[str, str] = field(default_factory=dict)  # wider window tried ('names', ...) -> outcome
+    windows_sliced: int = 0  # windows sliced to find this one (the search's work)
     files: dict[str, int] = field(default_factory=dict)  # file -> bytes, report.md included
     zip: Path | None = None
     zip_size: int | None = None

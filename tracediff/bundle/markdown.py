@@ -1,7 +1,8 @@
 """report.md: a bundle as a GitHub issue body. The verdict and whether the slices reproduce it first,
 then the commands to reproduce, both environments, the compare report (``to_markdown`` of the typed
-Report: nothing recomputed) and what the bundle holds and leaves out. Text from a trace is data:
-code spans or escaped prose, never markup."""
+Report: nothing recomputed) and what the bundle holds and leaves out. Text from a trace is data: in
+this file's own sections it is always a code span (never markup, never an @mention or #reference), in
+table cells with its ``|`` escaped."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from typing import Any
 from tracediff.bundle.budget import human
 from tracediff.bundle.contents import Bundle, Side
 from tracediff.bundle.fingerprint import NOT_RECORDED
+from tracediff.bundle.verify import short_tensors
 from tracediff.report.compare import cell, to_markdown, where
 from tracediff.report.text import code, md, safe
+from tracediff.trace.slice import SlicePart
 
 ENVIRONMENT = ("source", "target model", "torch", "transformers", "sglang", "specforge", "tracediff",
                "python", "cuda", "device", "dtype", "attention backend", "TP size", "world size",
@@ -20,6 +23,10 @@ ENVIRONMENT = ("source", "target model", "torch", "transformers", "sglang", "spe
                "created")
 WIDENED = {"names": "every tensor in the window", "requests": "every row of the requests involved",
            "all": "the whole traces"}
+PRIVATE = ("> **Check before posting publicly**: this bundle holds what the traces recorded about where "
+           "they ran: local paths, the hostname, process ids, request ids and the run metadata (in "
+           "report.md, report.json, report.html, stats.json and the slices).")
+TRIMMED = ("report.json", "report.html")  # what may lack profiles
 FILES = {"report.json": "the full compare as JSON (docs/REPORT.md; `tracediff.Report.from_json` reads it)",
          "report.html": "the full compare as a page", "report.md": "this file",
          "stats.json": "summary statistics (full traces) of the tensors the slices leave out"}
@@ -39,34 +46,57 @@ def _value(value: Any) -> str:
     return cell(value if isinstance(value, str) else json.dumps(value, sort_keys=True))
 
 
+def _data(value: Any) -> str:
+    """A value from a trace or a report in prose: a code span (no markup, no @mention)."""
+    if value is None:
+        return "none"
+    if isinstance(value, (list, tuple)):
+        return "(" + ", ".join(_data(v) for v in value) + ")" if value else "none"
+    return code(value)
+
+
 def _headline(bundle: Bundle) -> list[str]:
     report, first = bundle.report, bundle.report.first_divergence
-    lines = [f"# tracediff bundle: {report.verdict}", ""]
+    lines = [f"# tracediff bundle: {report.verdict}", "", PRIVATE, ""]
     if first is not None:
-        lines += [f"First diverging tensor {code(first.name)} ({where(first.row, md)}).", ""]
-    lines += [f"- why: **{d.kind}**: {md(d.message)}" for d in report.diagnoses if d.severity == "error"]
-    lines += [f"- {report.verdict}: {md(r)}" for r in report.reasons[:3]]
+        lines += [f"First diverging tensor {code(first.name)} ({where(first.row, code)}).", ""]
+    lines += [f"- why: **{d.kind}**: {code(d.message)}" for d in report.diagnoses if d.severity == "error"]
+    lines += [f"- {report.verdict}: {code(r)}" for r in report.reasons[:3]]
     return lines + ([""] if lines[-1] else [])
+
+
+def _tried(bundle: Bundle) -> str:
+    if not bundle.widened:
+        return ""
+    return " Wider slices tried first: " + "; ".join(f"{WIDENED[w]} ({outcome})"
+                                                     for w, outcome in bundle.widened.items()) + "."
 
 
 def _reproduction(bundle: Bundle) -> list[str]:
     check, report = bundle.verification, bundle.report
     said = check.report
-    if report.first_divergence is None:
-        verdict = f"says **{said.verdict}**" if said is not None else "does not run"
-        return [f"The full compare found no divergence ({report.verdict}): the slices hold the start of one "
-                f"request pair, for a look at the data. `tracediff compare` on them {verdict}"
-                f"{'' if check.reproduced else ' (' + md('; '.join(check.differences)) + ')'}.", ""]
     if check.reproduced and said is not None:
         kinds = ", ".join(d.kind for d in said.diagnoses) or "none"
-        wider = bundle.window.wide and (f" A slice of the first divergence's window did not reproduce it, so "
-                                        f"the slices hold {WIDENED[bundle.window.wide]}.")
-        return [f"**Reproduced on the slices**: `tracediff compare` on this bundle's slices gives the same "
-                f"verdict ({said.verdict}), first diverging tensor and row, and diagnoses ({kinds})."
-                f"{wider or ''}", ""]
-    return ["**Not reproduced on the slices**: `tracediff compare` on this bundle's slices differs from the "
-            "compare of the full traces:", "", *[f"- {md(line)}" for line in check.differences], "",
-            "Use the full traces to reproduce (commands below).", ""]
+        short = f", tensors compared too little ({', '.join(code(n) for n in short_tensors(said))})" \
+            if said.verdict == "incomplete" else ""
+        what = "first diverging tensor and row" if report.first_divergence is not None else "no divergence"
+        wider = bundle.window.wide and (f" A slice of the default window did not reproduce it, so the slices "
+                                        f"hold {WIDENED[bundle.window.wide]}.")
+        lines = [f"**Reproduced on the slices**: `tracediff compare` on this bundle's slices gives the same "
+                 f"verdict ({said.verdict}), {what}{short}, and diagnoses with the same evidence ({kinds})."
+                 f"{wider or ''}{_tried(bundle)}", ""]
+    else:
+        lines = ["**Not reproduced on the slices**: `tracediff compare` on this bundle's slices differs from "
+                 "the compare of the full traces:", "",
+                 *[f"- {md(d.what)}: {_data(d.slices)} on the slices, {_data(d.full)} on the full traces"
+                   for d in check.differences], "",
+                 f"Use the full traces to reproduce (commands below).{_tried(bundle)}", ""]
+    if report.first_divergence is None:
+        held = "the rows of the tensors compared too little" if bundle.focus.short else \
+            "the start of one request pair"
+        lines[0] = (f"The full compare found no divergence ({report.verdict}): the slices hold {held}, for a "
+                    f"look at the data. " + lines[0])
+    return lines
 
 
 def _commands(bundle: Bundle) -> list[str]:
@@ -79,8 +109,8 @@ def _commands(bundle: Bundle) -> list[str]:
 def _environment(bundle: Bundle) -> list[str]:
     a, b = bundle.sides
     lines = ["## Environment", "", "As each trace's run metadata and contract state it.", "",
-             f"| | a: {md(a.fingerprint.facts.get('source') or '')} | "
-             f"b: {md(b.fingerprint.facts.get('source') or '')} |",
+             f"| | a: {_value(a.fingerprint.facts.get('source'))} | "
+             f"b: {_value(b.fingerprint.facts.get('source'))} |",
              "|---|---|---|"]
     for fact in ENVIRONMENT:
         shown = (_value(side.fingerprint.facts.get(fact)) for side in (a, b))
@@ -90,44 +120,64 @@ def _environment(bundle: Bundle) -> list[str]:
     return [*lines, ""]
 
 
-def _holds(side: Side) -> str:
-    sliced, sel = side.sliced, side.selection
+def _where(side: Side) -> str:
+    """Which rows a side's selection keeps, for a table cell."""
+    sel = side.selection
     if sel.requests is None and sel.positions is None and sel.names is None:
-        return f"the whole trace: {sliced.records} records, {sliced.rows} rows"
+        return "the whole trace"
     where_ = []
     if sel.requests is not None:
-        where_.append("request " + ", ".join(code(r) for r in sel.requests))
+        where_.append(("requests " if len(sel.requests) > 1 else "request ")
+                      + ", ".join(cell(r) for r in sel.requests))
     if sel.positions is not None:
         where_.append(f"positions {sel.positions.start}:{sel.positions.stop}")
     if sel.depths is not None:
         where_.append("depths " + ", ".join(str(s) for s in sel.depths))
-    return (f"{len(sliced.names)} tensors, {sliced.rows} rows ({'; '.join(where_) or 'every row'}), "
-            f"{sliced.tokens} request tokens")
+    return "; ".join(where_) or "every row"
+
+
+def _holds(label: str, side: Side, part: SlicePart) -> str:
+    """One slice file's row of the table: what it holds (per rank file, its own counts)."""
+    rank = "" if len(side.sliced.parts) == 1 else f" (rank file {side.sliced.parts.index(part)})"
+    return f"{label}'s slice{rank}: {part.describe()} ({_where(side)})"
 
 
 def _contents(bundle: Bundle) -> list[str]:
-    zipped = "" if bundle.zip is None else f"; also zipped as {code(bundle.zip.name)}"
-    lines = ["## This bundle", "", f"{human(bundle.total)} in {len(bundle.files)} files, within the budget "
-             f"of {human(bundle.budget)}{zipped}.", "", "| file | size | holds |", "|---|---|---|"]
+    zipped = "" if bundle.zip is None else f" Also zipped as {code(bundle.zip.name)}, within the budget too."
+    lines = ["## This bundle", "", f"{bundle.total} bytes ({human(bundle.total)}) in {len(bundle.files)} "
+             f"files, within the budget of {bundle.budget} bytes ({human(bundle.budget)})."
+             f"{zipped} The budget bounds the directory's files together, and with `--zip` the zip on its "
+             "own too.", "", "| file | size | holds |", "|---|---|---|"]
     slices = {}
     for label, side in zip("ab", bundle.sides):
-        for path in side.sliced.paths:
-            slices[path.name] = f"{label}'s slice: {_holds(side)}"
+        for part in side.sliced.parts:
+            slices[part.path.name] = _holds(label, side, part)
+    trimmed = f", less the error profiles of {len(bundle.profiles_dropped)} tensors (see Left out)" \
+        if bundle.profiles_dropped else ""
     for name, size in bundle.files.items():
-        lines.append(f"| {cell(name)} | {human(size)} | {slices.get(name) or FILES.get(name, '')} |")
+        about = slices.get(name) or FILES.get(name, "") + (trimmed if name in TRIMMED else "")
+        lines.append(f"| {cell(name)} | {size} bytes | {about} |")
     lines += ["", "<details><summary>Tensors in the slices and in stats.json</summary>", ""]
     for label, side in zip("ab", bundle.sides):
         lines.append(f"- {label} ({' '.join(code(p) for p in side.paths)}): sliced "
                      f"{', '.join(code(n) for n in side.sliced.names) or 'none'}")
-        if side.summarized:
-            where_ = "stats.json" if bundle.window.stats else "nowhere: stats.json was left out"
-            lines.append(f"  - summarized in {where_}: {', '.join(code(n) for n in side.summarized)}")
+        if side.summarized and bundle.window.stats:
+            lines.append(f"  - summarized in stats.json: {', '.join(code(n) for n in side.summarized)}")
+        elif side.summarized:
+            lines.append(f"  - neither sliced nor summarized (stats.json was left out to fit the budget): "
+                         f"{', '.join(code(n) for n in side.summarized)}")
     lines += ["", "</details>", ""]
     lines += ["### Left out", ""]
-    lines += [f"- to fit the budget: {md(line)}" for line in bundle.left_out] or ["- nothing to fit the "
-                                                                                  "budget"]
-    lines += ["- by design: rows outside the window above, and every row of the tensors not sliced (their "
-              "summary statistics are in stats.json)", ""]
+    left = [f"- to fit the budget: {md(line.what)}{', '.join(code(n) for n in line.names)}"
+            for line in bundle.left_out]
+    if bundle.profiles_dropped:
+        left.append(f"- to fit the budget: the error profiles (heatmap cells) of "
+                    f"{len(bundle.profiles_dropped)} tensors in report.json and report.html (the rest of "
+                    f"their results is kept): {', '.join(code(n) for n in bundle.profiles_dropped)}")
+    lines += left or ["- nothing to fit the budget"]
+    summary = "their summary statistics are in stats.json" if bundle.window.stats else "stats.json left out"
+    lines += ["- by design: rows outside the window above, and every row of the tensors not sliced "
+              f"({summary})", ""]
     return lines
 
 

@@ -1,7 +1,9 @@
-"""What a bundle slices out of each trace, decided from the compare ``Report`` alone (plus the
-traces' names and token tables): the rows around the first divergence, the tensor that diverged,
-what it is computed from (the canonical EAGLE-3 dataflow, docs/FORMAT.md) and what the diagnoses
-read as evidence. ``ladder`` lists the windows to try, widest first, shrinking to fit a budget."""
+"""What a bundle slices out of each trace, decided from the compare ``Report`` (plus the traces'
+names and token tables, and for an ``incomplete`` verdict where its rows fall short): the rows
+around the first divergence, the tensor that diverged, what it is computed from (the canonical
+EAGLE-3 dataflow, docs/FORMAT.md) and what the diagnoses read as evidence; for ``incomplete``, the
+whole request pair holding most rows of the short tensors that the other side lacks. ``ladder``
+lists the windows to try, widest first, shrinking to fit a budget."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import glob
 import re
 from dataclasses import dataclass
 
+from tracediff.bundle.shortfall import Shortfall
 from tracediff.diff.contract import contract
 from tracediff.diff.results import Report
 from tracediff.trace.reader import Trace
@@ -18,6 +21,7 @@ from tracediff.trace.slice import Selection, Span
 RADII = (16, 8, 4, 2, 1, 0)  # positions kept each side of the focus, widest first
 LAYER = re.compile(r"target\.layer\.(\d+)")
 NORMED = re.compile(r"norm\((.+)\)")
+SHOWN = 8  # names a terminal line lists
 ALIGNMENT = "draft.input_ids"  # depth > 0 draft rows pair by what it says they were fed
 # Tensors a diagnosis kind reads besides the ones its evidence names.
 KIND_READS = {"vocab_map": ("draft.d2t", "draft.t2d", "draft.token", "draft.token_target")}
@@ -27,8 +31,9 @@ KIND_READS = {"vocab_map": ("draft.d2t", "draft.t2d", "draft.token", "draft.toke
 class Focus:
     """Where a bundle's slices centre. ``tensor`` is the first diverging tensor (a's name; None when
     the report has none). Centred on its row; a static tensor's, or none, the slices show the start
-    of a request pair. ``deps`` are nearest first (by row size when not centred), the order the budget
-    drops them in reverse."""
+    of a request pair; for an incomplete verdict (``short``: the tensors compared too little) whole
+    requests first (``whole``), then rows around the first row the other side lacks. ``deps`` are
+    nearest first (by row size when not centred), the order the budget drops them in reverse."""
 
     requests_a: tuple[str, ...] | None
     requests_b: tuple[str, ...] | None
@@ -40,16 +45,18 @@ class Focus:
     present: list[str]  # every tensor name of either side (a's names)
     statics: set[str]  # the static ones among them
     anchor: str | None = None  # the smallest row tensor on both sides: kept when all else kept is static
-    centred: bool = False  # on the first divergence's row; else on the start of a request pair
+    centred: bool = False  # on the first divergence's (or shortfall's) row; else the start of a request pair
+    whole: bool = False  # the widest window keeps whole requests (an incomplete verdict's shortfall)
+    short: list[str] = dataclasses.field(default_factory=list)  # tensors compared too little (incomplete)
 
 
 @dataclass(frozen=True)
 class Window:
-    """One size of the slices. ``wide``: '' (the focus's tensors), 'names' (every tensor, same rows),
-    'requests' (every tensor, whole requests), 'all' (the whole traces): tried when a slice does
-    not reproduce the compare."""
+    """One size of the slices: ``radius`` positions each side of the focus (None: whole requests).
+    ``wide``: '' (the focus's tensors), 'names' (every tensor, same rows), 'requests' (every tensor,
+    whole requests), 'all' (the whole traces): tried when a slice does not reproduce the compare."""
 
-    radius: int
+    radius: int | None
     extra_depths: int
     deps: int
     evidence: bool = True
@@ -57,14 +64,56 @@ class Window:
     wide: str = ""
 
 
+@dataclass
+class LeftOut:
+    """One thing a window leaves out to fit the budget: prose, and the tensor names it concerns
+    (trace text: shown as code, never as prose)."""
+
+    what: str
+    names: list[str] = dataclasses.field(default_factory=list)
+
+    def __str__(self) -> str:
+        """One line for a terminal: at most ``SHOWN`` names, then how many more."""
+        more = f" and {len(self.names) - SHOWN} more" if len(self.names) > SHOWN else ""
+        return self.what + ", ".join(self.names[:SHOWN]) + more
+
+
+def left_out(focus: Focus, window: Window) -> list[LeftOut]:
+    """What a window leaves out that the default one keeps, one entry each."""
+    if window.wide:
+        return []
+    out = []
+    if window.radius is not None and focus.whole:
+        out.append(LeftOut(f"positions more than {window.radius} from the first row the other side lacks "
+                           f"({focus.position}; the default keeps the whole requests)"))
+    elif window.radius is not None and window.radius < RADII[0] and not focus.centred:
+        out.append(LeftOut(f"positions from {2 * window.radius + 1} on (the default keeps "
+                           f"{2 * RADII[0] + 1})"))
+    elif window.radius is not None and window.radius < RADII[0]:
+        out.append(LeftOut(f"positions more than {window.radius} from the first divergence's "
+                           f"({focus.position}; the default keeps {RADII[0]} each side)"))
+    if window.radius is not None and (focus.whole or window.extra_depths < 1):
+        out.append(LeftOut(f"draft depths past {focus.depth + window.extra_depths}"))
+    if window.deps < len(focus.deps):
+        out.append(LeftOut("tensors the first divergence depends on: " if focus.centred and focus.tensor
+                           else "other tensors: ", focus.deps[window.deps:]))
+    if not window.evidence and focus.evidence:
+        out.append(LeftOut("tensors the diagnoses read: ", focus.evidence))
+    if not window.stats:
+        out.append(LeftOut("stats.json (summary statistics of the tensors not sliced)"))
+    return out
+
+
 def ladder(focus: Focus) -> list[Window]:
-    """Windows from the default (widest) down to the least a bundle can hold: fewer positions and
-    depths, then fewer dependency tensors (farthest first), then no stats.json, then (last: the
-    diagnoses need them to say the same) no evidence tensors."""
+    """Windows from the default (widest) down to the least a bundle can hold, each keeping a subset
+    of the one before (so their sizes only shrink: a binary search finds the widest that fits). What
+    reproduces the compare goes last: first stats.json (a summary), then the dependency tensors
+    (farthest first: context), then positions and depths around the focus, then (the diagnoses need
+    them to say the same) the evidence tensors."""
     n = len(focus.deps)
-    windows = [Window(r, 1 if r >= 4 else 0, n) for r in RADII]
-    windows += [Window(0, 0, k) for k in range(n - 1, -1, -1)]
-    windows.append(Window(0, 0, 0, stats=False))
+    top = None if focus.whole else RADII[0]
+    windows = [Window(top, 1, n), *(Window(top, 1, k, stats=False) for k in range(n, -1, -1))]
+    windows += [Window(r, 1 if r >= 4 else 0, 0, stats=False) for r in RADII[0 if focus.whole else 1:]]
     if focus.evidence:
         windows.append(Window(0, 0, 0, evidence=False, stats=False))
     return windows
@@ -72,14 +121,14 @@ def ladder(focus: Focus) -> list[Window]:
 
 def widened(focus: Focus) -> list[Window]:
     """Wider windows than the default, for a slice that did not reproduce the compare."""
-    default = Window(RADII[0], 1, len(focus.deps))
+    default = Window(None if focus.whole else RADII[0], 1, len(focus.deps))
     return [dataclasses.replace(default, wide=w) for w in ("names", "requests", "all")]
 
 
 def names_of(focus: Focus, window: Window) -> list[str]:
     """The tensors (a's names) a window keeps; the alignment tensor comes with any draft tensor."""
-    chosen = [*([focus.tensor] if focus.tensor else []), *(focus.evidence if window.evidence else []),
-              *focus.deps[: window.deps]]
+    chosen = [*([focus.tensor] if focus.tensor else []), *focus.short,
+              *(focus.evidence if window.evidence else []), *focus.deps[: window.deps]]
     if ALIGNMENT in focus.present and any(n.startswith("draft.") for n in chosen):
         chosen.append(ALIGNMENT)
     if focus.anchor is not None and all(n in focus.statics for n in chosen):
@@ -92,10 +141,12 @@ def selections(focus: Focus, window: Window,
     """(a's selection, b's selection) for one window."""
     if window.wide == "all":
         return Selection(), Selection()
-    start = max(0, focus.position - window.radius) if focus.centred else 0
-    stop = focus.position + window.radius + 1 if focus.centred else 2 * window.radius + 1
-    whole = window.wide == "requests"
-    positions = None if whole else Span(start, stop)
+    whole = window.wide == "requests" or window.radius is None
+    positions = None
+    if window.radius is not None and not whole:
+        start = max(0, focus.position - window.radius) if focus.centred else 0
+        stop = focus.position + window.radius + 1 if focus.centred else 2 * window.radius + 1
+        positions = Span(start, stop)
     depths = None if whole else (Span(0, focus.depth + 1 + window.extra_depths),)
     names: list[str] | None = None
     in_b: list[str] = []
@@ -112,9 +163,12 @@ def _globs(names: list[str]) -> tuple[str, ...]:
     return tuple(glob.escape(n) for n in names)
 
 
-def focus_of(report: Report, a: Trace, b: Trace, rename: dict[str, str] | None = None) -> Focus:
-    """Where to slice, from the report: the first divergence's row and tensor, else the request pair
-    the token view or token mismatch names, else the start of the best-matching request pair."""
+def focus_of(report: Report, a: Trace, b: Trace, rename: dict[str, str] | None = None,
+             short: Shortfall | None = None) -> Focus:
+    """Where to slice, from the report: the first divergence's row and tensor; else (``short``, an
+    incomplete verdict's) the tensors compared too little, in the request pair where the other side
+    lacks most of their rows; else the request pair the token view or token mismatch names, else the
+    start of the best-matching request pair."""
     present = list(dict.fromkeys([*a.names(), *((rename or {}).get(n, n) for n in b.names())]))
     statics = {n for t in (a, b) for n in set(t.index.name[t.index.static].tolist())}
     both = set(a.names()) & {(rename or {}).get(n, n) for n in b.names()}
@@ -134,12 +188,26 @@ def focus_of(report: Report, a: Trace, b: Trace, rename: dict[str, str] | None =
         return Focus(tuple(dict.fromkeys(requests[0])), tuple(dict.fromkeys(requests[1])), position,
                      max(first.row.depth, 0), first.name, evidence, deps, present, statics, anchor,
                      centred=True)
+    if short is not None and short.tensors:
+        pair = short.requests or _request_pair(report, a, b)
+        names = [n for n in short.tensors if n in present]
+        return Focus(None if pair is None else _with_mismatch(pair[0], report, "a"),
+                     None if pair is None else _with_mismatch(pair[1], report, "b"), short.position, 0, None,
+                     [n for n in evidence if n not in names], [], present, statics, anchor,
+                     centred=short.requests is not None, whole=True, short=names)
     # no divergence, or a static tensor's (no row): the start of a request pair, every tensor optional
     pair = _request_pair(report, a, b)
     name = None if first is None else first.name
     by_size = sorted((n for n in present if n != name), key=lambda n: _row_bytes(a, b, n))
     return Focus(None if pair is None else (pair[0],), None if pair is None else (pair[1],), 0, 0, name,
                  evidence, [n for n in by_size if n not in evidence], present, statics, anchor)
+
+
+def _with_mismatch(request: str, report: Report, side: str) -> tuple[str, ...]:
+    """``request``, and the side's request of the token mismatch (its check must see it again)."""
+    mismatch = report.token_mismatch
+    other = None if mismatch is None else (mismatch.request_a if side == "a" else mismatch.request_b)
+    return tuple(dict.fromkeys([request, *([other] if other is not None else [])]))
 
 
 def inputs(name: str, present: list[str], aux: list[str]) -> list[str]:

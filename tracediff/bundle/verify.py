@@ -1,12 +1,49 @@
 """Whether a compare of the slices says what the compare of the full traces said: the same verdict,
-first diverging tensor and row, and diagnosis kinds. A bundle states the answer; it never claims a
-reproduction it did not check."""
+first diverging tensor and row, diagnoses (kind, severity and typed evidence: the tensor, side,
+slots, the row where it applies, ...), and for an ``incomplete`` verdict the same tensors compared
+too little. A bundle states the answer; it never claims a reproduction it did not check.
+
+Evidence fields are checked one by one (``FIELD_RULES``): counts of the rows a diagnosis read shrink
+with the slice and are not compared; statistics of those rows (a lowest cosine, a spread, a fit's
+residual) are bounded by the thresholds that make the kind hold, so the kind agreeing is what counts;
+a ratio a finding is about (a norm ratio, a fitted weight's mean) must agree within 1%; every other
+field (names, sides, slots, layers, shifts, d2t entries, the request, position, depth and step of the
+row) must be equal."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
+from typing import Any
 
-from tracediff.diff.results import Report, RowRef
+from tracediff.diff.findings import Diagnosis
+from tracediff.diff.results import INCOMPLETE_STATUSES, Report, RowRef
+
+IGNORED = "ignored"
+CLOSE = "close"
+RATIO_RTOL = 1e-2
+FIELD_RULES: dict[str, str] = {
+    # counts of the rows the diagnosis read: a slice holds fewer
+    "rows_checked": IGNORED, "rows_non_finite": IGNORED, "rows_sampled": IGNORED,
+    "requests_differing": IGNORED,
+    # statistics over those rows, bounded by the kind's own thresholds
+    "min_cosine": IGNORED, "ratio_spread": IGNORED, "fit_rel_l2": IGNORED, "worst_rel_l2": IGNORED,
+    # the value the finding names
+    "norm_ratio_b_over_a": CLOSE, "weight_mean": CLOSE,
+}
+
+
+@dataclass
+class Difference:
+    """One thing the slices' compare says otherwise: ``what`` is prose, the values are data."""
+
+    what: str
+    slices: Any
+    full: Any
+
+    def __str__(self) -> str:
+        return f"{self.what}: {self.slices} on the slices, {self.full} on the full traces"
 
 
 @dataclass
@@ -15,31 +52,76 @@ class Verification:
     the full one (empty: it reproduces it)."""
 
     report: Report | None
-    differences: list[str]
+    differences: list[Difference]
 
     @property
     def reproduced(self) -> bool:
-        return not self.differences
+        return self.report is not None and not self.differences
+
+
+def short_tensors(report: Report) -> list[str]:
+    """The tensors an ``incomplete`` verdict rests on: present on both sides and compared too little
+    (a mismatch status, no row aligned, or coverage below the report's bound), as its reasons say."""
+    out = []
+    for t in report.tensors:
+        c = t.coverage
+        if t.status in INCOMPLETE_STATUSES[1:] or (c is not None and (
+                not c.aligned or (c.fraction or 0.0) < report.min_coverage)):
+            out.append(t.name)
+    return out
 
 
 def _row(row: RowRef) -> tuple:
-    return row.request_a, row.request_b, row.position, row.depth
+    return row.request_a, row.request_b, row.position, row.depth, row.step_a, row.step_b
 
 
-def differences(full: Report, small: Report) -> list[str]:
-    """What the slices' report says otherwise than the full one, one line each (trace text as is)."""
+ROW_FIELDS = "(request a, request b, position, depth, step a, step b)"
+
+
+def _agree(name: str, full: Any, small: Any) -> bool:
+    rule = FIELD_RULES.get(name)
+    if rule == IGNORED:
+        return True
+    if isinstance(full, float) and isinstance(small, float):
+        if math.isnan(full) or math.isnan(small):
+            return math.isnan(full) and math.isnan(small)
+        return math.isclose(full, small, rel_tol=RATIO_RTOL if rule == CLOSE else 0.0)
+    return bool(full == small)
+
+
+def evidence_differences(k: int, full: Diagnosis, small: Diagnosis) -> list[Difference]:
+    """How the slices' k-th diagnosis differs from the full one's, field by field (``FIELD_RULES``)."""
+    label = f"diagnosis {k + 1} ({full.kind})"
+    if (small.kind, small.severity) != (full.kind, full.severity):
+        return [Difference(f"diagnosis {k + 1}", f"{small.kind} ({small.severity})",
+                           f"{full.kind} ({full.severity})")]
+    if type(small.evidence) is not type(full.evidence):
+        return [Difference(f"{label} evidence", type(small.evidence).__name__, type(full.evidence).__name__)]
+    out = []
+    for f in dataclasses.fields(full.evidence):
+        mine, theirs = getattr(small.evidence, f.name), getattr(full.evidence, f.name)
+        if not _agree(f.name, theirs, mine):
+            out.append(Difference(f"{label} {f.name}", mine, theirs))
+    return out
+
+
+def differences(full: Report, small: Report) -> list[Difference]:
+    """What the slices' report says otherwise than the full one (values are trace text as is)."""
     out = []
     if small.verdict != full.verdict:
-        out.append(f"verdict: {small.verdict} on the slices, {full.verdict} on the full traces")
+        out.append(Difference("verdict", small.verdict, full.verdict))
     first, again = full.first_divergence, small.first_divergence
     if (first is None) != (again is None) or (first and again and first.name != again.name):
-        out.append(f"first diverging tensor: {again.name if again else 'none'} on the slices, "
-                   f"{first.name if first else 'none'} on the full traces")
+        out.append(Difference("first diverging tensor", again.name if again else None,
+                              first.name if first else None))
     elif first is not None and again is not None and _row(first.row) != _row(again.row):
-        out.append(f"first diverging row: {_row(again.row)} on the slices, {_row(first.row)} on the full "
-                   "traces (request a, request b, position, depth)")
-    kinds, kinds_again = [d.kind for d in full.diagnoses], [d.kind for d in small.diagnoses]
-    if kinds != kinds_again:
-        out.append(f"diagnoses: {', '.join(kinds_again) or 'none'} on the slices, "
-                   f"{', '.join(kinds) or 'none'} on the full traces")
+        out.append(Difference(f"first diverging row {ROW_FIELDS}", _row(again.row), _row(first.row)))
+    if len(small.diagnoses) != len(full.diagnoses):
+        out.append(Difference("diagnoses", [d.kind for d in small.diagnoses],
+                              [d.kind for d in full.diagnoses]))
+    else:
+        for k, (d_full, d_small) in enumerate(zip(full.diagnoses, small.diagnoses)):
+            out += evidence_differences(k, d_full, d_small)
+    if full.verdict == "incomplete" and short_tensors(small) != short_tensors(full):
+        out.append(Difference("tensors compared too little", short_tensors(small), short_tensors(full)))
     return out

@@ -31,6 +31,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from collections import Counter, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -67,7 +68,7 @@ MiB = 1 << 20
 ROOM_MARGIN = 8 * MiB  # room kept free for the format's own metadata and a clean close
 CLOSE_TIMEOUT = 15.0  # seconds close() and interpreter exit wait for a busy writer, by default
 ABANDON_GRACE = 2.0  # seconds an abandoned writer has to stop at its next write
-EXIT_FENCE = 1.0  # seconds the exit handler waits for h5py's lock before it says so
+EXIT_FENCE = 1.0  # seconds the exit handler waits for a writer's call into its file before it says so
 WRITE_BATCH = 1024  # records one write takes at most: bounds its memory and how soon it can stop
 # Host memory a queued record holds beside its tensor's bytes, what queue_bytes counts: its objects
 # (queue entry, host copy, row keys, their arrays, and once the writer has learned them the keys
@@ -80,8 +81,12 @@ LEARN_OVERHEAD = 256  # a call's keys queued for the token book (their arrays co
 TOKEN_ROW_BYTES = 24  # per row of those keys: expanded while the book learns them
 STRICT_ENV = "TRACEDIFF_STRICT"
 QUEUE_FULL, CLOSED, ABANDONED, STOPPED = "queue full", "closed", "abandoned", "stopped"
+TOO_LARGE = "larger than queue_bytes"  # one record the queue could never hold within its bound
 
-_WRITERS: set[threading.Thread] = set()  # writer threads still running, for the exit handler
+# Writer threads still running, each with the lock it holds while in a call into its file: the
+# exit handler takes these.
+_WRITERS: dict[threading.Thread, threading.Lock] = {}
+_RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()  # recorders whose writer thread runs, for forks
 
 
 @dataclass(slots=True)
@@ -178,6 +183,7 @@ class Recorder:
         self._mixed: set[str] = set()
         self._thread: threading.Thread | None = None
         self._writer: TraceWriter | None = None
+        self._io = threading.Lock()  # held by the writer thread inside each call into the file
         if not enabled:
             return
         try:
@@ -193,9 +199,19 @@ class Recorder:
             self._fail("open", exc)
             return
         self._active = True
-        self._thread = threading.Thread(target=self._write_loop, name="tracediff-writer", daemon=True)
-        _WRITERS.add(self._thread)
-        self._thread.start()
+        thread = threading.Thread(target=self._write_loop, name="tracediff-writer", daemon=True)
+        _WRITERS[thread] = self._io
+        try:
+            thread.start()
+        except Exception as exc:  # no thread to be had (limits, shutdown): a trace that says why
+            del _WRITERS[thread]
+            self._fail("start", exc)
+            self._finish()
+            if self.strict:
+                raise
+            return
+        self._thread = thread
+        _RECORDERS.add(self)
         atexit.register(self.close)
 
     # ---- the host-facing API -------------------------------------------------------------
@@ -232,7 +248,7 @@ class Recorder:
             if once:
                 self._static_once.add(name)
             _check_name(name)
-            if self.filter.keep_name(name):
+            if self.filter.keep_name(name) and (tensor := self._array(name, tensor)) is not None:
                 if self.strict:
                     self._check_layout(name, (True, tag_of_tensor(tensor), None))
                 self._submit(name, tensor, self._ctx.step if step is None else step, 0, None, None)
@@ -371,6 +387,9 @@ class Recorder:
             if not learned and token_ids is not None:
                 self._learn(resolve_keys(step, token_ids, positions, request, attention_mask), seen)
             return
+        tensor = self._array(name, tensor)
+        if tensor is None:
+            return
         keys = resolve_rows(tuple(tensor.shape), step, token_ids, positions, request, attention_mask)
         if self.strict:
             self._check_layout(name, (False, tag_of_tensor(tensor), tuple(tensor.shape[keys.lead_ndim:])))
@@ -408,6 +427,21 @@ class Recorder:
             raise ValueError(f"{name}: {_describe(layout)} differs from its earlier records "
                              f"({_describe(known)})")
 
+    def _array(self, name: str, tensor: Any) -> Any:
+        """A torch tensor or numpy array as given; anything else (a list, a scalar, another
+        library's array, whose every conversion may copy it off a device) made a numpy array once,
+        here, so that no check after converts it again. None when numpy makes no array of it: the
+        record is refused and counted, like a tensor no trace can hold."""
+        if isinstance(tensor, np.ndarray) or is_torch_tensor(tensor):
+            return tensor
+        try:
+            return np.asarray(tensor)
+        except (TypeError, ValueError) as exc:
+            if self.strict:
+                raise ValueError(f"{name}: not an array ({type(tensor).__name__}): {exc}") from None
+            self._refuse(name, f"not an array ({type(tensor).__name__})")
+            return None
+
     def _submit(self, name: str, tensor: Any, step: int, depth: int, keys: RowKeys | None,
                 mask: np.ndarray | None) -> None:
         refused = unrecordable(tensor)
@@ -416,8 +450,8 @@ class Recorder:
                 raise ValueError(f"{name}: a trace cannot hold this tensor: {refused}")
             self._refuse(name, refused)
             return
-        nbytes = int(tensor.nelement() * tensor.element_size()) if hasattr(tensor, "nelement") \
-            else int(np.asarray(tensor).nbytes)
+        nbytes = int(tensor.nbytes) if isinstance(tensor, np.ndarray) \
+            else int(tensor.nelement() * tensor.element_size())
         if self.max_bytes is not None and self._admitted + nbytes > self.max_bytes:
             self._stop(f"byte budget of {self.max_bytes} reached")
             return
@@ -440,6 +474,8 @@ class Recorder:
     def _reserve(self, nbytes: int) -> str | None:
         """Room in the bounded queue for nbytes, waiting up to block_timeout if so configured;
         None when admitted, else why not."""
+        if nbytes > self._record_limit:  # never fits: waiting for room would only stall the host
+            return TOO_LARGE
         with self._cv:
             full = self._record_limit + self._token_queued  # the book's share is kept apart
             if self._queued + nbytes > full and self.on_full == "block":
@@ -470,6 +506,23 @@ class Recorder:
             self._warned_refused = True
             logger.warning("tracediff: %s not recorded to %s: a trace cannot hold a tensor with %s "
                            "(counted in dropped; recording goes on)", name, self.path, why)
+
+    def _forked(self) -> None:
+        """In a forked child, which has none of its parent's threads: this recorder's writer stayed
+        in the parent. Here it records nothing (a log call returns at once, instead of filling a
+        queue no thread empties, then blocking on it), closes nothing at exit, and nothing this
+        process does reaches the file the parent writes."""
+        self._cv = threading.Condition()  # the parent's may be held by a thread that did not come along
+        self._active, self._sealed, self._thread = False, True, None
+        self._queue = deque()
+        self.stopped = self.stopped or "forked: this recorder records in the parent process"
+        atexit.unregister(self.close)
+        if self._writer is not None:
+            try:
+                self._writer.forked()
+            except Exception as exc:
+                logger.warning("tracediff: could not detach %s from this forked process (%s: %s)", self.path,
+                               type(exc).__name__, exc)
 
     def _stop(self, reason: str, level: int = logging.INFO) -> None:
         with self._cv:
@@ -522,7 +575,8 @@ class Recorder:
         finally:
             self._discard(backlog)
             self._finish()
-            _WRITERS.discard(threading.current_thread())
+            _WRITERS.pop(threading.current_thread(), None)
+            _RECORDERS.discard(self)
 
     def _take(self, items: list[_Pending | _Learn], backlog: deque[_Pending]) -> int:
         """Teach the book queued keys (their queue bytes are then free) and move queued tensors to
@@ -583,7 +637,8 @@ class Recorder:
             records = [*records, tokens_record(*new, rank=self.rank)]
         if records:
             assert self._writer is not None  # the writer thread starts only once the file is open
-            self._writer.write(records)
+            with self._io:
+                self._writer.write(records)
         written = records if new is None else records[:-1]
         self.records_written += len(written)
         self.bytes_written += sum(r.nbytes for r in written)
@@ -635,7 +690,8 @@ class Recorder:
         if self._writer is None:
             return
         if self._abandoned or (self.stopped or "").startswith("error in writer"):
-            self._writer.abort()
+            with self._io:
+                self._writer.abort()
             return
         with self._cv:
             dropped, reasons = dict(self.dropped), dict(self.dropped_reasons)
@@ -655,7 +711,8 @@ class Recorder:
             "mixed_records": sorted(self._mixed),
         }
         try:
-            self._writer.close(final)
+            with self._io:
+                self._writer.close(final)
         except Exception as exc:
             self._fail("close", exc)
 
@@ -685,24 +742,34 @@ class Recorder:
 def _fence_writers_at_exit() -> None:
     """The last exit handler (registered on import, before any recorder's close). The shutdown that
     follows freezes a writer thread still running wherever it is: frozen inside h5py, it would hold
-    h5py's lock, and the shutdown's own cleanup of h5py objects would wait on it forever. So this
-    thread takes that (reentrant) lock and keeps it: at once when the writer is between two h5py
-    calls, else when its current call (one record's write) ends; the writer then waits on it."""
-    if not any(thread.is_alive() for thread in list(_WRITERS)):
-        return
-    lock = getattr(sys.modules.get("h5py._objects"), "phil", None)
-    if lock is None:
-        return
+    h5py's lock, and the shutdown's own cleanup of h5py objects would wait on it forever. A writer
+    makes every call into its file holding its recorder's I/O lock; this takes the lock of each
+    writer still running and keeps it: at once when the writer is between two calls, else when its
+    current call (one write: at most WRITE_BATCH records and flush_bytes) ends. The writer then
+    waits on it, inside no library. Our own locks, not h5py's: nothing here depends on h5py's
+    internals, and Arrow writers end on a whole batch too. (A forked child's copies of its parent's
+    writer threads are not running: their locks are left alone.)"""
+    locks = [lock for thread, lock in list(_WRITERS.items()) if thread.is_alive()]
     deadline = time.monotonic() + EXIT_FENCE
-    while not lock.acquire(blocking=False):
-        if time.monotonic() >= deadline:
-            logger.warning("tracediff: waiting for a trace writer's HDF5 write to end before exit")
-            lock.acquire()  # waits without the GIL, for that one call
-            return
-        time.sleep(0.002)
+    for lock in locks:
+        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            logger.warning("tracediff: waiting for a trace writer's current write to end before exit")
+            lock.acquire()  # without the GIL, for that one call
 
 
 atexit.register(_fence_writers_at_exit)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads: the parent's recorders stay the parent's."""
+    _WRITERS.clear()
+    for rec in list(_RECORDERS):
+        rec._forked()
+    _RECORDERS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def json_ready(value: Any) -> Any:
@@ -789,6 +856,8 @@ def _run_meta(source: str, contract: dict, rank: int, world_size: int, filt: Rec
         "host": {"hostname": socket.gethostname(), "pid": os.getpid(), "python": platform.python_version(),
                  "platform": platform.platform()},
         "torch": torch_info,
+        "versions": {name: str(getattr(sys.modules[name], "__version__", "")) for name in
+                     ("numpy", "transformers", "sglang", "specforge") if name in sys.modules},
         "rank": rank,
         "world_size": world_size,
         "filters": {"names": list(filt.names), "exclude": list(filt.exclude), "every": filt.every,

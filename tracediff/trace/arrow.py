@@ -7,9 +7,11 @@ the reader recovers every complete batch from it.
 
 from __future__ import annotations
 
+import mmap
 import os
+import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import BinaryIO, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -39,7 +41,7 @@ from tracediff.trace.schema import (
     check_version,
     dumps_meta,
 )
-from tracediff.trace.storage import StorageFormat, describe, guarded, register
+from tracediff.trace.storage import StorageFormat, TraceFile, describe, guarded, register
 
 SCHEMA = pa.schema(
     [
@@ -62,7 +64,10 @@ KEY_COLUMNS = ("name", "seq_no", "step", "rank", "depth", "dtype", "static", "sh
 INDEX_SCHEMA = pa.schema([SCHEMA.field(k) for k in KEY_COLUMNS]
                          + [pa.field("batch", pa.int32()), pa.field("row", pa.int32())])
 INDEX_COLUMNS = tuple(INDEX_SCHEMA.names)
+ARROW_MAGIC = b"ARROW1\0\0"  # an IPC file's first 8 bytes
+END_OF_STREAM = b"\xff\xff\xff\xff\0\0\0\0"
 INDEX_MERGE = 64  # a writer merges its index entries into one table every this many batches
+INDEX_HELD = 16384  # index entries a writer holds in memory (~1.4 MB); it spills them beyond that
 
 
 def _list_array(parts: Sequence[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
@@ -88,7 +93,8 @@ def _binary_array(blobs: Sequence[np.ndarray]) -> pa.Array:
     )
 
 
-def records_to_batch(records: Sequence[Record]) -> pa.RecordBatch:
+def records_to_batch(records: Sequence[Record], data: pa.Array | None = None) -> pa.RecordBatch:
+    """One Arrow row per record; ``data``: their data column, when already built."""
     columns = [
         pa.array([r.name for r in records], pa.string()),
         pa.array([r.seq_no for r in records], pa.int64()),
@@ -101,7 +107,7 @@ def records_to_batch(records: Sequence[Record]) -> pa.RecordBatch:
         _list_array([np.asarray(r.request, dtype=object) for r in records], pa.string()),
         _list_array([r.position for r in records], pa.int64()),
         _list_array([r.token_id for r in records], pa.int64()),
-        _binary_array([r.data for r in records]),
+        _binary_array([r.data for r in records]) if data is None else data,
     ]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
@@ -130,15 +136,102 @@ def _reserved(batch: pa.RecordBatch, name: str) -> bytes | None:
     return batch.column("data")[names.index(name)].as_py() if name in names else None
 
 
-def _blob_record(name: str, blob: bytes) -> Record:
-    return Record(name=name, data=np.frombuffer(blob, dtype=np.uint8), dtype="uint8", static=True)
+def file_header(schema: pa.Schema) -> bytes:
+    """The head of an Arrow IPC file of this schema: its magic, padded to 8 bytes, and the schema
+    message, which is the start of an IPC stream of it (what a stream writer writes before its
+    end-of-stream marker)."""
+    sink = pa.BufferOutputStream()
+    pa.ipc.new_stream(sink, schema).close()
+    return ARROW_MAGIC + sink.getvalue().to_pybytes()[: -len(END_OF_STREAM)]
+
+
+def closing_batch(blob: pa.Buffer, index_nbytes: int) -> pa.RecordBatch:
+    """The closing batch: ``__index__`` (the first ``index_nbytes`` of ``blob``) and ``__final__``
+    (the rest), their data column over ``blob`` itself (no copy)."""
+    view = np.frombuffer(blob, dtype=np.uint8)
+    records = [Record(name=name, data=part, dtype="uint8", static=True)
+               for name, part in ((INDEX_RECORD, view[:index_nbytes]), (FINAL_RECORD, view[index_nbytes:]))]
+    offsets = np.array([0, index_nbytes, blob.size], dtype=np.int64)
+    data = pa.Array.from_buffers(pa.large_binary(), 2, [None, pa.py_buffer(offsets), blob])
+    return records_to_batch(records, data)
+
+
+class IndexBuilder:
+    """A writer's index of the records it wrote (``__index__``), in bounded memory: the entries of
+    recent batches as Arrow tables (merged every ``INDEX_MERGE`` batches), spilled every
+    ``INDEX_HELD`` entries as one batch of an IPC stream in an unlinked scratch file beside the
+    trace. At close that stream, followed by the final metadata, is the closing batch's data:
+    mapped from the scratch file, never read into memory."""
+
+    def __init__(self, directory: Path) -> None:
+        self._directory = directory
+        self._merged: list[pa.Table] = []  # one table per INDEX_MERGE batches
+        self._recent: list[pa.Table] = []  # one per batch since
+        self._held = 0  # entries in both
+        self._scratch: BinaryIO | None = None
+        self._stream: pa.ipc.RecordBatchStreamWriter | None = None
+
+    def add(self, entries: pa.Table) -> None:
+        self._recent.append(entries)
+        self._held += entries.num_rows
+        if len(self._recent) == INDEX_MERGE:
+            self._merged.append(pa.concat_tables(self._recent).combine_chunks())
+            self._recent = []
+        if self._held >= INDEX_HELD:
+            self._spill()
+
+    def _held_table(self) -> pa.Table:
+        """Every entry held, as one batch."""
+        parts = self._merged + self._recent
+        self._merged, self._recent, self._held = [], [], 0
+        return pa.concat_tables(parts).combine_chunks() if parts else INDEX_SCHEMA.empty_table()
+
+    def _spill(self) -> None:
+        if self._stream is None:
+            self._scratch = tempfile.TemporaryFile(dir=self._directory, prefix=".tracediff-index-")
+            self._stream = pa.ipc.new_stream(self._scratch, INDEX_SCHEMA)
+        self._stream.write_table(self._held_table())
+
+    def write_closing(self, writer: pa.ipc.RecordBatchFileWriter, final: bytes) -> None:
+        """Append the closing batch (``__index__`` and ``__final__``) to the trace's writer."""
+        if self._stream is None:  # everything is held: one stream in memory
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, INDEX_SCHEMA) as stream:
+                stream.write_table(self._held_table())
+            index_nbytes = sink.tell()
+            sink.write(final)
+            writer.write_batch(closing_batch(sink.getvalue(), index_nbytes))
+            return
+        assert self._scratch is not None  # made with the stream
+        if self._held:
+            self._spill()
+        self._stream.close()
+        index_nbytes = self._scratch.tell()
+        self._scratch.write(final)
+        self._scratch.flush()
+        mapped = mmap.mmap(self._scratch.fileno(), 0, access=mmap.ACCESS_READ)
+        try:
+            writer.write_batch(closing_batch(pa.py_buffer(mapped), index_nbytes))
+        finally:
+            try:
+                mapped.close()
+            except BufferError:  # a view outlived the write: unmapped when it is collected
+                pass
+
+    def discard(self) -> None:
+        """Close the scratch file (unlinked: nothing is left behind)."""
+        if self._scratch is not None:
+            self._scratch.close()
 
 
 class ArrowWriter:
     """Appends batches of records; each ``write`` reaches the OS before it returns.
 
-    At close it appends one last batch holding ``__index__`` (every record's key columns and
-    location, so a reader need not visit each batch) and ``__final__`` (end-of-run metadata).
+    At open it writes the file's header (magic, schema, run metadata): pyarrow writes it only with
+    the first batch, and a writer killed before its first flush would leave 0 bytes, where a reader
+    now finds an empty trace that says who started it. At close it appends one last batch holding
+    ``__index__`` (every record's key columns and location, so a reader need not visit each batch)
+    and ``__final__`` (end-of-run metadata).
     """
 
     def __init__(self, path: str | Path, meta: dict, compression: str | None = None) -> None:
@@ -154,9 +247,10 @@ class ArrowWriter:
         )
         self._file = open(self.path, "wb", buffering=0)
         options = pa.ipc.IpcWriteOptions(compression=compression)
+        self._file.write(file_header(schema))
+        self._file.seek(0)  # pyarrow writes the same header again, over it, with its first batch
         self._writer = pa.ipc.new_file(self._file, schema, options=options)
-        self._index: list[pa.Table] = []  # the index so far, one compact Arrow table per INDEX_MERGE batches
-        self._recent: list[pa.Table] = []  # ... and one per batch since
+        self._index = IndexBuilder(self.path.parent)
         self._batches = 0
 
     def write(self, records: Sequence[Record]) -> None:
@@ -164,12 +258,9 @@ class ArrowWriter:
             return
         batch = records_to_batch(records)
         self._writer.write_batch(batch)
-        # The entries key_table() would read back, held as Arrow columns: ~100 bytes a record, not
-        # the ~800 of Python lists, and no reference to the batch's data.
-        self._recent.append(key_table(batch, self._batches))
-        if len(self._recent) == INDEX_MERGE:
-            self._index.append(pa.concat_tables(self._recent).combine_chunks())
-            self._recent = []
+        # The entries key_table() would read back, held as Arrow columns (no reference to the
+        # batch's data) and spilled beyond INDEX_HELD of them: memory stays flat over a long run.
+        self._index.add(key_table(batch, self._batches))
         self._batches += 1
 
     def sync(self) -> None:
@@ -177,23 +268,24 @@ class ArrowWriter:
 
     def abort(self) -> None:
         """Let go of the file after a failed write; the stream body stays readable."""
+        self._index.discard()
         self._file.close()
 
+    def forked(self) -> None:
+        """Nothing to do in a forked child: nothing here writes to the file unless called (pyarrow
+        writes nothing when its writer is collected, and the file is unbuffered)."""
+
     def close(self, final: dict) -> None:
-        sink = pa.BufferOutputStream()
-        parts = self._index + self._recent
-        table = pa.concat_tables(parts) if parts else INDEX_SCHEMA.empty_table()
-        with pa.ipc.new_stream(sink, INDEX_SCHEMA) as stream:
-            stream.write_table(table)
-        closing = [_blob_record(INDEX_RECORD, sink.getvalue().to_pybytes()),
-                   _blob_record(FINAL_RECORD, dumps_meta(final).encode())]
-        self._writer.write_batch(records_to_batch(closing))
+        try:
+            self._index.write_closing(self._writer, dumps_meta(final).encode())
+        finally:
+            self._index.discard()
         self._writer.close()
         self.sync()
         self._file.close()
 
 
-class ArrowTraceFile:
+class ArrowTraceFile(TraceFile):
     """Reads one Arrow trace file through a memory map: only touched bytes are read from disk.
 
     Nothing is used before it is checked: the schema and metadata at open, the ``__index__``
@@ -396,10 +488,6 @@ class ArrowTraceFile:
             pread_into(self._fd, out, at + offset)
         else:  # a compressed file: the buffer was decompressed into memory
             out[:] = np.frombuffer(buffer, dtype=np.uint8)[start + offset : start + offset + out.nbytes]
-
-    def read_keys(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(request, position, token_id) of every row of one record."""
-        return self.read_keys_many(np.array([slot]))
 
     @guarded
     def read_keys_many(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -7,9 +7,14 @@ a file that opens (with ``swmr=True``) up to its last flush. Layout: docs/FORMAT
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import itertools
 import os
+import stat
+import tempfile
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import h5py
 import numpy as np
@@ -36,13 +41,14 @@ from tracediff.trace.schema import (
     check_version,
     dumps_meta,
 )
-from tracediff.trace.storage import StorageFormat, describe, guarded, register
+from tracediff.trace.storage import StorageFormat, TraceFile, describe, guarded, register
 
 MAX_NDIM = 8
 CHUNK_LOOKUPS = 64  # single chunk-index lookups before reading the whole index instead
-DATA_CHUNK = 1 << 20  # larger chunks write no faster here and bloat small traces
+SUPERBLOCK_ONLY = 96  # bytes: an HDF5 file no larger holds at most its superblock (no trace)
+DIRECT_BYTES = 1 << 20  # a record this large is written from its own buffer; smaller ones are joined
+COMPACT_BELOW = 16 << 20  # a closed trace whose datasets hold less is rewritten compact
 
-# dataset path -> (dtype, chunk length); every one is 1-D and grows along axis 0
 RECORD_COLUMNS: dict[str, np.dtype] = {
     "name": np.dtype(np.int32),
     "seq_no": np.dtype(np.int64),
@@ -62,6 +68,43 @@ ROW_COLUMNS: dict[str, np.dtype] = {
     "position": np.dtype(np.int64),
     "token_id": np.dtype(np.int64),
 }
+# Every dataset: (dtype, width of its rows or None for 1-D, chunk length while the trace is written).
+# HDF5 allocates a whole chunk for the first byte written into it. Large chunks keep a large trace's
+# data chunks one after the other in the file (compare reads bfloat16 rows in place there; small
+# chunks interleave with HDF5's chunk-index blocks and the other datasets' chunks, and records that
+# span a gap must be copied), at ~1.3 MB for the first chunks: a closed trace smaller than
+# COMPACT_BELOW is rewritten with one chunk per dataset (_rewrite_compact).
+DATASETS: dict[str, tuple[np.dtype, int | None, int]] = {
+    **{f"records/{key}": (dtype, None, 1024) for key, dtype in RECORD_COLUMNS.items()},
+    "records/shape": (np.dtype(np.int64), MAX_NDIM, 1024),
+    **{f"rows/{key}": (dtype, None, 8192) for key, dtype in ROW_COLUMNS.items()},
+    "strings/bytes": (np.dtype(np.uint8), None, 8192),
+    "strings/ends": (np.dtype(np.int64), None, 1024),
+    "data": (np.dtype(np.uint8), None, 1 << 20),
+    "final": (np.dtype(np.uint8), None, 4096),
+}
+
+
+def _create(f: h5py.File, name: str, chunk: int, compression: str | None,
+            data: np.ndarray | None = None) -> h5py.Dataset:
+    """One dataset of the layout, empty or holding ``data``, without a chunk cache (1 byte: h5py
+    ignores 0). With HDF5's default cache a writer's memory grew by ~100 bytes a record over a long
+    run (chunk caches and free lists, up to ~8 MB a dataset); without, it stays flat, a write reads
+    a partial last chunk back from the page cache, and the data's chunks reach the file in the write
+    that fills them: a full disk fails that write rather than a later flush (HDF5 cannot close a
+    file whose metadata flush failed: see ``H5Writer.abort``)."""
+    dtype, width, _ = DATASETS[name]
+    tail = () if width is None else (width,)
+    shape = (0, *tail) if data is None else data.shape
+    return f.create_dataset(name, shape, dtype=dtype, data=data, maxshape=(None, *tail),
+                            chunks=(chunk, *tail), compression=compression if name == "data" else None,
+                            rdcc_nbytes=1)
+
+
+def _write_attrs(f: h5py.File, meta_text: str) -> None:
+    f.attrs["format"] = FORMAT_NAME
+    f.attrs["format_version"] = FORMAT_VERSION
+    f.attrs["meta"] = meta_text
 
 
 def _append(dset: h5py.Dataset, values: np.ndarray) -> int:
@@ -86,97 +129,192 @@ class StringTable:
             self.pending.append(text.encode())
         return sid
 
-    def flush(self, group: h5py.Group) -> None:
+    def intern_all(self, texts: Iterable[str], count: int) -> np.ndarray:
+        """Ids of many strings at once (one dict lookup each; new ones interned)."""
+        ids = self.ids
+        return np.fromiter((ids[t] if t in ids else self.intern(t) for t in texts), np.int32, count=count)
+
+    def flush(self, blob: h5py.Dataset, ends: h5py.Dataset) -> None:
         if not self.pending:
             return
-        base = group["bytes"].shape[0]
-        ends = base + np.cumsum([len(b) for b in self.pending], dtype=np.int64)
-        _append(group["bytes"], np.frombuffer(b"".join(self.pending), dtype=np.uint8))
-        _append(group["ends"], ends)
+        base = blob.shape[0]
+        _append(blob, np.frombuffer(b"".join(self.pending), dtype=np.uint8))
+        _append(ends, base + np.cumsum([len(b) for b in self.pending], dtype=np.int64))
         self.pending = []
 
 
 class H5Writer:
-    """Appends batches of records; each ``write`` ends with a SWMR flush."""
+    """Appends batches of records; each ``write`` is one append per dataset, then a SWMR flush."""
 
     def __init__(self, path: str | Path, meta: dict, compression: str | None = None) -> None:
         self.path = Path(path)
         if compression not in (None, "gzip", "lzf"):
             raise ValueError(f"HDF5 traces compress with 'gzip' or 'lzf', not {compression!r}")
+        self._compression = compression
+        self._meta_text = dumps_meta(meta)
         f = self._file = h5py.File(self.path, "w", libver="latest")
-        f.attrs["format"] = FORMAT_NAME
-        f.attrs["format_version"] = FORMAT_VERSION
-        f.attrs["meta"] = dumps_meta(meta)
-        grow = dict(maxshape=(None,), chunks=(1024,))
-        for key, dtype in RECORD_COLUMNS.items():
-            f.create_dataset(f"records/{key}", (0,), dtype=dtype, **grow)
-        f.create_dataset("records/shape", (0, MAX_NDIM), dtype=np.int64, maxshape=(None, MAX_NDIM),
-                         chunks=(1024, MAX_NDIM))
-        for key, dtype in ROW_COLUMNS.items():
-            f.create_dataset(f"rows/{key}", (0,), dtype=dtype, maxshape=(None,), chunks=(8192,))
-        f.create_dataset("strings/bytes", (0,), dtype=np.uint8, maxshape=(None,), chunks=(8192,))
-        f.create_dataset("strings/ends", (0,), dtype=np.int64, **grow)
-        f.create_dataset("data", (0,), dtype=np.uint8, maxshape=(None,), chunks=(DATA_CHUNK,),
-                         compression=compression)
-        f.create_dataset("final", (0,), dtype=np.uint8, maxshape=(None,), chunks=(4096,))
+        _write_attrs(f, self._meta_text)
+        self._datasets = {name: _create(f, name, chunk, compression)
+                          for name, (_, _, chunk) in DATASETS.items()}
         f.swmr_mode = True
         self._strings = StringTable()
 
     def write(self, records: Sequence[Record]) -> None:
+        """One append per dataset for the whole batch, whatever the number of records: a flood of
+        tiny records costs numpy work per record, not HDF5 calls."""
         if not records:
             return
-        f = self._file
-        columns: dict[str, list] = {key: [] for key in RECORD_COLUMNS}
-        shapes = np.full((len(records), MAX_NDIM), -1, dtype=np.int64)
-        for r in records:
+        n = len(records)
+        shapes = np.full((n, MAX_NDIM), -1, dtype=np.int64)
+        for i, r in enumerate(records):
             if r.data.ndim > MAX_NDIM:
                 raise ValueError(f"{r.name}: {r.data.ndim} dims; the HDF5 format holds at most {MAX_NDIM}")
-        raws = [np.ascontiguousarray(r.data).reshape(-1).view(np.uint8) for r in records]
-        data = f["data"]
-        data_end = data.shape[0]
-        data.resize((data_end + sum(raw.nbytes for raw in raws),))
-        row_end = f["rows/position"].shape[0]
-        requests, positions, tokens = [], [], []
-        for i, (r, raw) in enumerate(zip(records, raws)):
-            if raw.nbytes:
-                data[data_end : data_end + raw.nbytes] = raw
             shapes[i, : r.data.ndim] = r.data.shape
-            requests.append(np.fromiter((self._strings.intern(q) for q in r.request), np.int32,
-                                        count=len(r.request)))
-            positions.append(r.position)
-            tokens.append(r.token_id)
-            values = dict(name=self._strings.intern(r.name), seq_no=r.seq_no, step=r.step,
-                          rank=r.rank, depth=r.depth, dtype=self._strings.intern(r.dtype),
-                          static=int(r.static), ndim=r.data.ndim, data_offset=data_end,
-                          data_nbytes=raw.nbytes, row_start=row_end, n_rows=len(r.position))
-            for key, value in values.items():
-                columns[key].append(value)
-            data_end += raw.nbytes
-            row_end += len(r.position)
+        raws = [np.ascontiguousarray(r.data).reshape(-1).view(np.uint8) for r in records]
+        nbytes = np.fromiter((raw.nbytes for raw in raws), np.int64, count=n)
+        n_rows = np.fromiter((len(r.position) for r in records), np.int64, count=n)
+        data = self._datasets["data"]
+        data_end, row_end = data.shape[0], self._datasets["rows/position"].shape[0]
+        strings = self._strings
+        columns = {
+            "name": strings.intern_all((r.name for r in records), n),
+            "seq_no": np.fromiter((r.seq_no for r in records), np.int64, count=n),
+            "step": np.fromiter((r.step for r in records), np.int64, count=n),
+            "rank": np.fromiter((r.rank for r in records), np.int32, count=n),
+            "depth": np.fromiter((r.depth for r in records), np.int32, count=n),
+            "dtype": strings.intern_all((r.dtype for r in records), n),
+            "static": np.fromiter((r.static for r in records), np.uint8, count=n),
+            "ndim": (shapes >= 0).sum(axis=1, dtype=np.int32),
+            "data_offset": data_end + np.cumsum(nbytes) - nbytes,
+            "data_nbytes": nbytes,
+            "row_start": row_end + np.cumsum(n_rows) - n_rows,
+            "n_rows": n_rows,
+        }
+        total_rows = int(n_rows.sum())
+        rows = {
+            "request": strings.intern_all(itertools.chain.from_iterable(r.request for r in records),
+                                          total_rows),
+            "position": _joined([r.position for r in records], np.int64, total_rows),
+            "token_id": _joined([r.token_id for r in records], np.int64, total_rows),
+        }
         # Order matters for readers of a killed file: payloads first, the index that points at them last.
-        for key, parts in (("request", requests), ("position", positions), ("token_id", tokens)):
-            _append(f[f"rows/{key}"], np.concatenate(parts).astype(ROW_COLUMNS[key], copy=False))
-        self._strings.flush(f["strings"])
-        _append(f["records/shape"], shapes)
-        for key, dtype in RECORD_COLUMNS.items():
-            _append(f[f"records/{key}"], np.asarray(columns[key], dtype=dtype))
-        f.flush()
+        self._write_data(data, raws, data_end, int(nbytes.sum()))
+        for key, values in rows.items():
+            _append(self._datasets[f"rows/{key}"], values)
+        strings.flush(self._datasets["strings/bytes"], self._datasets["strings/ends"])
+        _append(self._datasets["records/shape"], shapes)
+        for key in RECORD_COLUMNS:
+            _append(self._datasets[f"records/{key}"], columns[key])
+        self._file.flush()
+
+    @staticmethod
+    def _write_data(data: h5py.Dataset, raws: list[np.ndarray], start: int, total: int) -> None:
+        """Grow ``data`` once and fill it: runs of small records joined into one write each (one
+        copy, no HDF5 call per record), large records straight from their buffers (no copy)."""
+        if not total:
+            return
+        data.resize((start + total,))
+        run: list[np.ndarray] = []
+        run_start = at = start
+        for raw in raws:
+            if raw.nbytes >= DIRECT_BYTES:
+                _write_run(data, run, run_start)
+                data[at : at + raw.nbytes] = raw
+                run, run_start = [], at + raw.nbytes
+            elif raw.nbytes:
+                run.append(raw)
+            at += raw.nbytes
+            if at - run_start >= DIRECT_BYTES:
+                _write_run(data, run, run_start)
+                run, run_start = [], at
+        _write_run(data, run, run_start)
 
     def sync(self) -> None:
         self._file.flush()
         _fsync_path(self.path)
 
     def abort(self) -> None:
-        """Let go of the file after a failed write; what was flushed before stays readable."""
+        """Let go of the file after a failed write, leaving it as last flushed: what HDF5 still holds
+        of the failed write is flushed into an unlinked scratch file instead. A close whose flush
+        fails (a full disk) would leave the file open in this library for good, and a reader of the
+        same file in this process would share that broken state (HDF5 shares open files)."""
         try:
+            _redirect(self._file)
+            self._file.close()
+            return
+        except Exception:
+            pass
+        try:  # no scratch file to be had: close as is
             self._file.close()
         except Exception:
             pass
 
+    def forked(self) -> None:
+        """Point this process's copy of the file's descriptor at an unlinked scratch file: HDF5
+        flushes the files it holds open when the library shuts down at exit, and in a forked child
+        that would write the parent's metadata, as it stood at the fork, into the parent's trace."""
+        _redirect(self._file)
+
     def close(self, final: dict) -> None:
-        _append(self._file["final"], np.frombuffer(dumps_meta(final).encode(), dtype=np.uint8))
+        _append(self._datasets["final"], np.frombuffer(dumps_meta(final).encode(), dtype=np.uint8))
+        stored = sum(d.size * d.dtype.itemsize for d in self._datasets.values())
+        values = {name: d[:] for name, d in self._datasets.items()} if stored < COMPACT_BELOW else None
         self._file.close()
         _fsync_path(self.path)
+        if values is not None:
+            _rewrite_compact(self.path, self._meta_text, values, self._compression)
+
+
+def _redirect(f: h5py.File) -> None:
+    """Point HDF5's descriptor of an open file at a scratch file in memory (a regular file: HDF5 may
+    truncate it), so that what HDF5 still writes there never reaches the trace."""
+    memfd = getattr(os, "memfd_create", None)
+    if memfd is not None:
+        scratch = memfd("tracediff-scratch")
+    else:  # not Linux
+        scratch, name = tempfile.mkstemp(prefix="tracediff-scratch-")
+        os.unlink(name)
+    try:
+        os.dup2(scratch, f.id.get_vfd_handle())
+    finally:
+        os.close(scratch)
+
+
+def _rewrite_compact(path: Path, meta_text: str, values: dict[str, np.ndarray],
+                     compression: str | None) -> None:
+    """Put a copy of a small closed trace with one chunk per dataset (its exact size) in its place,
+    in one rename: the file then weighs what it holds. Not through a link (the rename would
+    replace the link, not the file it names); a failure leaves the original, whole and closed."""
+    try:
+        before = os.lstat(path)
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".compact")
+    except OSError:
+        return
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        if not stat.S_ISREG(before.st_mode) or before.st_nlink != 1:
+            raise OSError("not a plain file")
+        with h5py.File(tmp, "w", libver="latest") as f:
+            _write_attrs(f, meta_text)
+            for dataset, array in values.items():
+                _create(f, dataset, max(1, len(array)), compression, data=array)
+        os.chmod(tmp, stat.S_IMODE(before.st_mode))
+        _fsync_path(tmp)
+        os.replace(tmp, path)
+        _fsync_path(path.parent)
+    except Exception:
+        tmp.unlink(missing_ok=True)
+
+
+def _joined(parts: list[np.ndarray], dtype: type, count: int) -> np.ndarray:
+    return np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(count, dtype)
+
+
+def _write_run(data: h5py.Dataset, run: list[np.ndarray], start: int) -> None:
+    if run:
+        joined = run[0] if len(run) == 1 else np.concatenate(run)
+        data[start : start + joined.nbytes] = joined
 
 
 def _fsync_path(path: Path) -> None:
@@ -187,7 +325,7 @@ def _fsync_path(path: Path) -> None:
         os.close(fd)
 
 
-class H5TraceFile:
+class H5TraceFile(TraceFile):
     """Reads one HDF5 trace: the whole index up front (checked against the file), tensors on demand.
 
     A closed file (final metadata present) is read strictly: every column and record must agree
@@ -387,19 +525,24 @@ class H5TraceFile:
                 raise TraceError(self.path, f"data chunk {index} is missing, yet records point into it")
 
     def _file_ranges(self, slot: int, offset: int, n: int) -> list[tuple[int, int]]:
-        """(file offset, length) pieces of bytes [offset, offset + n) of a record, one per chunk they
-        span, where the chunks are unfiltered (else the bytes must go through HDF5)."""
+        """(file offset, length) pieces of bytes [offset, offset + n) of a record, one per run of
+        chunks that lie one after the other in the file, where the chunks are unfiltered (else the
+        bytes must go through HDF5)."""
         if offset < 0 or n < 0 or offset + n > int(self._cols["data_nbytes"][slot]):
             raise IndexError(f"bytes {offset}..{offset + n} of a record of {self._cols['data_nbytes'][slot]}")
         start = int(self._cols["data_offset"][slot]) + offset
         self._need_chunks(start, n)
-        ranges, done = [], 0
+        ranges: list[tuple[int, int]] = []
+        done = 0
         while self._raw_chunks and done < n:
             index, within = divmod(start + done, self._chunk)
             at = self._chunk_offset(index)
             assert at is not None  # _need_chunks has checked
             take = min(self._chunk - within, n - done)
-            ranges.append((at + within, take))
+            if ranges and ranges[-1][0] + ranges[-1][1] == at + within:
+                ranges[-1] = (ranges[-1][0], ranges[-1][1] + take)
+            else:
+                ranges.append((at + within, take))
             done += take
         return ranges
 
@@ -447,10 +590,6 @@ class H5TraceFile:
         self.read_into(slot, out)
         return out
 
-    def read_keys(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(request, position, token_id) of every row of one record."""
-        return self.read_keys_many(np.array([slot]))
-
     @guarded
     def read_keys_many(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, position, token_id) of every row of the given records, concatenated; the key
@@ -487,11 +626,56 @@ def _open_h5(path: Path) -> h5py.File:
         return h5py.File(path, "r")
     except OSError as first:
         if "already open for write" not in str(first):
-            raise TraceError(path, f"unreadable HDF5 (truncated or corrupt): {_h5_reason(first)}") from None
+            raise TraceError(path, _unreadable(path, first)) from None
     try:
-        return h5py.File(path, "r", swmr=True)
+        return _open_swmr(path)
     except OSError as second:
         raise TraceError(path, f"unreadable HDF5 (writer died mid-file): {_h5_reason(second)}") from None
+
+
+SWMR_READ_ATTEMPTS = 8  # HDF5's default (100) retries a bad metadata checksum, sleeping, for minutes
+
+
+def _open_swmr(path: Path) -> h5py.File:
+    """SWMR read mode with few metadata read attempts: a corrupt killed trace fails in milliseconds
+    instead of hanging ``show``. h5py does not expose the setting, so it is set through the HDF5
+    library h5py loaded; where that library cannot be found, HDF5's default stands."""
+    fapl = h5py.h5p.create(h5py.h5p.FILE_ACCESS)
+    set_attempts = _metadata_read_attempts_setter()
+    if set_attempts is not None:
+        set_attempts(fapl.id, SWMR_READ_ATTEMPTS)
+    flags = h5py.h5f.ACC_RDONLY | h5py.h5f.ACC_SWMR_READ
+    return h5py.File(h5py.h5f.open(os.fsencode(path), flags, fapl=fapl))
+
+
+@functools.cache
+def _metadata_read_attempts_setter():  # -> ctypes function or None
+    """``H5Pset_metadata_read_attempts`` of the libhdf5 mapped into this process (h5py's own), or
+    None (no /proc, or no such library)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = sorted({line.split()[-1] for line in maps
+                            if os.path.basename(line.split()[-1]).startswith("libhdf5") and "hl" not in
+                            os.path.basename(line.split()[-1])})
+        setter = ctypes.CDLL(paths[0]).H5Pset_metadata_read_attempts
+    except (OSError, IndexError, AttributeError):
+        return None
+    setter.argtypes = [ctypes.c_int64, ctypes.c_uint]
+    setter.restype = ctypes.c_int
+    return setter
+
+
+def _unreadable(path: Path, exc: OSError) -> str:
+    """Why HDF5 cannot open the file; a writer killed while it created the file (before its first
+    flush) leaves HDF5's superblock alone (48 bytes), which HDF5 calls a truncated file."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = SUPERBLOCK_ONLY + 1
+    if size <= SUPERBLOCK_ONLY:
+        return (f"no trace in it: {size} bytes, at most an HDF5 superblock (what a writer killed before its "
+                "first write leaves)")
+    return f"unreadable HDF5 (truncated or corrupt): {_h5_reason(exc)}"
 
 
 def _h5_reason(exc: OSError) -> str:

@@ -129,7 +129,8 @@ def detect_format(path: Path) -> str:
     if fmt is not None:
         return fmt.name
     if not head:
-        raise TraceError(path, "empty file, not a trace")
+        raise TraceError(path, "empty file (0 bytes), not a trace: a recorder killed before it opened the "
+                               "file leaves one")
     raise TraceError(path, "not a trace file (neither HDF5 nor Arrow IPC)")
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from tracediff.errors import InputError
-from tracediff.trace.reader import Trace, open_trace
+from tracediff.trace.reader import Trace, open_trace, rank_files
 from tracediff.trace.schema import FORMAT_VERSION, Record, tokens_record
 from tracediff.trace.writer import TraceWriter, format_for, open_writer
 
@@ -64,9 +64,9 @@ def parse_spans(values: list[str]) -> tuple[Span, ...] | None:
 
 
 def parse_list(values: list[str]) -> tuple[str, ...] | None:
-    """Command-line values, each a comma-separated list; None for none."""
-    parts = [part.strip() for value in values for part in value.split(",") if part.strip()]
-    return tuple(parts) if parts else None
+    """Command-line values of a repeated option, each one name or request exactly as given (never
+    split: a request id or a tensor name may hold a comma); None for none."""
+    return tuple(values) if values else None
 
 
 def spans_mask(spans: tuple[Span, ...] | None, values: np.ndarray) -> np.ndarray:
@@ -106,9 +106,31 @@ class Selection:
         return self.names is None or any(fnmatch.fnmatchcase(name, glob) for glob in self.names)
 
 
+def count(n: int, noun: str) -> str:
+    """``1 record``, ``2 records``."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+@dataclass
+class SlicePart:
+    """What one output file (one rank file of the source) holds."""
+
+    path: Path
+    records: int  # tensor records written (static ones included)
+    rows: int
+    tokens: int  # token table entries written
+    names: list[str]  # tensor names written, in the source's execution order
+
+    def describe(self) -> str:
+        """``2 tensors, 1 row, 12 request tokens``."""
+        return f"{count(len(self.names), 'tensor')}, {count(self.rows, 'row')}, " \
+               f"{count(self.tokens, 'request token')}"
+
+
 @dataclass
 class SliceResult:
-    """What a slice wrote: one file per rank file of the source."""
+    """What a slice wrote: one file per rank file of the source, and what the selection asked for
+    that the source does not hold (the CLI names it: a typo is not an empty slice)."""
 
     paths: list[Path]
     records: int  # tensor records written (static ones included)
@@ -116,6 +138,14 @@ class SliceResult:
     tokens: int  # token table entries written
     names: list[str]  # tensor names written, in the source's execution order
     bytes: int  # size of the written files on disk
+    parts: list[SlicePart] = field(default_factory=list)  # per output file, in ``paths`` order
+    unmatched_names: list[str] = field(default_factory=list)  # globs that match no tensor of the source
+    unmatched_requests: list[str] = field(default_factory=list)  # requests no kept record or token holds
+
+    def describe(self) -> str:
+        """``1 record, 4 rows, 4 request tokens (21167 bytes)``."""
+        return f"{count(self.records, 'record')}, {count(self.rows, 'row')}, " \
+               f"{count(self.tokens, 'request token')} ({count(self.bytes, 'byte')})"
 
 
 def slice_trace(src: str | Path | Trace, dst: str | Path, selection: Selection) -> SliceResult:
@@ -144,30 +174,47 @@ def _output_paths(trace: Trace, dst: Path) -> list[Path]:
 
 def _slice(trace: Trace, dst: Path, selection: Selection) -> SliceResult:
     outputs = _output_paths(trace, dst)
-    for out in outputs:
-        _check_output(out, trace.paths)
-    records = rows = tokens = 0
-    written: set[str] = set()
+    _check_outputs(dst, outputs, trace.paths)
+    parts: list[SlicePart] = []
+    requests_seen: set[str] = set()
     for part, (file, out) in enumerate(zip(trace.files, outputs)):
         meta = {**file.meta, "format_version": FORMAT_VERSION,
                 "sliced_from": {"path": str(file.path), "selection": selection.to_dict()}}
         writer = _open_output(out, meta)
         try:
-            counts = _copy_part(trace, part, selection, writer, written)
+            parts.append(_copy_part(trace, part, selection, writer, out, requests_seen))
         except BaseException:
             writer.abort()
             raise
-        records, rows, tokens = records + counts[0], rows + counts[1], tokens + counts[2]
-    return SliceResult(paths=outputs, records=records, rows=rows, tokens=tokens,
-                       names=[n for n in trace.names() if n in written],
-                       bytes=sum(p.stat().st_size for p in outputs))
+    written = {n for p in parts for n in p.names}
+    every = trace.names()
+    return SliceResult(paths=outputs, records=sum(p.records for p in parts), rows=sum(p.rows for p in parts),
+                       tokens=sum(p.tokens for p in parts), names=[n for n in every if n in written],
+                       bytes=sum(p.stat().st_size for p in outputs), parts=parts,
+                       unmatched_names=[g for g in selection.names or ()
+                                        if not any(fnmatch.fnmatchcase(n, g) for n in every)],
+                       unmatched_requests=[r for r in selection.requests or () if r not in requests_seen])
 
 
-def _check_output(out: Path, sources: list[Path]) -> None:
-    if not out.parent.is_dir():
-        raise InputError(out, f"output directory {out.parent} does not exist")
-    if out.exists() and any(out.resolve() == s.resolve() or _same_file(out, s) for s in sources):
-        raise InputError(out, "output would overwrite the input")
+def _check_outputs(dst: Path, outputs: list[Path], sources: list[Path]) -> None:
+    """Refuse outputs that would overwrite a file, the input above all, or hide rank files."""
+    for out in outputs:
+        if not out.parent.is_dir():
+            raise InputError(out, f"output directory {out.parent} does not exist")
+        if out.exists() and any(out.resolve() == s.resolve() or _same_file(out, s) for s in sources):
+            raise InputError(out, "output would overwrite the input")
+    for out in outputs:
+        if out.exists():
+            raise InputError(out, "exists: a slice never overwrites a file (remove it, or choose another "
+                                  "name)")
+    siblings = [] if dst.exists() else [p for p in rank_files(dst) if p != dst]
+    if len(outputs) == 1 and siblings:
+        raise InputError(dst, f"is the stem of the rank files {', '.join(p.name for p in siblings)}: a "
+                              "trace written there would hide them (choose another name)")
+    if len(outputs) > 1 and dst.exists():
+        raise InputError(dst, "exists: it would hide the slice's rank files (choose another name)")
+    if len(outputs) > 1 and siblings:  # more rank files than the slice writes: read with it as one trace
+        raise InputError(siblings[0], "exists: it would be read as a rank of the slice (choose another name)")
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -186,9 +233,22 @@ def _open_output(path: Path, meta: dict) -> TraceWriter:
         raise InputError(path, f"cannot write: {exc.strerror or exc}") from None
 
 
-def _plan(trace: Trace, hits: np.ndarray, selection: Selection) -> list[tuple[int, np.ndarray | None]]:
+def planned_bytes(trace: Trace, selection: Selection) -> int:
+    """Tensor bytes a slice of ``trace`` would hold: a lower bound of its size on disk (slices are
+    written uncompressed), known from the key columns alone, before any tensor byte is read."""
+    idx, total = trace.index, 0
+    for part in range(len(trace.files)):
+        for i, rows in _plan(trace, np.flatnonzero(idx.part == part), selection)[0]:
+            whole = int(idx.nbytes[i])
+            total += whole if rows is None else whole // max(1, int(idx.n_rows[i])) * len(rows)
+    return total
+
+
+def _plan(trace: Trace, hits: np.ndarray,
+          selection: Selection) -> tuple[list[tuple[int, np.ndarray | None]], set[str]]:
     """(index position, rows kept or None for all) of each record the selection keeps, in ``hits``
-    order; key columns only (one bulk read), no tensor data."""
+    order, and the selection's requests that rows of the kept names hold; key columns only (one
+    bulk read), no tensor data."""
     idx = trace.index
     names = {n: selection.name_kept(n) for n in set(idx.name[hits].tolist())}
     named = hits[np.fromiter((names[n] for n in idx.name[hits]), dtype=bool, count=len(hits))]
@@ -197,13 +257,15 @@ def _plan(trace: Trace, hits: np.ndarray, selection: Selection) -> list[tuple[in
     rowed = rowed[spans_mask(selection.steps, idx.step[rowed])
                   & spans_mask(selection.depths, idx.depth[rowed])]
     plan: dict[int, np.ndarray | None] = {int(i): None for i in named[static]}
+    found: set[str] = set()
     if selection.requests is None and selection.positions is None:
         plan.update({int(i): None for i in rowed})
     elif len(rowed):
         request, position, _ = trace.key_columns(rowed)
         keep = np.ones(len(position), dtype=bool)
         if selection.requests is not None:
-            keep &= np.isin(request.astype(str), np.asarray(selection.requests, dtype=str))
+            keep &= _in(request, selection.requests)
+            found = set(np.unique(request[keep].astype(str)).tolist())
         if selection.positions is not None:
             keep &= selection.positions.mask(position)
         bounds = np.cumsum(idx.n_rows[rowed])
@@ -212,7 +274,11 @@ def _plan(trace: Trace, hits: np.ndarray, selection: Selection) -> list[tuple[in
                 plan[i] = None
             elif rows.any():
                 plan[i] = np.flatnonzero(rows)
-    return [(int(i), plan[int(i)]) for i in hits if int(i) in plan]
+    return [(int(i), plan[int(i)]) for i in hits if int(i) in plan], found
+
+
+def _in(request: np.ndarray, requests: tuple[str, ...]) -> np.ndarray:
+    return np.isin(request.astype(str), np.asarray(requests, dtype=str))
 
 
 def _subset(record: Record, rows: np.ndarray | None) -> Record:
@@ -224,13 +290,14 @@ def _subset(record: Record, rows: np.ndarray | None) -> Record:
     return record
 
 
-def _copy_part(trace: Trace, part: int, selection: Selection, writer: TraceWriter,
-               written: set[str]) -> tuple[int, int, int]:
+def _copy_part(trace: Trace, part: int, selection: Selection, writer: TraceWriter, out: Path,
+               requests_seen: set[str]) -> SlicePart:
     """Write one rank file's kept records, then its token table entries of the kept requests; close
-    with the source's final metadata, its counts made the slice's. Returns (records, rows, tokens)
-    and adds the names written to ``written``."""
-    plan = _plan(trace, np.flatnonzero(trace.index.part == part), selection)
+    with the source's final metadata, its counts made the slice's. Adds the selection's requests
+    this file holds to ``requests_seen``."""
+    plan, found = _plan(trace, np.flatnonzero(trace.index.part == part), selection)
     batch: list[Record] = []
+    written: set[str] = set()
     size = records = rows = data_bytes = 0
     for i, keep in plan:
         record = _subset(trace.read(i), keep)
@@ -243,8 +310,9 @@ def _copy_part(trace: Trace, part: int, selection: Selection, writer: TraceWrite
             batch, size = [], 0
     request, position, token_id = trace.token_keys(part)
     if selection.requests is not None and len(position):
-        keep = np.isin(request.astype(str), np.asarray(selection.requests, dtype=str))
+        keep = _in(request, selection.requests)
         request, position, token_id = request[keep], position[keep], token_id[keep]
+        found |= set(np.unique(request.astype(str)).tolist())
     if len(position):
         batch.append(tokens_record(request, position, token_id,
                                    rank=int(trace.files[part].meta.get("rank", 0))))
@@ -254,4 +322,5 @@ def _copy_part(trace: Trace, part: int, selection: Selection, writer: TraceWrite
                                                                  "sliced_from_incomplete": True}
     final.update(records=records, bytes=data_bytes, tokens=int(len(position)))
     writer.close(final)
-    return records, rows, int(len(position))
+    requests_seen |= found
+    return SlicePart(out, records, rows, int(len(position)), [n for n in trace.names() if n in written])

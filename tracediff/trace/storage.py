@@ -40,12 +40,17 @@ class TraceWriter(Protocol):
     def close(self, final: dict) -> None:
         """Write the end-of-run metadata and close; the file is then complete."""
 
+    def forked(self) -> None:
+        """In a forked child that holds a copy of this writer (its thread stayed in the parent):
+        make sure nothing the child does reaches the file."""
+
 
 @runtime_checkable
 class TraceFile(Protocol):
     """One file of a trace, opened for reading. Opening checks the metadata and the record index
     against the file (strictly when the writer closed it, keeping the whole prefix when it was
-    killed); methods check what they read. Every failure is a ``TraceError``."""
+    killed); methods check what they read. Every failure is a ``TraceError``. A format's reader
+    subclasses it to inherit ``read_keys``."""
 
     path: Path
     meta: dict  # run metadata as the writer opened the file
@@ -71,7 +76,8 @@ class TraceFile(Protocol):
         """File offset of each record's bytes where they lie contiguous and uncompressed, else -1."""
 
     def read_keys(self, slot: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(request, position, token_id) of every row of one record."""
+        """(request, position, token_id) of every row of one record (formats inherit this)."""
+        return self.read_keys_many(np.array([slot]))
 
     def read_keys_many(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, position, token_id) of every row of these records, concatenated."""
@@ -101,10 +107,12 @@ def register(fmt: StorageFormat) -> StorageFormat:
 
 
 def formats() -> list[StorageFormat]:
-    """Every known format, the built-in ones loaded first (on first use: no import cycle)."""
+    """Every known format: the built-in ones (loaded on first use: no import cycle) in BUILTIN's
+    order, whichever was imported first, then the others as registered."""
     for module in BUILTIN:
         importlib.import_module(module)
-    return list(_FORMATS.values())
+    rank = {module: i for i, module in enumerate(BUILTIN)}
+    return sorted(_FORMATS.values(), key=lambda fmt: rank.get(fmt.writer.__module__, len(BUILTIN)))
 
 
 def by_name(name: str) -> StorageFormat:
