@@ -411,15 +411,16 @@ def test_default_mode_never_raises_the_same_misuse(tmp_path, fmt, monkeypatch, c
 
 
 def test_reserved_names_and_negative_depths_are_refused(tmp_path) -> None:
-    """A tensor named like the format's own records would corrupt the trace: refused (strict mode
-    raises; by default the recorder stops and the host goes on)."""
-    for bad in ({"name": "__tokens__"}, {"name": "h", "depth": -1}):
+    """A tensor named like the format's own records would corrupt the trace, and one holding a NUL
+    could never be read back: refused (strict mode raises; by default the recorder stops and the
+    host goes on)."""
+    for bad in ({"name": "__tokens__"}, {"name": "h", "depth": -1}, {"name": "h\x00"}):
         with td.record(tmp_path / "x.h5", strict=True) as rec:
             with pytest.raises(ValueError):
                 rec.log(bad["name"], np.zeros((2, 3), np.float32), token_ids=[1, 2], depth=bad.get("depth"))
         with td.record(tmp_path / "y.h5") as rec:
             rec.log(bad["name"], np.zeros((2, 3), np.float32), token_ids=[1, 2], depth=bad.get("depth"))
-            assert not rec.active and ("reserved" in rec.stopped or "depth" in rec.stopped)
+            assert not rec.active and any(w in rec.stopped for w in ("reserved", "depth", "NUL"))
 
 
 def test_contract_values_json_cannot_hold_never_cost_the_final_metadata(tmp_path) -> None:

@@ -785,10 +785,13 @@ def json_ready(value: Any) -> Any:
 
 def _check_name(name: str) -> None:
     """Names starting with ``__`` belong to the trace format (its token table, index, final
-    metadata): a tensor under one would corrupt the trace."""
+    metadata): a tensor under one would corrupt the trace. A NUL character could never be selected
+    again (numpy strings drop trailing NULs): readers refuse such names."""
     if not isinstance(name, str) or not name or name.startswith(RESERVED_PREFIX):
         raise ValueError(f"tensor name {name!r} is reserved or empty (names starting with "
                          f"{RESERVED_PREFIX!r} belong to the trace format)")
+    if "\x00" in name:
+        raise ValueError(f"tensor name {name!r} holds a NUL character")
 
 
 def record(path: str | Path, **options: Any) -> Recorder:

@@ -152,6 +152,14 @@ def open_file(path: Path, part: int = 0) -> TraceFile:
     return by_name(detect_format(path)).reader(path, part)
 
 
+def _check_names(file: TraceFile) -> None:
+    """Tensor names are selected with numpy, whose strings drop trailing NUL characters: a name
+    holding one (a corrupt file; the recorder writes none) could never be found again."""
+    bad = next((n for n in dict.fromkeys(file.index.name.tolist()) if "\x00" in n), None)
+    if bad is not None:
+        raise TraceError(file.path, f"a tensor name holds a NUL character ({bad!r})")
+
+
 class Trace:
     """A trace opened for reading: metadata, the record index, and tensors on demand."""
 
@@ -162,6 +170,7 @@ class Trace:
         try:
             for part, path in enumerate(paths):
                 self.files.append(open_file(Path(path), part))
+                _check_names(self.files[-1])
         except BaseException:
             self.close()
             raise
