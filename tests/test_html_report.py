@@ -4,6 +4,7 @@ CLI, and in a real headless Chromium that loads it and takes the screenshots CI 
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import math
 import os
@@ -143,6 +144,20 @@ def test_the_diverged_page_leads_with_the_first_divergence_and_marks_its_cell(di
     assert embed and not any(reddish(c) for c in embed)  # equal on both sides: teal
     assert "target.aux: worst cosine per position" in text
     assert "target.aux: worst rel_l2 per position (log)" in text
+
+
+def test_a_report_without_profiles_says_they_were_left_out_not_that_nothing_was_compared(
+        diverged: Report) -> None:
+    """A bundle trims error profiles to fit its budget: the page must not then claim no row was
+    compared, and it says what it does not draw."""
+    trimmed = copy.deepcopy(diverged)
+    for t in trimmed.tensors:
+        t.profile = None
+    text = Page(render_html(trimmed)).text
+    compared = sum(1 for t in diverged.tensors if t.rows)
+    assert f"{compared} compared tensors carry no error profile in this report" in text
+    assert "Its error profile was left out of this report" in text
+    assert "No row was compared" not in text and "Compared: 1277 of 3146 rows in a" in text
 
 
 def test_the_slot_matrix_shows_which_slot_of_a_holds_which_state_of_b(diverged: Report) -> None:

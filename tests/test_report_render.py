@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -39,9 +40,23 @@ def test_trace_text_cannot_break_the_markdown(tmp_path) -> None:
     next_step = f"Next: `` {command.format(tmp_path / 'a.h5', tmp_path / 'b.h5', name)} ``\n"
     assert next_step in text  # trace text as is only in a code span, which renders it literally
     text = text.replace(next_step, "")
-    assert "\x1b" not in text and "<b>" not in text and "&lt;b&gt;" not in text
-    assert "request \\<b\\>r0\\</b\\> / \\*q\\*" in text
+    assert "request `<b>r0</b>` / `*q*`" in text  # request ids in code spans: literal, never a mention
     assert "| `` h`x\\|y `` | diverged |" in text and "train\\\\x1b\\[31mRED" in text
+    prose = re.sub(r"(`+)[^`].*?\1", "", text)  # what is not in a code span
+    assert "\x1b" not in prose and "<b>" not in prose and "&lt;b&gt;" not in prose
+
+
+def test_trace_text_in_markdown_prose_never_mentions_anyone(tmp_path) -> None:
+    from tracediff.report.text import md
+
+    assert md("ask @octocat") == "ask @\u2060octocat"  # renders as "@octocat", links to nobody
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    for side, scale in (("a", 1), ("b", 2)):
+        with td.record(tmp_path / f"{side}.h5", source="@octocat") as rec:
+            rec.log("h", x * scale, token_ids=np.arange(3), request="@octocat")
+    text = to_markdown(td.compare(tmp_path / "a.h5", tmp_path / "b.h5"))
+    prose = re.sub(r"(`+)[^`].*?\1", "", text)
+    assert "@octocat" not in prose and "@\u2060octocat" in prose
 
 
 def test_an_incomparable_headline_gives_the_reason_not_a_divergence(tmp_path) -> None:
@@ -256,3 +271,25 @@ def test_the_next_step_names_the_steps_unless_both_are_0(tmp_path) -> None:
                         step=int(steps[1]), step_b=int(steps[3]))
         assert (view.a.step, view.b.step) == (row.step_a, row.step_b)
         assert view.metrics == pytest.approx(row.metrics, rel=1e-12) and view.differing == 8
+
+
+def test_the_next_step_names_bs_tensor_as_compare_map_renamed_it(tmp_path) -> None:
+    """Under --map b calls the tensor otherwise: the command names b's tensor too, and it runs."""
+    import shlex
+    import subprocess
+    import sys
+
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    for side, name, scale in (("a", "target.layer.3", 1), ("b", "model.layers.3", 2)):
+        with td.record(tmp_path / f"{side}.h5") as rec:
+            rec.log(name, x * scale, token_ids=[5, 6, 7], request="r")
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5", rename={"model.layers.3": "target.layer.3"})
+    assert report.renamed == {"model.layers.3": "target.layer.3"}
+    assert Report.from_json(report.to_json()).renamed == report.renamed
+    line = _next_line(report)
+    assert line is not None and "--name target.layer.3 --name-b model.layers.3" in line
+    argv = shlex.split(line.removeprefix("next: "))
+    shown = subprocess.run([sys.executable, "-m", "tracediff.cli", *argv[1:]], capture_output=True, text=True,
+                           timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert "8 of 8 elements differ" in shown.stdout

@@ -60,6 +60,8 @@ def show(
                                         "(default: the first row of a's that b holds too)"),
     depth: int | None = typer.Option(None, "--depth", help="two traces: the draft depth (default 0)"),
     step_b: int | None = typer.Option(None, "--step-b", help="two traces: b's step (default: --step)"),
+    name_b: str | None = typer.Option(None, "--name-b", help="two traces: b's name for the tensor (default: "
+                                      "--name; as compare --map renames it)"),
     top: int | None = typer.Option(None, "--top", help="two traces: how many of the largest differences to "
                                    "list (default 10)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
@@ -71,10 +73,10 @@ def show(
     from tracediff.trace.summary import static_stats, summarize, tensor_stats
 
     if other is not None:
-        show_pair(trace, other, name, request, request_b, position, depth, step, step_b, top, as_json)
+        show_pair(trace, other, name, name_b, request, request_b, position, depth, step, step_b, top, as_json)
         return
     for option, value in (("--request-b", request_b), ("--position", position), ("--depth", depth),
-                          ("--step-b", step_b), ("--top", top)):
+                          ("--step-b", step_b), ("--top", top), ("--name-b", name_b)):
         if value is not None:
             fail(option, "needs two traces: tracediff show A B --name NAME ...")
 
@@ -103,9 +105,9 @@ def show(
     guarded(trace, run)
 
 
-def show_pair(a: Path, b: Path, name: str | None, request: str | None, request_b: str | None,
-              position: int | None, depth: int | None, step: int | None, step_b: int | None,
-              top: int | None, as_json: bool) -> None:
+def show_pair(a: Path, b: Path, name: str | None, name_b: str | None, request: str | None,
+              request_b: str | None, position: int | None, depth: int | None, step: int | None,
+              step_b: int | None, top: int | None, as_json: bool) -> None:
     """``show A B --name X``: the row on both sides (``row_view``), rendered or as JSON."""
     from tracediff.diff.jsonio import to_plain
     from tracediff.diff.rowview import row_view
@@ -119,7 +121,7 @@ def show_pair(a: Path, b: Path, name: str | None, request: str | None, request_b
     def run() -> None:
         view = row_view(a, b, name, request=request, request_b=request_b, position=position,
                         depth=0 if depth is None else depth, step=step, step_b=step_b,
-                        top=10 if top is None else top)
+                        top=10 if top is None else top, name_b=name_b)
         if as_json:
             print(json.dumps(to_plain(view), indent=1, allow_nan=False))
         else:

@@ -45,4 +45,6 @@ def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | Non
         with warming([traces.a, traces.b], enabled=warm and not stop_at_first):
             comparison = compare_traces(traces, tolerances, rename, align, stop_at_first, chunk_bytes, keys,
                                         progress)
-        return build_report(comparison, diagnose(comparison, traces), traces, align, min_coverage)
+        report = build_report(comparison, diagnose(comparison, traces), traces, align, min_coverage)
+        report.renamed = {b: a for b, a in (rename or {}).items() if b != a}
+        return report

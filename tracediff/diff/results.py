@@ -245,6 +245,7 @@ class Report:
     contract: ContractDiff
     token_mismatch: TokenMismatch | None
     tokens: TokenView | None = None
+    renamed: dict[str, str] = field(default_factory=dict)  # name in b -> name in a (--map), where they differ
 
     @property
     def exit_code(self) -> int:

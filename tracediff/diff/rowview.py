@@ -82,11 +82,13 @@ class _Found:
 
 def row_view(a: TraceLike, b: TraceLike, name: str, *, request: str | None = None,
              request_b: str | None = None, position: int | None = None, depth: int = 0,
-             step: int | None = None, step_b: int | None = None, top: int = 10) -> RowView:
+             step: int | None = None, step_b: int | None = None, top: int = 10,
+             name_b: str | None = None) -> RowView:
     """The row of ``name`` at (``request``, ``position``, ``depth``) in ``a`` and at (``request_b``,
     the same position and depth) in ``b``, and how they differ.
 
-    ``request_b`` / ``step_b`` default to ``request`` / ``step``. Without ``position``, the first row
+    ``name_b`` (b's name for the tensor, as ``compare --map`` renames it), ``request_b`` and
+    ``step_b`` default to ``name``, ``request`` and ``step``. Without ``position``, the first row
     of ``a`` (trace order) whose position ``b`` holds too. Several rows fitting the selection on a
     side (no request given, a request seen in several epochs or retried, a position drafted in
     several steps): the first in trace order at the lowest step (negative steps last), so that
@@ -99,7 +101,8 @@ def row_view(a: TraceLike, b: TraceLike, name: str, *, request: str | None = Non
     with ExitStack() as stack:
         traces = Pair(*(t if isinstance(t, Trace) else stack.enter_context(open_trace(t)) for t in (a, b)))
         labels = Pair(*(str(t.paths[0]) if isinstance(t, Trace) else str(t) for t in (a, b)))
-        kinds = traces.zip(labels, SIDES).starmap(lambda t, label, side: _kind(t, name, label, side))
+        names = Pair(name, name if name_b is None else name_b)
+        kinds = traces.zip(names, labels, SIDES).starmap(_kind)
         if kinds.a != kinds.b:
             raise InputError(labels.b, f"{name!r} is a {kinds.b} tensor in b but a {kinds.a} tensor in a: "
                                        "they cannot be shown side by side")
@@ -108,11 +111,10 @@ def row_view(a: TraceLike, b: TraceLike, name: str, *, request: str | None = Non
             if request is not None or request_b is not None or position is not None:
                 raise InputError(labels.a, f"{name!r} is a static tensor (log_static): it has no request "
                                            "or position to select")
-            found = traces.zip(steps, labels, SIDES).starmap(
-                lambda t, s, label, side: _static(t, name, s, label, side))
+            found = traces.zip(names, steps, labels, SIDES).starmap(_static)
         else:
             requests = Pair(request, request if request_b is None else request_b)
-            found = _rows(traces, labels, name, requests, position, depth, steps)
+            found = _rows(traces, labels, names, requests, position, depth, steps)
         return _view(name, kinds.a == "static", found, top, traces)
 
 
@@ -136,12 +138,13 @@ def _static(trace: Trace, name: str, step: int | None, label: str, side: str) ->
     return _Found(values, record.dtype, where)
 
 
-def _rows(traces: Pair[Trace], labels: Pair[str], name: str, requests: Pair[str | None],
+def _rows(traces: Pair[Trace], labels: Pair[str], names: Pair[str], requests: Pair[str | None],
           position: int | None, depth: int, steps: Pair[int | None]) -> Pair[_Found]:
     """Each side's rows fitting the selection; the position, if not given, is the first row of a's
     that b holds too."""
-    keys = traces.zip(labels, SIDES, requests, steps).starmap(
-        lambda t, label, side, req, s: _select(t, name, label, side, req, depth, s))
+    name = names.a
+    keys = traces.zip(names, labels, SIDES, requests, steps).starmap(
+        lambda t, n, label, side, req, s: _select(t, n, label, side, req, depth, s))
     if position is None:
         shared = np.isin(keys.a.position, keys.b.position) & (keys.a.position >= 0)
         if not shared.any():

@@ -74,6 +74,8 @@ def next_command(report: Report) -> str | None:
         return None
     row = first.row
     argv = ["tracediff", "show", paths[0], paths[1], "--name", first.name]
+    name_b = next((b for b, a in report.renamed.items() if a == first.name), first.name)
+    argv += ["--name-b", name_b] if name_b != first.name else []
     if row.position >= 0:  # a row tensor: a static one is compared whole
         argv += ["--request", row.request_a]
         argv += ["--request-b", row.request_b] if row.request_b != row.request_a else []
@@ -222,7 +224,7 @@ def to_markdown(report: Report) -> str:
     a, b = (" ".join(code(p) for p in info.paths) for info in (report.a, report.b))
     lines = [f"**tracediff compare**: {a} vs {b}: **{report.verdict}**", ""]
     if first is not None:
-        lines += [f"First diverging tensor: {code(first.name)} ({where(first.row, md)})", ""]
+        lines += [f"First diverging tensor: {code(first.name)} ({where(first.row, code)})", ""]
         command = next_command(report)
         lines += [f"Next: {code(command)}", ""] if command is not None else []
     lines += [f"Compared: {coverage_line(report.coverage)}."]

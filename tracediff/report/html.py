@@ -109,6 +109,14 @@ def _where(report: Report) -> str:
     if first is not None and first.row.position < 0:
         note = (f"<p>The first divergence is in the static tensor <code>{esc(first.name)}</code> "
                 "(no position).</p>")
+    unprofiled = [t.name for t in report.tensors if t.rows and t.profile is None]
+    if unprofiled:
+        note += (f'<p class="warn">{len(unprofiled)} compared tensor{"s" if len(unprofiled) != 1 else ""} '
+                 "carry no error profile in this report (left out to keep it small, e.g. by a bundle's size "
+                 "budget; the full report has them): not drawn below.</p>")
+    note += ('<p class="muted">A cell holds the worst row at its depth and positions over every request and '
+             "step; the first divergence is the first failing row in the baseline's execution order, so "
+             "failing cells may lie left of it.</p>")
     return (f"<section><h2>Where: error by tensor (dataflow order) and position</h2>{note}"
             f'<div class="figure-scroll">{heatmap_svg(report)}</div></section>')
 
@@ -118,6 +126,10 @@ def _curves(report: Report) -> str:
     if first is None:
         return ""
     tensor = next((t for t in report.tensors if t.name == first.name), None)
+    if tensor is not None and tensor.profile is None and tensor.rows:
+        return (f"<section><h2>First diverging tensor <code>{esc(first.name)}</code>, per position</h2>"
+                '<p class="warn">Its error profile was left out of this report (e.g. by a bundle\'s size '
+                "budget): the full report draws it.</p></section>")
     if tensor is None or tensor.profile is None or not any(p >= 0 for p in tensor.profile.position):
         return ""
     return (f"<section><h2>First diverging tensor <code>{esc(first.name)}</code>, per position</h2>"

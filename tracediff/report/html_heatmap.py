@@ -153,7 +153,8 @@ def _legend(y: float) -> list[str]:
 def heatmap_svg(report: Report) -> str:
     rows = mapped(report)
     if not rows:
-        return '<p class="muted">No row was compared at a position: nothing to map.</p>'
+        return ('<p class="muted">Nothing to map: no tensor of this report has an error profile by '
+                "position.</p>")
     grid = _grid(rows)
     bottom = TOP + ROW_H * len(rows)
     grid_end = grid.x(len(grid.columns) - 1) + grid.cell_w

@@ -21,6 +21,7 @@ h2 { font-size: 18px; margin: 0 0 10px; font-weight: 650; }
 section { margin-top: 18px; padding: 18px 20px; border: 1px solid var(--line); border-radius: 10px; }
 section > p:first-of-type { margin-top: 0; }
 .muted { color: var(--muted); }
+.warn { border-left: 4px solid var(--amber); padding-left: 8px; }
 .kicker { font-size: 13px; letter-spacing: 0.06em; text-transform: uppercase; color: var(--muted); }
 header.verdict { padding: 20px 22px; border-radius: 12px; border: 1px solid var(--line);
   border-left-width: 8px; }

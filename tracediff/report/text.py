@@ -15,9 +15,14 @@ def safe(text: Any) -> str:
 MARKDOWN_SPECIAL = "\\`*_[]<>&|#"
 
 
+WORD_JOINER = "\u2060"  # invisible; after "@" it keeps GitHub from reading a mention
+
+
 def md(text: Any) -> str:
-    """Trace text in Markdown prose: no markup, no HTML, no table breaks."""
-    return "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in safe(text))
+    """Trace text in Markdown prose: no markup, no HTML, no table breaks, no @mention (GitHub links
+    mentions in rendered text, so escaping the "@" would not stop one: a word joiner does)."""
+    escaped = "".join("\\" + c if c in MARKDOWN_SPECIAL else c for c in safe(text))
+    return escaped.replace("@", "@" + WORD_JOINER)
 
 
 def code(text: Any) -> str:
