@@ -1,8 +1,11 @@
 """tracediff bundle: the sample's bug pair as a bug report within 1 MB whose slices reproduce the
-compare; a budget that forces leaving things out says what; no divergence, a static divergence, a
-divergence whose evidence lies outside the window, an incomplete verdict; reproduction means the same
-evidence, not just the same kinds; the budget rule (directory, and zip on its own) measured on disk;
-many tensors that only fit with trimmed profiles; hostile text; bad input as one error line."""
+compare; a budget that forces leaving things out says what, error profiles first, and a larger budget
+never gives a narrower window or loses reproduction; no divergence, a static divergence, a divergence
+whose evidence lies outside the window, an incomplete verdict (narrower slices still fall short);
+reproduction means the same evidence, not just the same kinds; the budget rule (directory, and zip on
+its own) measured on disk; a budget too small suggests one that reproduces; many tensors that only fit
+with trimmed profiles, and report.md under GitHub's limit; hostile text; bad input (an unwritable
+output found before the compare) as one error line."""
 
 from __future__ import annotations
 
@@ -19,7 +22,9 @@ from typer.testing import CliRunner
 
 import tracediff as td
 from tests.conftest import REPO
+from tracediff.bundle.budget import human
 from tracediff.bundle.build import make_bundle
+from tracediff.bundle.markdown import CUTS, LIMIT, compose
 from tracediff.bundle.select import ladder
 from tracediff.bundle.trim import attach
 from tracediff.bundle.verify import FIELD_RULES, differences
@@ -127,25 +132,63 @@ def test_report_md_says_what_reproduces_how_to_reproduce_and_the_environment(sam
     assert "| `a.h5` | " in text and "a's slice: 8 tensors, " in text  # a count, never "1 tensors"
 
 
-def test_a_tight_budget_leaves_things_out_says_so_and_still_fits(sample_bundle, tmp_path) -> None:
+def test_profiles_go_first_then_stats_json_and_report_md_says_so(sample_bundle, tmp_path) -> None:
     _, roomy, _ = sample_bundle
-    # room for the default slices beside report.md and the first divergence's profile, not for stats.json
+    least = attach(roomy.report, []).size  # report.json and report.html with no tensor's profile
     core = attach(roomy.report, ["target.aux"]).size
-    budget = roomy.files["a.h5"] + roomy.files["b.h5"] + core + roomy.files["report.md"] + 2000
-    assert budget < roomy.files["a.h5"] + roomy.files["b.h5"] + core + roomy.files["report.md"] \
-        + roomy.files["stats.json"]
+    slices = roomy.files["a.h5"] + roomy.files["b.h5"]
+    # room for the default slices and stats.json beside report.md, not for the first divergence's profile
+    budget = slices + roomy.files["stats.json"] + least + roomy.files["report.md"] + 2000
+    assert budget < slices + roomy.files["stats.json"] + core + roomy.files["report.md"]
+    bundle = make_bundle(TRAINING, BUG, tmp_path / "profiles", budget=budget)
+    assert on_disk(tmp_path / "profiles") <= budget and bundle.verification.reproduced
+    assert bundle.left_out == [] and bundle.window == ladder(bundle.focus)[0]  # the default window, whole
+    profiled = [t.name for t in bundle.report.tensors if t.profile is not None]
+    assert bundle.profiles_dropped == profiled and "target.aux" in profiled
+    text = (tmp_path / "profiles" / "report.md").read_text()
+    assert f"the error profiles (heatmap cells) of {len(profiled)} tensors in report.json" in text
+    # less room: stats.json goes next, and the slices stay whole
     out = tmp_path / "tight"
+    budget = slices + least + roomy.files["report.md"] + 2000
     bundle = make_bundle(TRAINING, BUG, out, budget=budget)
-    assert on_disk(out) <= budget and bundle.left_out
+    assert on_disk(out) <= budget and bundle.left_out and bundle.verification.reproduced
     text = (out / "report.md").read_text()
-    assert str(bundle.left_out[-1]) == "stats.json (summary statistics of the tensors not sliced)"
+    assert [str(x) for x in bundle.left_out] == ["stats.json (summary statistics of the tensors not sliced)"]
     assert "- to fit the budget: stats.json (summary statistics of the tensors not sliced)" in text
     assert "neither sliced nor summarized (stats.json was left out to fit the budget): `draft.d2t`" in text
     assert "nowhere" not in text and "(stats.json left out)" in text
-    dropped = len(bundle.profiles_dropped)
-    assert dropped and f"the error profiles (heatmap cells) of {dropped} tensors in report.json" in text
     assert bundle.verification.reproduced == reproduces(td.compare(TRAINING, BUG),
                                                         td.compare(out / "a.h5", out / "b.h5"))
+
+
+def test_a_larger_budget_never_gives_a_narrower_window_nor_loses_reproduction(tmp_path) -> None:
+    # 120k once kept target.aux's profile and dropped the tensors the diagnosis reads (no reproduction);
+    # 186k once kept a profile with radius 2 where 180k had kept radius 16 and stats.json
+    order = None
+    picked = []
+    for budget in (99_000, 120_000, 160_000, 180_000, 186_000, 240_000):
+        bundle = make_bundle(TRAINING, BUG, tmp_path / str(budget), budget=budget)
+        order = order or ladder(bundle.focus)
+        assert bundle.total <= budget and bundle.verification.reproduced, budget
+        assert bundle.window.evidence
+        picked.append(order.index(bundle.window))
+    assert picked == sorted(picked, reverse=True) and picked[0] > picked[-1]  # only wider (lower index)
+
+
+def test_a_budget_below_a_reproducing_bundle_suggests_both_budgets(tmp_path) -> None:
+    with pytest.raises(InputError) as error:
+        make_bundle(TRAINING, BUG, tmp_path / "out", budget=90_000)
+    found = re.search(r"it takes (\d+) bytes .*, but its slices do not reproduce the compare; give --budget "
+                      r"(\d+)k or more for slices that do, or (\d+)k for the smallest bundle$",
+                      error.value.problem)
+    assert found, error.value.problem
+    smallest, reproducing, least = (int(g) for g in found.groups())
+    assert least == math.ceil(smallest / 1000) and reproducing > least
+    assert make_bundle(TRAINING, BUG, tmp_path / "r", budget=reproducing * 1000).verification.reproduced
+    cheapest = make_bundle(TRAINING, BUG, tmp_path / "s", budget=least * 1000)
+    assert not cheapest.verification.reproduced and not cheapest.window.evidence
+    below = make_bundle(TRAINING, BUG, tmp_path / "t", budget=(reproducing - 1) * 1000)  # tight
+    assert not below.verification.reproduced
 
 
 def test_a_match_still_makes_a_bundle_and_says_there_is_nothing_to_reproduce(tmp_path) -> None:
@@ -216,6 +259,38 @@ def test_the_command_writes_the_bundle(tmp_path) -> None:
     assert (out / "report.md").exists() and not out.with_name("b.zip").exists()
 
 
+def test_an_unwritable_output_is_one_error_line_before_the_compare(tmp_path) -> None:
+    # b is not a trace: had the compare run first, its error would be the one reported
+    (tmp_path / "b.h5").write_bytes(b"not a trace")
+    done = CliRunner().invoke(app, ["bundle", str(TRAINING), str(tmp_path / "b.h5"), "-o", "/proc/bug"])
+    assert (done.exit_code, done.stdout) == (2, "")
+    assert done.stderr == "error: /proc/bug: cannot write a bundle there (No such file or directory)\n"
+    out = tmp_path / "o"
+    done = CliRunner().invoke(app, ["bundle", str(TRAINING), str(tmp_path / "b.h5"), "-o", str(out)])
+    assert done.exit_code == 2 and done.stderr.startswith(f"error: {tmp_path / 'b.h5'}: ")
+    assert not out.exists()  # the directory claimed before the compare is removed again
+
+
+def test_the_headline_names_warnings_when_no_error_and_the_alignment(tmp_path) -> None:
+    tokens = np.random.default_rng(51).integers(0, 500, 20)
+    x = np.random.default_rng(52).standard_normal((20, 8)).astype(np.float32)
+    paths = tmp_path / "a.h5", tmp_path / "b.h5"
+    for path, side in zip(paths, "ab"):
+        seen = tokens.copy()
+        seen[7] = 999 if side == "b" else seen[7]  # b's prompt differs at position 7: a warning, no error
+        with td.record(path, source=side) as rec:
+            rec.request_tokens("R", seen)
+            rec.log("target.layer.0", x, token_ids=seen, request="R", step=0)
+    bundle = make_bundle(*paths, tmp_path / "out")
+    assert [(d.kind, d.severity) for d in bundle.report.diagnoses] == [("token_mismatch", "warning")]
+    head = (tmp_path / "out" / "report.md").read_text().split("## Reproduce")[0]
+    assert f"- warning: **token_mismatch**: `token sequences differ: request R (b) holds 999 at position 7 " \
+           f"where R (a) holds {tokens[7]}; rows past it are not aligned`" in head
+    assert "\nRows aligned by token prefix, position and draft depth (`--align prefix`).\n" in head
+    make_bundle(*paths, tmp_path / "step", align="step")
+    assert "(`--align step`)." in (tmp_path / "step" / "report.md").read_text().split("## Reproduce")[0]
+
+
 @pytest.mark.parametrize("case", ["missing", "not_empty", "budget", "too_small", "zip_exists"])
 def test_bad_input_is_one_error_line_and_leaves_nothing(tmp_path, case) -> None:
     out = tmp_path / "out"
@@ -273,7 +348,7 @@ def test_a_diagnosis_reproduces_only_with_the_same_evidence(tmp_path) -> None:
     full = td.compare(a, b)
     assert [d.kind for d in full.diagnoses] == ["nan_inf"] and full.first_divergence.row.position == 40
     cut = {}
-    for label, positions in (("around", Span(24, 57)), ("from0", Span(0, 41))):
+    for label, positions in (("around", (Span(24, 57),)), ("from0", (Span(0, 41),))):
         for side, path in zip("ab", (a, b)):
             slice_trace(path, tmp_path / f"{label}_{side}.h5", Selection(positions=positions))
         cut[label] = td.compare(tmp_path / f"{label}_a.h5", tmp_path / f"{label}_b.h5")
@@ -337,6 +412,23 @@ def test_an_incomplete_verdict_is_sliced_where_coverage_falls_short(tmp_path) ->
         "tensors compared too little: [] on the slices, ['target.layer.1'] on the full traces"]
 
 
+def test_narrower_slices_of_an_incomplete_verdict_still_fall_short(tmp_path) -> None:
+    a, b = write_incomplete_pair(tmp_path)  # r1: a holds 0..29, b 10..39
+    with pytest.raises(InputError) as error:
+        make_bundle(a, b, tmp_path / "none", budget=1000)
+    least = int(re.search(r"give --budget (\d+)k or more$", error.value.problem).group(1)) * 1000
+    bundle = make_bundle(a, b, tmp_path / "out", budget=least)
+    # each side's unpaired row nearest to a paired one, and that one: both kinds on both sides
+    assert bundle.focus.spots == [(9, 10), (29, 30)]
+    assert bundle.window.radius is not None and bundle.verification.reproduced
+    held = []
+    for side in bundle.sides:
+        with td.open_trace(tmp_path / "out" / side.file) as sliced:
+            held.append(set(sliced.rows("target.layer.1").position.tolist()))
+    assert {9, 10, 29} <= held[0] and 30 not in held[0] and {10, 29, 30} <= held[1] and 9 not in held[1]
+    assert held[0] < set(range(30)) and held[1] < set(range(10, 40))  # narrower than the whole request
+
+
 def test_the_budget_bounds_the_directory_and_the_zip_each_on_disk(tmp_path) -> None:
     out = tmp_path / "z"
     bundle = make_bundle(TRAINING, BUG, out, budget=300_000, zip=True)
@@ -344,8 +436,8 @@ def test_the_budget_bounds_the_directory_and_the_zip_each_on_disk(tmp_path) -> N
     assert on_disk(out) == bundle.total <= 300_000 and zipped.stat().st_size == bundle.zip_size <= 300_000
     assert on_disk(out) + zipped.stat().st_size > 300_000  # the rule is each on its own, not the two summed
     text = (out / "report.md").read_text()
-    assert f"{on_disk(out)} bytes (283 kB) in 6 files, within the budget of 300000 bytes (300 kB). Also " \
-           "zipped as `z.zip`, within the budget too." in text
+    assert f"{on_disk(out)} bytes ({human(on_disk(out))}) in 6 files, within the budget of 300000 bytes " \
+           "(300 kB). Also zipped as `z.zip`, within the budget too." in text
     assert "The budget bounds the directory's files together, and with `--zip` the zip on its own " \
            "too." in text
     shown = CliRunner().invoke(app, ["bundle", "--help"], env={"COLUMNS": "200"}).stdout
@@ -353,9 +445,11 @@ def test_the_budget_bounds_the_directory_and_the_zip_each_on_disk(tmp_path) -> N
     assert "for the directory's files together, and with --zip for the zip on its own too" in flat
 
 
-def write_many(tmp_path: Path, layers: int = 40, length: int = 256) -> tuple[Path, Path]:
-    """Two requests through ``layers`` narrow target layers; b's middle layer is scaled from position
-    100 of q1 on: a report whose per-tensor profiles outweigh the slices."""
+def write_many(tmp_path: Path, layers: int = 40, length: int = 256,
+               div: int | None = None) -> tuple[Path, Path]:
+    """Two requests through ``layers`` narrow target layers; b's middle layer (or layer ``div``) is
+    scaled from position 100 of q1 on: a report whose per-tensor profiles outweigh the slices."""
+    div = layers // 2 if div is None else div
     tokens = {r: np.random.default_rng(r).integers(0, 1000, length) for r in range(2)}
     paths = tmp_path / "many_a.h5", tmp_path / "many_b.h5"
     for path, side in zip(paths, "ab"):
@@ -365,7 +459,7 @@ def write_many(tmp_path: Path, layers: int = 40, length: int = 256) -> tuple[Pat
                 rec.request_tokens(f"q{r}", tokens[r])
                 for name in ["target.embed", *(f"target.layer.{i}" for i in range(layers))]:
                     x = rng.standard_normal((length, 8)).astype(np.float32)
-                    if side == "b" and r == 1 and name == f"target.layer.{layers // 2}":
+                    if side == "b" and r == 1 and name == f"target.layer.{div}":
                         x[100:] *= 1.01
                     rec.log(name, x, token_ids=tokens[r], request=f"q{r}", step=r)
     return paths
@@ -402,6 +496,28 @@ def test_a_budget_below_the_smallest_bundle_states_its_exact_size_and_that_size_
     assert not (tmp_path / "out").exists()
     bundle = make_bundle(a, b, tmp_path / "out", budget=math.ceil(needed / 1000) * 1000)  # rounded up: fits
     assert bundle.total <= math.ceil(needed / 1000) * 1000
+
+
+def test_report_md_with_a_thousand_tensors_stays_under_githubs_limit(tmp_path) -> None:
+    a, b = write_many(tmp_path, layers=1000, length=104, div=100)
+    out = tmp_path / "out"
+    bundle = make_bundle(a, b, out, budget=3_000_000)
+    text = (out / "report.md").read_text()
+    whole = compose(bundle, CUTS[0])  # what report.md would be, nothing left to report.json
+    assert len(whole) > 65_536 and len(text) <= LIMIT < 65_536
+    table = text[text.index("| tensor | status |"):]
+    table = table[:table.index("\n\n")]
+    listed = re.findall(r"^\| `([^`]+)` \|", table, re.MULTILINE)
+    # the first divergence, everything it depends on (embed, layers 0..99), every tensor that did not match
+    wanted = {"target.embed", *(f"target.layer.{i}" for i in range(101))}
+    assert {t.name for t in bundle.report.tensors if t.status != "match"} <= wanted == set(listed)
+    assert "The per-tensor table below lists 102 of the 1001 tensors (the first divergence, what it " \
+           "depends on and the diagnoses' evidence, every other tensor that did not match); the other 899 " \
+           "(899 match) are in report.json and report.html, with every tensor's row." in text
+    assert "> Shortened to 60000 characters at most (a GitHub issue body holds 65,536)" in text
+    assert Report.from_json((out / "report.json").read_text()).tensors[-1].name == "target.layer.999"
+    assert "`target.layer.130` and 869 more (stats.json lists them)" in text  # 899 summarized, 30 named
+    assert bundle.verification.reproduced
 
 
 def test_a_bundle_into_the_current_directory_zips_under_its_resolved_name(tmp_path, monkeypatch) -> None:
@@ -461,19 +577,26 @@ def test_each_rank_file_of_a_slice_states_its_own_holdings(tmp_path) -> None:
                 tokens, x = data[rank]
                 rec.log("target.layer.0", x * (1.5 if side == "b" and rank == 1 else 1.0), token_ids=tokens,
                         request=f"q{rank}", step=0)
-    bundle = make_bundle(tmp_path / "mr_a.h5", tmp_path / "mr_b.h5", tmp_path / "out")
-    text = (tmp_path / "out" / "report.md").read_text()
+    done = CliRunner().invoke(app, ["bundle", str(tmp_path / "mr_a.h5"), str(tmp_path / "mr_b.h5"), "-o",
+                                    str(tmp_path / "out")])
+    assert "  not written (the slice keeps nothing of that rank file): a.rank0.h5, b.rank0.h5\n" \
+        in done.stdout
+    bundle = make_bundle(tmp_path / "mr_a.h5", tmp_path / "mr_b.h5", tmp_path / "again")
+    text = (tmp_path / "again" / "report.md").read_text()
     parts = bundle.sides[0].sliced.parts
-    assert [(p.path.name, p.rows) for p in parts] == [("a.rank0.h5", 0), ("a.rank1.h5", 17)]
-    assert "a's slice (rank file 0): 0 tensors, 0 rows, 0 request tokens (request `q1`" in text
+    # rank file 0 holds nothing of request q1: its slice is not written, and report.md says so
+    assert [(p.path.name, p.rows) for p in parts] == [("a.rank1.h5", 17)] and bundle.verification.reproduced
+    assert sorted(p.name for p in (tmp_path / "again").glob("*.h5")) == ["a.rank1.h5", "b.rank1.h5"]
+    assert "- `a.rank0.h5` is not written: a's slice keeps nothing of that rank file (the others read as " \
+           "`a.h5` alone)" in text
     assert "a's slice (rank file 1): 1 tensor, 17 rows, 20 request tokens (request `q1`" in text
 
 
 def test_slices_that_do_not_reproduce_and_cannot_widen_say_so(tmp_path) -> None:
     a, b = write_nan_pair(tmp_path)
     wide = make_bundle(a, b, tmp_path / "wide")
-    # whole requests with the least report.md no longer fit, the default window does
-    budget = wide.files["a.h5"] + wide.files["b.h5"] + attach(wide.report, ["target.layer.0"]).size
+    # whole requests no longer fit beside report.md and the reports with no profile, the default window does
+    budget = wide.files["a.h5"] + wide.files["b.h5"] + attach(wide.report, []).size
     bundle = make_bundle(a, b, tmp_path / "out", budget=budget)
     assert not bundle.verification.reproduced and bundle.window.wide == ""
     text = (tmp_path / "out" / "report.md").read_text()

@@ -1,6 +1,7 @@
 """tracediff slice: a smaller trace that is still a trace. Selection semantics per axis, what is copied
-whole (metadata, contract, statics, token sequences), per-rank traces, outputs that would overwrite
-or hide files, names and requests taken whole (commas included), and bad input."""
+whole (metadata, contract, statics, token sequences), per-rank traces (a rank file the selection keeps
+nothing of is not written), outputs that would overwrite or hide files or join another trace's rank
+files, names and requests taken whole (commas included), and bad input."""
 
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def digest(path: Path) -> tuple[str, int]:
 
 def test_requests_positions_and_steps_keep_exactly_the_rows_they_name(trace_path, tmp_path) -> None:
     out = tmp_path / f"small{trace_path.suffix}"
-    selection = Selection(names=("target.*",), requests=("r1",), positions=Span(2, 6), steps=(Span(0, 2),))
+    selection = Selection(names=("target.*",), requests=("r1",), positions=(Span(2, 6),), steps=(Span(0, 2),))
     result = slice_trace(trace_path, out, selection)
     with td.open_trace(out) as small:
         assert small.names() == ["target.layer.0"] == result.names
@@ -93,7 +94,7 @@ def test_depths_and_steps_choose_records_and_statics_of_a_kept_name_stay(trace_p
 
 def test_the_slice_keeps_metadata_contract_and_whole_token_sequences(trace_path, tmp_path) -> None:
     out = tmp_path / f"small{trace_path.suffix}"
-    selection = Selection(requests=("r0",), positions=Span(8, 9))
+    selection = Selection(requests=("r0",), positions=(Span(8, 9),))
     slice_trace(trace_path, out, selection)
     with td.open_trace(trace_path) as full, td.open_trace(out) as small:
         assert {k: v for k, v in small.meta.items() if k != "sliced_from"} == full.meta
@@ -108,7 +109,7 @@ def test_the_slice_keeps_metadata_contract_and_whole_token_sequences(trace_path,
 
 def test_a_slice_is_a_valid_trace_that_show_and_compare_read(trace_path, tmp_path) -> None:
     out = tmp_path / f"small{trace_path.suffix}"
-    slice_trace(trace_path, out, Selection(requests=("r1",), positions=Span(0, 6), depths=(Span(0, 2),)))
+    slice_trace(trace_path, out, Selection(requests=("r1",), positions=(Span(0, 6),), depths=(Span(0, 2),)))
     with td.open_trace(out) as small:
         summary = summarize(small)
     assert [(t.name, t.rows) for t in summary.tensors] == [("draft.d2t", 0), ("target.layer.0", 6),
@@ -129,7 +130,8 @@ def test_reading_the_source_never_modifies_it(trace_path, tmp_path) -> None:
 def test_a_trace_of_rank_files_is_sliced_per_rank(tmp_path, fmt) -> None:
     for rank in (0, 1):
         write_trace(tmp_path / f"run.{fmt}", rank=rank, world_size=2)
-    result = slice_trace(tmp_path / f"run.{fmt}", tmp_path / f"small.{fmt}", Selection(positions=Span(0, 4)))
+    result = slice_trace(tmp_path / f"run.{fmt}", tmp_path / f"small.{fmt}",
+                         Selection(positions=(Span(0, 4),)))
     assert [p.name for p in result.paths] == [f"small.rank0.{fmt}", f"small.rank1.{fmt}"]
     with td.open_trace(tmp_path / f"small.{fmt}") as small:
         rows = small.rows("target.layer.0")
@@ -179,7 +181,6 @@ def test_the_command_writes_the_slice(trace_path, tmp_path) -> None:
 @pytest.mark.parametrize("args, line", [
     (["--positions", "9:3"], "error: --positions: '9:3' is empty: B must be greater than A"),
     (["--positions", "x"], "error: --positions: expected A:B (integers, half-open), got 'x'"),
-    (["--positions", "1:2,4:5"], "error: --positions: takes one range A:B, got '1:2,4:5'"),
     (["--steps", "1-3"], "error: --steps: expected A:B (integers, half-open), got '1-3'"),
 ])
 def test_bad_options_are_one_error_line(trace_path, tmp_path, args, line) -> None:
@@ -260,3 +261,58 @@ def test_an_output_that_would_hide_rank_files_is_refused(tmp_path, fmt) -> None:
     (tmp_path / f"other.rank5.{fmt}").write_bytes(b"old")
     with pytest.raises(InputError, match="it would be read as a rank of the slice"):
         slice_trace(stem, tmp_path / f"other.{fmt}", Selection())
+
+
+def test_positions_take_several_ranges(trace_path, tmp_path) -> None:
+    out = tmp_path / f"s{trace_path.suffix}"
+    done = CliRunner().invoke(app, ["slice", str(trace_path), "-o", str(out), "--names", "target.*",
+                                    "--positions", "1:3,9", "--positions", "5"])
+    assert done.exit_code == 0, done.stderr
+    with td.open_trace(out) as small:
+        rows = small.rows("target.layer.0")
+        assert sorted(set(rows.position.tolist())) == [1, 2, 5, 9] and len(rows.position) == 8  # 2 requests
+
+
+def write_ranks(tmp_path: Path, fmt: str) -> Path:
+    """run.rank0 holds request r0 (and its tokens), run.rank1 request r1: the stem ``run``."""
+    for rank, request in enumerate(REQUESTS):
+        with td.record(tmp_path / f"run.{fmt}", source="serving", rank=rank, world_size=2) as rec:
+            at = np.arange(4)
+            rec.log("target.layer.0", values(request, at), step=0, request=request, positions=at,
+                    token_ids=tokens_of(request)[at])
+    return tmp_path / f"run.{fmt}"
+
+
+def test_a_rank_file_the_selection_keeps_nothing_of_is_not_written(tmp_path, fmt) -> None:
+    stem = write_ranks(tmp_path, fmt)
+    out = tmp_path / f"small.{fmt}"
+    done = CliRunner().invoke(app, ["slice", str(stem), "-o", str(out), "--requests", "r1"])
+    assert done.exit_code == 0, done.stderr
+    written = tmp_path / f"small.rank1.{fmt}"
+    assert done.stdout.startswith(f"wrote {written}: 1 record, 4 rows, 4 request tokens")
+    assert done.stderr == f"tracediff: note: not written (the selection keeps nothing of that rank file): " \
+                          f"{tmp_path / f'small.rank0.{fmt}'}\n"
+    assert sorted(p.name for p in tmp_path.glob("small*")) == [f"small.rank1.{fmt}"]
+    with td.open_trace(out) as small:  # the stem reads the rank files written
+        assert set(small.rows("target.layer.0").request.tolist()) == {"r1"}
+    # nothing kept anywhere: one file still, a valid trace with no rows
+    result = slice_trace(stem, tmp_path / f"none.{fmt}", Selection(requests=("r9",)))
+    assert [p.name for p in result.paths] == [f"none.rank0.{fmt}"] and result.records == 0
+    assert [p.name for p in result.empty] == [f"none.rank1.{fmt}"]
+
+
+def test_an_output_that_would_join_another_traces_rank_files_is_refused(tmp_path, fmt) -> None:
+    stem = write_ranks(tmp_path, fmt)
+    single = write_trace(tmp_path / f"single.{fmt}")
+    out = tmp_path / f"run.rank2.{fmt}"  # would be read with run.rank0 and run.rank1 as the trace `run`
+    done = CliRunner().invoke(app, ["slice", str(single), "-o", str(out)])
+    assert (done.exit_code, done.stdout) == (2, "") and not out.exists()
+    assert done.stderr == f"error: {out}: would join the rank files run.rank0.{fmt}, run.rank1.{fmt} (read " \
+                          "with them as one trace): choose another name\n"
+    with td.open_trace(stem) as still:
+        assert len(still.files) == 2
+    # a name that only looks alike is no rank file; the rank set itself sliced per rank into a new stem
+    alike = tmp_path / f"run.rank2x.{fmt}"
+    assert CliRunner().invoke(app, ["slice", str(single), "-o", str(alike)]).exit_code == 0 and alike.exists()
+    result = slice_trace(stem, tmp_path / f"new.{fmt}", Selection())
+    assert [p.name for p in result.paths] == [f"new.rank0.{fmt}", f"new.rank1.{fmt}"]

@@ -152,14 +152,15 @@ def convert(
 def slice_command(
     trace: Path = typer.Argument(..., help="trace to read (.h5 / .arrow, or the stem of per-rank files)"),
     out: Path = typer.Option(..., "--out", "-o", help="the smaller trace to write (.h5 or .arrow): a new "
-                             "file (never overwritten; nor the stem of existing rank files); a trace of rank "
-                             "files is sliced per rank (OUT stem + .rankN)"),
+                             "file (never overwritten; nor the stem or a new rank file of existing rank "
+                             "files); a trace of rank files is sliced per rank (OUT stem + .rankN; a rank "
+                             "file the selection keeps nothing of is not written)"),
     names: list[str] = typer.Option([], "--names", help="keep tensors whose names match this glob (repeat "
                                     "for more; taken whole: a comma is part of the glob)"),
     requests: list[str] = typer.Option([], "--requests", help="keep the rows and tokens of this request "
                                        "(repeat for more; taken whole: a comma is part of the id)"),
-    positions: str | None = typer.Option(None, "--positions", help="keep rows at positions A:B (half-open; "
-                                         "A: and :B are open-ended)"),
+    positions: list[str] = typer.Option([], "--positions", help="keep rows at positions N or A:B (half-open; "
+                                        "A: and :B are open-ended; repeat or comma-separate)"),
     steps: list[str] = typer.Option([], "--steps", help="keep records of these steps: N or A:B (half-open; "
                                     "repeat or comma-separate)"),
     depths: list[str] = typer.Option([], "--depths", help="keep records of these draft depths: N or A:B "
@@ -172,17 +173,13 @@ def slice_command(
     from tracediff.trace.slice import Selection, parse_list, parse_spans, slice_trace
 
     spans = {}
-    for option, values in (("--steps", steps), ("--depths", depths), ("--positions", [positions or ""])):
+    for option, values in (("--steps", steps), ("--depths", depths), ("--positions", positions)):
         try:
             spans[option] = parse_spans(values)
         except ValueError as exc:
             fail(option, str(exc))
-    window = spans["--positions"]
-    if window is not None and len(window) > 1:
-        fail("--positions", f"takes one range A:B, got {positions!r}")
     selection = Selection(names=parse_list(names), requests=parse_list(requests),
-                          positions=None if window is None else window[0], steps=spans["--steps"],
-                          depths=spans["--depths"])
+                          positions=spans["--positions"], steps=spans["--steps"], depths=spans["--depths"])
     results = []
     guarded(trace, lambda: results.append(slice_trace(trace, out, selection)))
     result = results[0]
@@ -192,6 +189,9 @@ def slice_command(
         if unmatched:
             print(f"tracediff: note: {option} {', '.join(repr(safe(u)) for u in unmatched)} matched nothing "
                   f"in {safe(trace)} (tracediff show TRACE lists names, requests and steps)", file=sys.stderr)
+    if result.empty:
+        print(f"tracediff: note: not written (the selection keeps nothing of that rank file): "
+              f"{', '.join(safe(p) for p in result.empty)}", file=sys.stderr)
     if not result.records:
         print("tracediff: note: the selection kept no tensor record (tracediff show TRACE lists names, "
               "requests and steps)", file=sys.stderr)
@@ -256,6 +256,9 @@ def bundle_command(
     if bundle.profiles_dropped:
         console.print(Text(f"  left out to fit the budget: the error profiles of "
                            f"{len(bundle.profiles_dropped)} tensors in report.json and report.html"))
+    empty = [p.name for side in bundle.sides for p in side.sliced.empty]
+    if empty:
+        console.print(Text(f"  not written (the slice keeps nothing of that rank file): {', '.join(empty)}"))
     check = bundle.verification
     if check.reproduced and check.report is not None:
         console.print(Text(f"  the slices reproduce the compare: {check.report.verdict}"))

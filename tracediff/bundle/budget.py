@@ -42,10 +42,10 @@ def write_zip(directory: Path, dest: Path) -> int:
     return dest.stat().st_size
 
 
-def kilo_up(size: int) -> str:
-    """The smallest whole number of kB holding ``size`` bytes, as a ``--budget`` value (rounded up:
-    ``245001`` -> ``246k``)."""
-    return f"{-(-size // 1000)}k"
+def kilo(size: int) -> int:
+    """The smallest whole number of kB holding ``size`` bytes, in bytes (``245001`` -> ``246000``): a
+    ``--budget`` to suggest."""
+    return -(-size // 1000) * 1000
 
 
 def human(size: int) -> str:

@@ -2,24 +2,27 @@
 the slices reproduce the report, and write it all into a new directory within a size budget.
 
 The budget bounds the directory's files together, and with ``--zip`` the zip on its own too. It is
-spent in this order: report.md and the attached report with the first divergence's error profile
-(known before any slice: a budget they exceed fails at once), then the widest slices that fit
-(a binary search over ``ladder``'s windows, which shrink monotonically: a handful of slicings, each
-first bounded from the key columns alone), then the other tensors' profiles. A slice that does not
-reproduce the compare is widened, when a wider one fits, whatever the verdict."""
+spent in this order: report.md and the attached report with no tensor's error profile (known before
+any slice: a budget they exceed fails at once), then the widest slices that fit (a binary search over
+``ladder``'s windows, which shrink monotonically: a handful of slicings, each first bounded from the
+key columns alone; a larger budget never gives a narrower window), and what is left on error
+profiles, the first luxury to go. A slice that does not reproduce the compare is widened, when a
+wider one fits, whatever the verdict. The output location is claimed before the compare runs: one
+that cannot be written fails at once."""
 
 from __future__ import annotations
 
 import json
 import shlex
 import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracediff.bundle.budget import file_sizes, human, kilo_up, write_zip
+from tracediff.bundle.budget import file_sizes, human, kilo, write_zip
 from tracediff.bundle.contents import Bundle, Side
 from tracediff.bundle.fingerprint import fingerprint
-from tracediff.bundle.markdown import render
+from tracediff.bundle.markdown import least_compare, render
 from tracediff.bundle.select import Window, focus_of, ladder, left_out, selections, widened
 from tracediff.bundle.shortfall import shortfall
 from tracediff.bundle.stats import trace_stats
@@ -30,13 +33,13 @@ from tracediff.diff.jsonio import to_plain
 from tracediff.diff.results import Report
 from tracediff.diff.verdict import MIN_COVERAGE
 from tracediff.errors import InputError
-from tracediff.report.compare import to_markdown
 from tracediff.trace.reader import Trace, detect_format, open_trace
-from tracediff.trace.slice import planned_bytes, slice_trace
+from tracediff.trace.slice import Selection, planned_bytes, slice_trace
 from tracediff.trace.storage import by_name
 
 DEFAULT_BUDGET = 1_000_000
 SEARCHES = 4  # binary searches at most: each after the first allows for what report.md (or the zip) took
+ROUNDS = 4  # renderings of the smallest bundle at the budget it suggests, until that budget holds it
 
 
 @dataclass
@@ -66,27 +69,29 @@ def make_bundle(a: str | Path, b: str | Path, out: str | Path, *, budget: int = 
     ``zip_path(out)`` with ``zip``): the directory's files together at most ``budget`` bytes on disk,
     and the zip too.
 
-    Raises InputError (one line) for unreadable traces, an ``out`` that exists and is not empty, a zip
-    that exists, and a budget that not even the smallest bundle fits; nothing is left behind then."""
+    Raises InputError (one line) for unreadable traces, an ``out`` that exists and is not empty or
+    cannot be written (checked before the compare), a zip that exists, and a budget that not even the
+    smallest bundle fits; nothing is left behind then."""
     out = Path(out)
     zip_file = zip_path(out) if zip else None
     _check_output(out, zip_file)
-    options = _Options(list(tol or []), dict(rename or {}), align, min_coverage)
-    report = options.run(a, b)
-    created = not out.exists()
-    out.mkdir(exist_ok=True)
+    created = _claim(out, zip_file)
     try:
+        options = _Options(list(tol or []), dict(rename or {}), align, min_coverage)
+        report = options.run(a, b)
         with open_trace(a) as ta, open_trace(b) as tb:
             maker = _Maker(report, ta, tb, out, options, budget, zip_file)
             maker.commands = _commands(a, b, out, budget, zip, options, maker.files)
             return maker.build()
-    except BaseException:
+    except BaseException as exc:
         for path in out.iterdir():
             _remove(path)
         if created:
             out.rmdir()
         if zip_file is not None:
             zip_file.unlink(missing_ok=True)
+        if isinstance(exc, OSError):  # e.g. the disk filled up while writing
+            raise InputError(exc.filename or out, exc.strerror or str(exc)) from None
         raise
 
 
@@ -108,6 +113,21 @@ def _check_output(out: Path, zip_file: Path | None) -> None:
         raise InputError(zip_file, "exists: a bundle never overwrites a file")
 
 
+def _claim(out: Path, zip_file: Path | None) -> bool:
+    """Create ``out`` (True) or take the empty directory it names (False), and check that files can be
+    written there and next to the zip: before the compare, which may take long."""
+    created = not out.exists()
+    try:
+        out.mkdir(exist_ok=True)
+        for directory in [out, *([] if zip_file is None else [zip_file.parent])]:
+            tempfile.TemporaryFile(dir=directory).close()
+    except OSError as exc:
+        if created and out.is_dir():
+            out.rmdir()
+        raise InputError(out, f"cannot write a bundle there ({exc.strerror or exc})") from None
+    return created
+
+
 def _remove(path: Path) -> None:
     shutil.rmtree(path) if path.is_dir() else path.unlink()
 
@@ -127,7 +147,7 @@ class _Slices:
 
 
 class _Maker:
-    """One bundle's construction: the fixed cost first, then the widest window that fits."""
+    """One bundle's construction: the fixed cost first, then the widest window that fits, then profiles."""
 
     def __init__(self, report: Report, a: Trace, b: Trace, out: Path, options: _Options, budget: int,
                  zip_file: Path | None) -> None:
@@ -139,11 +159,12 @@ class _Maker:
         self.prints = fingerprint(a), fingerprint(b)
         self.files = {"a": f"a{_suffix(a)}", "b": f"b{_suffix(b)}"}
         self.commands: dict[str, str] = {}
-        self.levels, self.core = levels(report, self.focus)
+        self.levels = levels(report, self.focus)
+        self.least = len(self.levels) - 1  # the level with no tensor's profile
         self.attached: dict[int, Attached] = {}
-        self.md_floor = len(to_markdown(report).encode())  # report.md holds the compare report whole
+        self.md_floor = least_compare(report, self.focus)  # bytes report.md takes at least
         self.on_disk: _Slices | None = None
-        self.checked: dict[Window, Verification] = {}
+        self.checked: dict[tuple[Selection, Selection], Verification] = {}
         self.tried: dict[str, str] = {}  # wider windows tried so far -> outcome (report.md says so)
         self.sizes: dict[Window, int] = {}  # bytes of each window's slices and stats.json, once written
         self.fixed = 0  # what the last bundle _finish gave up on took beside its slices (zip overshoot added)
@@ -154,18 +175,16 @@ class _Maker:
         return self.attached[level]
 
     def build(self) -> Bundle:
+        """Reproduction first: the window is chosen beside report.json / report.html with no tensor's
+        profile, and only the room it leaves goes to profiles (``_finish``)."""
         windows = ladder(self.focus)
-        bases = list(dict.fromkeys([self.core, len(self.levels) - 1]))
-        for base in bases:
-            floor = self._attach(base).size + self.md_floor
-            if floor > self.budget:  # known before any slice: no window can fit beside it
-                continue
-            bundle = self._search(windows, base, floor)
-            if bundle is not None:
-                return self._widen(bundle, base, floor)
-        raise self._too_small(windows[-1])
+        floor = self._attach(self.least).size + self.md_floor
+        bundle = self._search(windows, floor) if floor <= self.budget else None
+        if bundle is None:
+            raise self._too_small(windows)
+        return self._widen(bundle, windows, floor)
 
-    def _search(self, windows: list[Window], base: int, floor: int) -> Bundle | None:
+    def _search(self, windows: list[Window], floor: int) -> Bundle | None:
         """The bundle of the widest window whose slices fit beside ``floor`` bytes: the smallest is
         tried first (none fits if it does not), then a binary search. When report.md (or the zip)
         turns out larger than ``floor`` allowed for, the search runs again with the excess added."""
@@ -182,28 +201,28 @@ class _Maker:
                 lo, hi = (lo, mid) if fits(mid) else (mid + 1, hi)
             written = self._write(windows[lo], floor)
             assert written is not None  # it fitted
-            bundle = self._finish(written, base)
+            bundle = self._finish(written)
             if bundle is not None:
                 return bundle
             floor = max(floor + 1, self.fixed)
         return None
 
-    def _widen(self, bundle: Bundle, base: int, floor: int) -> Bundle:
+    def _widen(self, bundle: Bundle, windows: list[Window], floor: int) -> Bundle:
         """``bundle`` if its slices reproduce the compare; else the first wider window that fits and
         reproduces it; else the search's pick again, report.md saying what was tried."""
         if bundle.verification.reproduced:
             return bundle
         for window in widened(self.focus):
             written = self._write(window, floor)
-            wider = None if written is None else self._finish(written, base)
+            wider = None if written is None else self._finish(written)
             if wider is not None and wider.verification.reproduced:
                 return wider
             self.tried[window.wide] = "does not fit the budget" if wider is None else \
                 "does not reproduce it either"
         # the first pick again; report.md now says what was tried, so it may take a smaller window
-        again = self._search(ladder(self.focus), base, floor)
+        again = self._search(windows, floor)
         if again is None:
-            raise self._too_small(ladder(self.focus)[-1])
+            raise self._too_small(windows)
         return again
 
     def _size(self, window: Window, floor: int) -> int | None:
@@ -240,33 +259,38 @@ class _Maker:
         self.on_disk, self.sizes[window] = written, written.bytes
         return written
 
-    def _verify(self, window: Window) -> Verification:
-        """Compare the slices on disk as the full traces were compared (once per window)."""
-        if window not in self.checked:
+    def _verify(self, written: _Slices) -> Verification:
+        """Compare the slices on disk as the full traces were compared (once per pair of selections:
+        windows that differ in stats.json alone slice alike)."""
+        key = (written.sides[0].selection, written.sides[1].selection)
+        if key not in self.checked:
             try:
                 check = self.options.run(self.out / self.files["a"], self.out / self.files["b"])
-                self.checked[window] = Verification(check, differences(self.report, check))
+                self.checked[key] = Verification(check, differences(self.report, check))
             except InputError as exc:  # e.g. a slice with no rows
-                self.checked[window] = Verification(None, [Difference("the compare", f"fails ({exc.problem})",
-                                                                       self.report.verdict)])
-        return self.checked[window]
+                self.checked[key] = Verification(None, [Difference("the compare", f"fails ({exc.problem})",
+                                                                   self.report.verdict)])
+        return self.checked[key]
 
-    def _bundle(self, written: _Slices, level: int) -> tuple[Bundle, str]:
-        """The bundle of the slices on disk with report level ``level``, and its report.md (unwritten)."""
+    def _bundle(self, written: _Slices, level: int, budget: int | None = None,
+                tried: dict[str, str] | None = None) -> tuple[Bundle, str]:
+        """The bundle of the slices on disk with report level ``level``, and its report.md (unwritten);
+        ``budget`` and ``tried`` as report.md states them (by default this bundle's)."""
         attached = self._attach(level)
         bundle = Bundle(self.out, self.report, self.focus, written.window, written.sides,
-                        self._verify(written.window), left_out(self.focus, written.window), self.commands,
-                        self.budget, profiles_dropped=attached.dropped, widened=dict(self.tried),
+                        self._verify(written), left_out(self.focus, written.window), self.commands,
+                        self.budget if budget is None else budget, profiles_dropped=attached.dropped,
+                        widened=dict(self.tried if tried is None else tried),
                         windows_sliced=len(self.sizes), zip=self.zip_file)
         sizes = {**file_sizes(self.out), "report.json": len(attached.json.encode()),
                  "report.html": len(attached.html.encode())}
         return bundle, _settle(bundle, sizes)
 
-    def _finish(self, written: _Slices, base: int) -> Bundle | None:
+    def _finish(self, written: _Slices) -> Bundle | None:
         """Verify the slices, then write report.json / report.html with the most profiles that fit,
-        report.md (sized to state its own size) and the zip; None when even ``base`` breaks the budget
-        (``fixed`` says what it took beside the slices)."""
-        for level in range(base + 1):
+        report.md (sized to state its own size) and the zip; None when even no profile breaks the
+        budget (``fixed`` says what it took beside the slices)."""
+        for level in range(len(self.levels)):
             attached = self._attach(level)
             if written.bytes + attached.size + self.md_floor > self.budget:
                 continue
@@ -289,19 +313,66 @@ class _Maker:
                 (self.out / name).unlink()
         return None
 
-    def _too_small(self, smallest: Window) -> InputError:
-        """The error for a budget below the smallest bundle, with that bundle's exact size (its slices
-        written, its report.md rendered: the smallest window and no tensor's profile)."""
-        written = self._write(smallest, None)
+    def _needs(self, window: Window) -> tuple[Bundle, int]:
+        """The bundle of ``window`` with no tensor's profile as report.md states it at the budget that
+        holds it, and that budget (whole kB: what the error suggests; report.md states the budget, so
+        it is rendered at the one suggested until that one holds it). Slices that do not reproduce the
+        compare get report.md's list of the wider ones tried first, as a bundle of them would."""
+        written = self._write(window, None)
         assert written is not None  # no floor: always written
-        bundle, _ = self._bundle(written, len(self.levels) - 1)
-        files = bundle.files
-        slices = bundle.total - sum(files[n] for n in ("report.json", "report.html", "report.md"))
-        return InputError(self.out, f"not even the smallest bundle fits the budget of {human(self.budget)} "
-                                    f"({self.budget} bytes): it takes {bundle.total} bytes (report.json "
-                                    f"{files['report.json']} and report.html {files['report.html']} with no "
-                                    f"tensor's profile, report.md {files['report.md']}, the smallest slices "
-                                    f"{slices}); give --budget {kilo_up(bundle.total)} or more")
+        tried = {} if self._verify(written).reproduced else \
+            {w.wide: "does not fit the budget" for w in widened(self.focus)}
+        budget = self.budget
+        for _ in range(ROUNDS):
+            bundle, _ = self._bundle(written, self.least, budget=budget, tried=tried)
+            if bundle.total <= budget and kilo(bundle.total) == budget:
+                break
+            budget = kilo(bundle.total)
+        return bundle, budget
+
+    def _reproducing(self, windows: list[Window]) -> Window | None:
+        """The narrowest window whose slices reproduce the compare, taking reproduction as monotone
+        along the ladder (a binary search; wider slices hold what narrower ones do); None when the
+        default window's do not."""
+        def reproduces(k: int) -> bool:
+            written = self._write(windows[k], None)
+            assert written is not None  # no floor: always written
+            return self._verify(written).reproduced
+
+        if not reproduces(0):
+            return None
+        lo, hi = 0, len(windows) - 1
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if reproduces(mid) else (lo, mid - 1)
+        return windows[lo]
+
+    def _too_small(self, windows: list[Window]) -> InputError:
+        """The error for a budget below the smallest bundle, with that bundle's exact size (its slices
+        written, its report.md rendered: the smallest window and no tensor's profile) and the budget
+        that holds it; when its slices do not reproduce the compare, the budget for the smallest whose
+        slices do too (or only that one, when it is no larger)."""
+        smallest, need = self._needs(windows[-1])
+        window = None if smallest.verification.reproduced else self._reproducing(windows)
+        enough = None
+        if window is not None:
+            reproducing, enough = self._needs(window)
+            if enough <= need:
+                smallest, need, enough = reproducing, enough, None
+        files = smallest.files
+        slices = smallest.total - sum(files[n] for n in ("report.json", "report.html", "report.md"))
+        said = (f"not even the smallest bundle fits the budget of {human(self.budget)} ({self.budget} "
+                f"bytes): it takes {smallest.total} bytes (report.json {files['report.json']} and "
+                f"report.html {files['report.html']} with no tensor's profile, report.md "
+                f"{files['report.md']}, its slices {slices})")
+        if smallest.verification.reproduced:
+            return InputError(self.out, f"{said}; give --budget {need // 1000}k or more")
+        if enough is None:
+            return InputError(self.out, f"{said}; give --budget {need // 1000}k or more (its slices do not "
+                                        "reproduce the compare, nor do those of the default window)")
+        return InputError(self.out, f"{said}, but its slices do not reproduce the compare; give --budget "
+                                    f"{enough // 1000}k or more for slices that do, or {need // 1000}k for "
+                                    "the smallest bundle")
 
 
 def _settle(bundle: Bundle, sizes: dict[str, int]) -> str:

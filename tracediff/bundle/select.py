@@ -32,8 +32,10 @@ class Focus:
     """Where a bundle's slices centre. ``tensor`` is the first diverging tensor (a's name; None when
     the report has none). Centred on its row; a static tensor's, or none, the slices show the start
     of a request pair; for an incomplete verdict (``short``: the tensors compared too little) whole
-    requests first (``whole``), then rows around the first row the other side lacks. ``deps`` are
-    nearest first (by row size when not centred), the order the budget drops them in reverse."""
+    requests first (``whole``), then rows around ``spots`` (per side, a row the other side lacks and
+    the nearest row both hold: a slice must hold both kinds, on both sides, to fall short the same
+    way). ``deps`` are nearest first (by row size when not centred), the order the budget drops them
+    in reverse."""
 
     requests_a: tuple[str, ...] | None
     requests_b: tuple[str, ...] | None
@@ -48,6 +50,7 @@ class Focus:
     centred: bool = False  # on the first divergence's (or shortfall's) row; else the start of a request pair
     whole: bool = False  # the widest window keeps whole requests (an incomplete verdict's shortfall)
     short: list[str] = dataclasses.field(default_factory=list)  # tensors compared too little (incomplete)
+    spots: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (first, last) positions kept
 
 
 @dataclass(frozen=True)
@@ -84,8 +87,10 @@ def left_out(focus: Focus, window: Window) -> list[LeftOut]:
         return []
     out = []
     if window.radius is not None and focus.whole:
-        out.append(LeftOut(f"positions more than {window.radius} from the first row the other side lacks "
-                           f"({focus.position}; the default keeps the whole requests)"))
+        spots = " and ".join(f"{lo}" if lo == hi else f"{lo}..{hi}" for lo, hi in focus.spots) \
+            or str(focus.position)
+        out.append(LeftOut(f"positions more than {window.radius} from {spots} (rows one side lacks, next to "
+                           f"rows both hold; the default keeps the whole requests)"))
     elif window.radius is not None and window.radius < RADII[0] and not focus.centred:
         out.append(LeftOut(f"positions from {2 * window.radius + 1} on (the default keeps "
                            f"{2 * RADII[0] + 1})"))
@@ -144,9 +149,9 @@ def selections(focus: Focus, window: Window,
     whole = window.wide == "requests" or window.radius is None
     positions = None
     if window.radius is not None and not whole:
-        start = max(0, focus.position - window.radius) if focus.centred else 0
-        stop = focus.position + window.radius + 1 if focus.centred else 2 * window.radius + 1
-        positions = Span(start, stop)
+        r = window.radius
+        around = focus.spots or ([(focus.position, focus.position)] if focus.centred else [])
+        positions = tuple(Span(max(0, lo - r), hi + r + 1) for lo, hi in around) or (Span(0, 2 * r + 1),)
     depths = None if whole else (Span(0, focus.depth + 1 + window.extra_depths),)
     names: list[str] | None = None
     in_b: list[str] = []
@@ -194,7 +199,7 @@ def focus_of(report: Report, a: Trace, b: Trace, rename: dict[str, str] | None =
         return Focus(None if pair is None else _with_mismatch(pair[0], report, "a"),
                      None if pair is None else _with_mismatch(pair[1], report, "b"), short.position, 0, None,
                      [n for n in evidence if n not in names], [], present, statics, anchor,
-                     centred=short.requests is not None, whole=True, short=names)
+                     centred=short.requests is not None, whole=True, short=names, spots=short.spots)
     # no divergence, or a static tensor's (no row): the start of a request pair, every tensor optional
     pair = _request_pair(report, a, b)
     name = None if first is None else first.name

@@ -3,7 +3,13 @@ name, and the request pair holding most of their rows that the other side lacks.
 own row alignment (``make_plan``, key columns only): a slice of a fully covered request would match.
 
 Coverage is judged on the side with fewer comparable rows, so the rows looked for are that side's
-unpaired ones (depth 0, not padding: rows left out by design never count against coverage)."""
+unpaired ones (depth 0, not padding: rows left out by design never count against coverage). A slice
+of positions reproduces the shortfall only when it holds unpaired rows of both sides and rows both
+sides hold (else the side lacking rows is the smaller one in the slice, and fully covered, or the
+slices share no row): ``spots`` are, per side, the unpaired row nearest to a paired one and that
+paired row, the places a bundle's narrower slices keep.
+
+"""
 
 from __future__ import annotations
 
@@ -23,7 +29,8 @@ from tracediff.trace.reader import Trace
 class Shortfall:
     tensors: list[str] = field(default_factory=list)  # a's names, as the report orders them
     requests: tuple[str, str] | None = None  # (a's, b's) request holding the most lacking rows
-    position: int = 0  # the first lacking row's position in that pair
+    position: int = 0  # the lacking row nearest to a row both sides hold, in that pair
+    spots: list[tuple[int, int]] = field(default_factory=list)  # (first, last) position kept per side
 
 
 def shortfall(report: Report, a: Trace, b: Trace, rename: dict[str, str] | None = None) -> Shortfall:
@@ -39,7 +46,7 @@ def shortfall(report: Report, a: Trace, b: Trace, rename: dict[str, str] | None 
         if tensor.name in names and tensor.problem is None:
             found = _lacking(tensor, eligible.get(tensor.name, (0, 0)), plan.tensors)
             if found is not None:
-                return Shortfall(names, found[0], found[1])
+                return Shortfall(names, *found)
     return Shortfall(names)
 
 
@@ -50,9 +57,11 @@ def _eligible(coverage) -> tuple[int, int]:
 
 
 def _lacking(tensor: TensorPlan, eligible: tuple[int, int],
-             every: list[TensorPlan]) -> tuple[tuple[str, str], int] | None:
-    """((a's request, b's request), position) of the request with the most unpaired rows on the side
-    coverage is judged on (the one with fewer comparable rows; on a tie, the one with more unpaired)."""
+             every: list[TensorPlan]) -> tuple[tuple[str, str], int, list[tuple[int, int]]] | None:
+    """((a's request, b's request), the lacking row's position, spots) of the request with the most
+    unpaired rows on the side coverage is judged on (the one with fewer comparable rows; on a tie, the
+    one with more unpaired): that side's spot first, then the other side's (if it lacks rows of that
+    pair too), each as (first, last) position."""
     sides = []
     for k, (keys, paired) in enumerate(((tensor.keys.a, tensor.matched.rows.a),
                                         (tensor.keys.b, tensor.matched.rows.b))):
@@ -60,17 +69,41 @@ def _lacking(tensor: TensorPlan, eligible: tuple[int, int],
         unpaired[paired] = False
         unpaired &= (keys.position >= 0) & (keys.depth == 0)
         sides.append((eligible[k], -int(unpaired.sum()), k, unpaired))
+    masks = {k: unpaired for _, _, k, unpaired in sides}
     for _, missing, k, unpaired in sorted(sides, key=lambda s: s[:3]):
         if not missing:
             continue
         keys = tensor.keys.a if k == 0 else tensor.keys.b
         requests = keys.request[unpaired].astype(str)
         request = Counter(requests.tolist()).most_common(1)[0][0]
-        position = int(keys.position[unpaired][requests == request].min())
         partner = _partner(request, k, [tensor, *every])
         if partner is not None:
-            return ((request, partner) if k == 0 else (partner, request)), position
+            found = [_spot(tensor, side, r, masks[side]) for side, r in ((k, request), (1 - k, partner))]
+            spots = [spot for spot in found if spot is not None]
+            pair = (request, partner) if k == 0 else (partner, request)
+            return pair, spots[0][0], [(min(spot), max(spot)) for spot in spots]
     return None
+
+
+def _spot(tensor: TensorPlan, side: int, request: str, unpaired: np.ndarray) -> tuple[int, int] | None:
+    """(lacking, held): the positions of one side's unpaired row of ``request`` nearest to a paired row
+    of it, and of that paired row (the first unpaired row twice when none is paired); None when none
+    is unpaired."""
+    keys = tensor.keys.a if side == 0 else tensor.keys.b
+    mine = keys.request.astype(str) == request
+    lacking = np.unique(keys.position[mine & unpaired])
+    if not len(lacking):
+        return None
+    paired = np.zeros(len(keys), dtype=bool)
+    paired[tensor.matched.rows.a if side == 0 else tensor.matched.rows.b] = True
+    held = np.unique(keys.position[mine & paired & (keys.depth == 0)])
+    if not len(held):
+        return int(lacking[0]), int(lacking[0])
+    at = np.searchsorted(held, lacking)
+    below, above = held[np.maximum(at - 1, 0)], held[np.minimum(at, len(held) - 1)]
+    near = np.where(np.abs(lacking - below) <= np.abs(above - lacking), below, above)
+    k = int(np.argmin(np.abs(lacking - near)))
+    return int(lacking[k]), int(near[k])
 
 
 def _partner(request: str, side: int, tensors: list[TensorPlan]) -> str | None:

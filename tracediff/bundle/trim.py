@@ -1,9 +1,10 @@
 """The compare report a bundle attaches as report.json and report.html. Per-tensor error profiles
-(the heatmap cells: up to 256 per draft depth per tensor) are the bulk of both files, so when the
-budget is short the attached report keeps fewer of them: the first divergence's (and the tensors an
-incomplete verdict rests on), then the diagnoses' evidence and the dependencies too, or none. All
-else (verdict, coverage, every tensor's status and worst metrics, diagnoses) is kept; report.md says
-which profiles were left out. The HTML page is rendered from the same trimmed report."""
+(the heatmap cells: up to 256 per draft depth per tensor) are the bulk of both files, and the first
+luxury to go: a bundle spends on them only what its slices leave of the budget, keeping all of them,
+else the first divergence's (and the tensors an incomplete verdict rests on), the diagnoses' evidence
+and the dependencies, else fewer, else none. All else (verdict, coverage, every tensor's status and
+worst metrics, diagnoses) is kept; report.md says which profiles were left out. The HTML page is
+rendered from the same trimmed report."""
 
 from __future__ import annotations
 
@@ -29,10 +30,9 @@ class Attached:
         return len(self.json.encode()) + len(self.html.encode())
 
 
-def levels(report: Report, focus: Focus) -> tuple[list[list[str] | None], int]:
-    """The profiles each level keeps, richest first (None: all; the last keeps none), and the index of
-    the core level (the first divergence's and the short tensors' profiles). Levels that keep the
-    same profiles as a richer one are left out."""
+def levels(report: Report, focus: Focus) -> list[list[str] | None]:
+    """The profiles each level keeps, richest first (None: all; the last keeps none). Levels that keep
+    the same profiles as a richer one are left out."""
     profiled = [t.name for t in report.tensors if t.profile is not None]
     core = [n for n in (focus.tensor, *focus.short) if n is not None]
     wanted: list[list[str] | None] = [None, [*core, *focus.evidence, *focus.deps], [*core, *focus.evidence],
@@ -44,7 +44,7 @@ def levels(report: Report, focus: Focus) -> tuple[list[list[str] | None], int]:
         if kept not in seen:
             seen.append(kept)
             out.append(None if kept == frozenset(profiled) else [n for n in profiled if n in kept])
-    return out, seen.index(frozenset(n for n in core if n in profiled))
+    return out
 
 
 def attach(report: Report, kept: list[str] | None) -> Attached:

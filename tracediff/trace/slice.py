@@ -6,7 +6,9 @@ on it."""
 from __future__ import annotations
 
 import fnmatch
+import glob
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +20,8 @@ from tracediff.trace.schema import FORMAT_VERSION, Record, tokens_record
 from tracediff.trace.writer import TraceWriter, format_for, open_writer
 
 BATCH_BYTES = 64 << 20
+Keys = tuple[np.ndarray, np.ndarray, np.ndarray]  # (request, position, token_id) of token table entries
+RANKED = re.compile(r"(.+)\.rank\d+")  # the stem of a rank file's name: ``NAME.rankN`` (+ its suffix)
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ class Selection:
 
     names: tuple[str, ...] | None = None  # fnmatch globs
     requests: tuple[str, ...] | None = None
-    positions: Span | None = None  # half-open; a draft row at depth d > 0 is keyed by its anchor's position
+    positions: tuple[Span, ...] | None = None  # half-open; a draft row at depth d > 0: its anchor's position
     steps: tuple[Span, ...] | None = None
     depths: tuple[Span, ...] | None = None
 
@@ -99,8 +103,7 @@ class Selection:
 
         return {"names": None if self.names is None else list(self.names),
                 "requests": None if self.requests is None else list(self.requests),
-                "positions": None if self.positions is None else str(self.positions),
-                "steps": spans(self.steps), "depths": spans(self.depths)}
+                "positions": spans(self.positions), "steps": spans(self.steps), "depths": spans(self.depths)}
 
     def name_kept(self, name: str) -> bool:
         return self.names is None or any(fnmatch.fnmatchcase(name, glob) for glob in self.names)
@@ -120,6 +123,7 @@ class SlicePart:
     rows: int
     tokens: int  # token table entries written
     names: list[str]  # tensor names written, in the source's execution order
+    part: int = 0  # the source's rank file it slices (its place in the source's files)
 
     def describe(self) -> str:
         """``2 tensors, 1 row, 12 request tokens``."""
@@ -139,6 +143,7 @@ class SliceResult:
     names: list[str]  # tensor names written, in the source's execution order
     bytes: int  # size of the written files on disk
     parts: list[SlicePart] = field(default_factory=list)  # per output file, in ``paths`` order
+    empty: list[Path] = field(default_factory=list)  # rank outputs not written: they would hold nothing
     unmatched_names: list[str] = field(default_factory=list)  # globs that match no tensor of the source
     unmatched_requests: list[str] = field(default_factory=list)  # requests no kept record or token holds
 
@@ -151,7 +156,9 @@ class SliceResult:
 def slice_trace(src: str | Path | Trace, dst: str | Path, selection: Selection) -> SliceResult:
     """Write what ``selection`` keeps of ``src`` into ``dst`` (format by its suffix). A trace split
     over rank files is sliced per rank: ``dst`` stem + ``.rankR`` for each (readable together as
-    ``dst``, like the original). The source is only read; ``dst`` may not be one of its files.
+    ``dst``, like the original); a rank file the selection keeps nothing of (no record, no token) is
+    not written (``empty`` names it), unless no rank file keeps anything. The source is only read;
+    ``dst`` may not be one of its files, nor join an existing trace's rank files.
 
     Raises InputError (TraceError for the source) with one line for the CLI."""
     dst = Path(dst)
@@ -175,25 +182,35 @@ def _output_paths(trace: Trace, dst: Path) -> list[Path]:
 def _slice(trace: Trace, dst: Path, selection: Selection) -> SliceResult:
     outputs = _output_paths(trace, dst)
     _check_outputs(dst, outputs, trace.paths)
+    plans = [_plan(trace, np.flatnonzero(trace.index.part == k), selection) for k in range(len(outputs))]
+    tokens = [_tokens(trace, part, selection) for part in range(len(outputs))]
+    held = [bool(plan[0]) or bool(len(kept[1])) for plan, kept in zip(plans, tokens)]
+    written = [k for k in range(len(outputs)) if held[k]] or [0]  # an empty slice is still one valid trace
     parts: list[SlicePart] = []
-    requests_seen: set[str] = set()
-    for part, (file, out) in enumerate(zip(trace.files, outputs)):
+    for part in written:
+        file, out = trace.files[part], outputs[part]
         meta = {**file.meta, "format_version": FORMAT_VERSION,
                 "sliced_from": {"path": str(file.path), "selection": selection.to_dict()}}
         writer = _open_output(out, meta)
         try:
-            parts.append(_copy_part(trace, part, selection, writer, out, requests_seen))
+            parts.append(_copy_part(trace, part, plans[part][0], tokens[part], writer, out))
         except BaseException:
             writer.abort()
             raise
-    written = {n for p in parts for n in p.names}
+    seen: set[str] = set()
+    if selection.requests is not None:  # the requests named that a kept row or token entry holds
+        for plan, kept in zip(plans, tokens):
+            seen |= plan[1] | set(np.unique(kept[0].astype(str)).tolist())
+    names = {n for p in parts for n in p.names}
     every = trace.names()
-    return SliceResult(paths=outputs, records=sum(p.records for p in parts), rows=sum(p.rows for p in parts),
-                       tokens=sum(p.tokens for p in parts), names=[n for n in every if n in written],
-                       bytes=sum(p.stat().st_size for p in outputs), parts=parts,
+    paths = [outputs[k] for k in written]
+    return SliceResult(paths=paths, records=sum(p.records for p in parts), rows=sum(p.rows for p in parts),
+                       tokens=sum(p.tokens for p in parts), names=[n for n in every if n in names],
+                       bytes=sum(p.stat().st_size for p in paths), parts=parts,
+                       empty=[out for k, out in enumerate(outputs) if k not in written],
                        unmatched_names=[g for g in selection.names or ()
                                         if not any(fnmatch.fnmatchcase(n, g) for n in every)],
-                       unmatched_requests=[r for r in selection.requests or () if r not in requests_seen])
+                       unmatched_requests=[r for r in selection.requests or () if r not in seen])
 
 
 def _check_outputs(dst: Path, outputs: list[Path], sources: list[Path]) -> None:
@@ -215,6 +232,22 @@ def _check_outputs(dst: Path, outputs: list[Path], sources: list[Path]) -> None:
         raise InputError(dst, "exists: it would hide the slice's rank files (choose another name)")
     if len(outputs) > 1 and siblings:  # more rank files than the slice writes: read with it as one trace
         raise InputError(siblings[0], "exists: it would be read as a rank of the slice (choose another name)")
+    for out in outputs:
+        joined = [p for p in _rank_set(out) if p not in outputs]
+        if joined:
+            raise InputError(out, f"would join the rank files {', '.join(p.name for p in joined)} (read with "
+                                  "them as one trace): choose another name")
+
+
+def _rank_set(path: Path) -> list[Path]:
+    """The existing files ``NAME.rankN.EXT`` of the trace a file named ``NAME.rankM.EXT`` would
+    belong to (none for other names)."""
+    m = RANKED.fullmatch(path.stem)
+    if m is None:
+        return []
+    named = re.compile(re.escape(m.group(1)) + r"\.rank\d+" + re.escape(path.suffix))
+    return sorted(p for p in path.parent.glob(f"{glob.escape(m.group(1))}.rank*{glob.escape(path.suffix)}")
+                  if named.fullmatch(p.name) and p.is_file())
 
 
 def _same_file(a: Path, b: Path) -> bool:
@@ -267,7 +300,7 @@ def _plan(trace: Trace, hits: np.ndarray,
             keep &= _in(request, selection.requests)
             found = set(np.unique(request[keep].astype(str)).tolist())
         if selection.positions is not None:
-            keep &= selection.positions.mask(position)
+            keep &= spans_mask(selection.positions, position)
         bounds = np.cumsum(idx.n_rows[rowed])
         for i, rows in zip(rowed.tolist(), np.split(keep, bounds[:-1])):
             if rows.all():
@@ -290,12 +323,20 @@ def _subset(record: Record, rows: np.ndarray | None) -> Record:
     return record
 
 
-def _copy_part(trace: Trace, part: int, selection: Selection, writer: TraceWriter, out: Path,
-               requests_seen: set[str]) -> SlicePart:
-    """Write one rank file's kept records, then its token table entries of the kept requests; close
-    with the source's final metadata, its counts made the slice's. Adds the selection's requests
-    this file holds to ``requests_seen``."""
-    plan, found = _plan(trace, np.flatnonzero(trace.index.part == part), selection)
+def _tokens(trace: Trace, part: int, selection: Selection) -> Keys:
+    """(request, position, token_id) of one rank file's token table entries that the selection keeps:
+    those of the kept requests (all of them when no request is named)."""
+    request, position, token_id = trace.token_keys(part)
+    if selection.requests is not None and len(position):
+        keep = _in(request, selection.requests)
+        request, position, token_id = request[keep], position[keep], token_id[keep]
+    return request, position, token_id
+
+
+def _copy_part(trace: Trace, part: int, plan: list[tuple[int, np.ndarray | None]],
+               tokens: Keys, writer: TraceWriter, out: Path) -> SlicePart:
+    """Write one rank file's kept records (``plan``), then its kept token table entries; close with the
+    source's final metadata, its counts made the slice's."""
     batch: list[Record] = []
     written: set[str] = set()
     size = records = rows = data_bytes = 0
@@ -308,11 +349,7 @@ def _copy_part(trace: Trace, part: int, selection: Selection, writer: TraceWrite
         if size >= BATCH_BYTES:
             writer.write(batch)
             batch, size = [], 0
-    request, position, token_id = trace.token_keys(part)
-    if selection.requests is not None and len(position):
-        keep = _in(request, selection.requests)
-        request, position, token_id = request[keep], position[keep], token_id[keep]
-        found |= set(np.unique(request.astype(str)).tolist())
+    request, position, token_id = tokens
     if len(position):
         batch.append(tokens_record(request, position, token_id,
                                    rank=int(trace.files[part].meta.get("rank", 0))))
@@ -322,5 +359,4 @@ def _copy_part(trace: Trace, part: int, selection: Selection, writer: TraceWrite
                                                                  "sliced_from_incomplete": True}
     final.update(records=records, bytes=data_bytes, tokens=int(len(position)))
     writer.close(final)
-    requests_seen |= found
-    return SlicePart(out, records, rows, int(len(position)), [n for n in trace.names() if n in written])
+    return SlicePart(out, records, rows, int(len(position)), [n for n in trace.names() if n in written], part)
