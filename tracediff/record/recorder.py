@@ -748,8 +748,10 @@ def _fence_writers_at_exit() -> None:
     current call (one write: at most WRITE_BATCH records and flush_bytes) ends. The writer then
     waits on it, inside no library. Our own locks, not h5py's: nothing here depends on h5py's
     internals, and Arrow writers end on a whole batch too. (A forked child's copies of its parent's
-    writer threads are not running: their locks are left alone.)"""
-    locks = [lock for thread, lock in list(_WRITERS.items()) if thread.is_alive()]
+    writer threads are not running: the fork handler forgets them.) A writer counts as running until
+    it removes itself, never by ``Thread.is_alive``: a Ctrl-C that interrupts ``join`` leaves
+    CPython 3.11 reporting a running thread as ended, and skipping it hung exit."""
+    locks = list(_WRITERS.values())
     deadline = time.monotonic() + EXIT_FENCE
     for lock in locks:
         if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
