@@ -165,3 +165,22 @@ def test_a_writer_stays_flat_in_memory_over_a_long_run(tmp_path, fmt) -> None:
             assert list(file._batches) == [400]  # opened from the closing batch alone
             assert file._locations[1024 * 250 + 3] == (250, 3)
         assert trace.rows("h", step=5).position.tolist() == [5] * 400
+
+
+def test_a_file_put_at_the_trace_path_while_recording_is_never_replaced(tmp_path, monkeypatch) -> None:
+    """The trace was moved away, or the host changed directory under a relative path: what the path
+    names at close is not the file written, so the compacting rename must leave it alone."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "run2").mkdir()
+    rec = td.record("trace.h5")
+    rec.log("h", np.ones((2, 4), np.float32), token_ids=[1, 2])
+    rec.flush()
+    (tmp_path / "trace.h5").rename(tmp_path / "moved.h5")
+    (tmp_path / "trace.h5").write_text("the user's own file")
+    monkeypatch.chdir(tmp_path / "run2")
+    (tmp_path / "run2" / "trace.h5").write_text("another run's file")
+    rec.close()
+    assert (tmp_path / "trace.h5").read_text() == "the user's own file"
+    assert (tmp_path / "run2" / "trace.h5").read_text() == "another run's file"
+    with td.open_trace(tmp_path / "moved.h5") as trace:
+        assert trace.complete and trace.rows("h").numpy().tolist() == [[1.0] * 4] * 2

@@ -147,7 +147,7 @@ class H5Writer:
     """Appends batches of records; each ``write`` is one append per dataset, then a SWMR flush."""
 
     def __init__(self, path: str | Path, meta: dict, compression: str | None = None) -> None:
-        self.path = Path(path)
+        self.path = Path(path).absolute()  # the host may change directory while recording
         if compression not in (None, "gzip", "lzf"):
             raise ValueError(f"HDF5 traces compress with 'gzip' or 'lzf', not {compression!r}")
         self._compression = compression
@@ -158,6 +158,8 @@ class H5Writer:
                           for name, (_, _, chunk) in DATASETS.items()}
         f.swmr_mode = True
         self._strings = StringTable()
+        opened = os.stat(self.path)
+        self._identity = (opened.st_dev, opened.st_ino)  # the file we write, whatever takes its path later
 
     def write(self, records: Sequence[Record]) -> None:
         """One append per dataset for the whole batch, whatever the number of records: a flood of
@@ -262,7 +264,7 @@ class H5Writer:
         self._file.close()
         _fsync_path(self.path)
         if values is not None:
-            _rewrite_compact(self.path, self._meta_text, values, self._compression)
+            _rewrite_compact(self.path, self._identity, self._meta_text, values, self._compression)
 
 
 def _redirect(f: h5py.File) -> None:
@@ -280,31 +282,48 @@ def _redirect(f: h5py.File) -> None:
         os.close(scratch)
 
 
-def _rewrite_compact(path: Path, meta_text: str, values: dict[str, np.ndarray],
+def _rewrite_compact(path: Path, identity: tuple[int, int], meta_text: str, values: dict[str, np.ndarray],
                      compression: str | None) -> None:
     """Put a copy of a small closed trace with one chunk per dataset (its exact size) in its place,
-    in one rename: the file then weighs what it holds. Not through a link (the rename would
-    replace the link, not the file it names); a failure leaves the original, whole and closed."""
+    in one rename: the file then weighs what it holds. Only while the path still names the file
+    written (``identity``: device and inode; a file the user put there since is never replaced),
+    not through a link (the rename would replace the link, not the file it names), and only for a
+    file the copy would not change otherwise (its owner, extended attributes); a failure leaves the
+    original, whole and closed."""
     try:
         before = os.lstat(path)
+        if (before.st_dev, before.st_ino) != identity or not stat.S_ISREG(before.st_mode) \
+                or before.st_nlink != 1 or (before.st_uid, before.st_gid) != (os.getuid(), os.getgid()) \
+                or _has_xattrs(path):
+            return
         fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".compact")
     except OSError:
         return
     os.close(fd)
     tmp = Path(name)
     try:
-        if not stat.S_ISREG(before.st_mode) or before.st_nlink != 1:
-            raise OSError("not a plain file")
         with h5py.File(tmp, "w", libver="latest") as f:
             _write_attrs(f, meta_text)
             for dataset, array in values.items():
                 _create(f, dataset, max(1, len(array)), compression, data=array)
         os.chmod(tmp, stat.S_IMODE(before.st_mode))
         _fsync_path(tmp)
+        now = os.lstat(path)
+        if (now.st_dev, now.st_ino) != identity:
+            raise OSError("the path names another file now")
         os.replace(tmp, path)
         _fsync_path(path.parent)
     except Exception:
         tmp.unlink(missing_ok=True)
+
+
+def _has_xattrs(path: Path) -> bool:
+    """Whether the file carries extended attributes (a copy would lose them); False where the
+    system or file system has none."""
+    try:
+        return bool(os.listxattr(path)) if hasattr(os, "listxattr") else False
+    except OSError:
+        return False
 
 
 def _joined(parts: list[np.ndarray], dtype: type, count: int) -> np.ndarray:
