@@ -326,3 +326,15 @@ def test_the_exit_fence_takes_a_writers_lock_even_when_its_thread_looks_ended(mo
     lock.release()
     fence.join(10)
     assert not fence.is_alive() and lock.locked()  # and keeps the lock: the writer stays out of h5py
+
+
+def test_a_call_with_more_row_keys_than_the_token_share_is_not_queued_past_the_bound(tmp_path) -> None:
+    """One log of 12M rows of 0 elements: the tensor was refused as larger than queue_bytes, but its
+    keys went to the token book's queue past its share (+1.5 GB of host memory)."""
+    from tracediff.record.recorder import LEARN_OVERHEAD, TOKEN_ROW_BYTES
+
+    with td.record(tmp_path / "t.h5", queue_bytes=16 << 20) as rec:
+        rows = (16 << 20) // 16 // TOKEN_ROW_BYTES + 1  # its keys alone exceed the book's share
+        assert LEARN_OVERHEAD + rows * TOKEN_ROW_BYTES > (16 << 20) // 16
+        rec.log("h", np.zeros((rows, 0), np.float32), token_ids=np.arange(rows) % 100, request="r")
+        assert rec.token_calls_dropped == 1

@@ -408,7 +408,7 @@ class Recorder:
         else:
             nbytes = LEARN_OVERHEAD + keys.n_rows * TOKEN_ROW_BYTES
             with self._cv:
-                full = self._token_queued + nbytes > self._token_limit and self._token_queued > 0
+                full = self._token_queued + nbytes > self._token_limit  # one call too: never past it
                 if self._sealed or full:
                     self.token_calls_dropped += 1
                     return
