@@ -7,6 +7,7 @@ the reader recovers every complete batch from it.
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import tempfile
@@ -65,6 +66,7 @@ INDEX_SCHEMA = pa.schema([SCHEMA.field(k) for k in KEY_COLUMNS]
                          + [pa.field("batch", pa.int32()), pa.field("row", pa.int32())])
 INDEX_COLUMNS = tuple(INDEX_SCHEMA.names)
 ARROW_MAGIC = b"ARROW1\0\0"  # an IPC file's first 8 bytes
+FOOTER_END = b"ARROW1"  # an IPC file's last 6 bytes, written after its footer
 END_OF_STREAM = b"\xff\xff\xff\xff\0\0\0\0"
 INDEX_MERGE = 64  # a writer merges its index entries into one table every this many batches
 INDEX_HELD = 16384  # index entries a writer holds in memory (~1.4 MB); it spills them beyond that
@@ -156,12 +158,63 @@ def closing_batch(blob: pa.Buffer, index_nbytes: int) -> pa.RecordBatch:
     return records_to_batch(records, data)
 
 
+class WholeWrites(io.RawIOBase):
+    """A raw file whose ``write`` writes every byte or raises. pyarrow ignores the count a Python
+    file's ``write`` returns, and a raw write may write less than asked: at most 2147479552 bytes
+    per call on Linux, or a part of it near a full disk. Unwrapped, a record of 2 GiB or more (or a
+    write cut short by ENOSPC) would leave a silent hole in the stream."""
+
+    def __init__(self, raw: BinaryIO) -> None:
+        super().__init__()
+        self._raw = raw
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:  # any buffer, as RawIOBase.write takes
+        view = memoryview(data).cast("B")
+        done = 0
+        while done < len(view):
+            n = self._raw.write(view[done:])
+            if not n:  # 0 or None: the file takes nothing; looping again would spin
+                raise OSError(f"a write of {len(view) - done} bytes wrote none")
+            done += n
+        return done
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self._raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def fileno(self) -> int:
+        return self._raw.fileno()
+
+    def close(self) -> None:
+        try:
+            self._raw.close()
+        finally:
+            super().close()
+
+
+def scratch_file(directory: Path) -> BinaryIO:
+    """An unlinked scratch file beside the trace, else (a directory that refuses new files, though
+    the trace itself is writable) in the system temp dir; an OSError only when both refuse."""
+    try:
+        return tempfile.TemporaryFile(dir=directory, prefix=".tracediff-index-")
+    except OSError:
+        return tempfile.TemporaryFile(prefix=".tracediff-index-")
+
+
 class IndexBuilder:
     """A writer's index of the records it wrote (``__index__``), in bounded memory: the entries of
     recent batches as Arrow tables (merged every ``INDEX_MERGE`` batches), spilled every
     ``INDEX_HELD`` entries as one batch of an IPC stream in an unlinked scratch file beside the
-    trace. At close that stream, followed by the final metadata, is the closing batch's data:
-    mapped from the scratch file, never read into memory."""
+    trace (or in the system temp dir). At close that stream, followed by the final metadata, is the
+    closing batch's data: mapped from the scratch file, never read into memory."""
 
     def __init__(self, directory: Path) -> None:
         self._directory = directory
@@ -188,7 +241,7 @@ class IndexBuilder:
 
     def _spill(self) -> None:
         if self._stream is None:
-            self._scratch = tempfile.TemporaryFile(dir=self._directory, prefix=".tracediff-index-")
+            self._scratch = scratch_file(self._directory)
             self._stream = pa.ipc.new_stream(self._scratch, INDEX_SCHEMA)
         self._stream.write_table(self._held_table())
 
@@ -245,13 +298,17 @@ class ArrowWriter:
                 "tracediff.meta": dumps_meta(meta),
             }
         )
-        self._file = open(self.path, "wb", buffering=0)
+        self._file = WholeWrites(self._open_raw())
         options = pa.ipc.IpcWriteOptions(compression=compression)
         self._file.write(file_header(schema))
         self._file.seek(0)  # pyarrow writes the same header again, over it, with its first batch
         self._writer = pa.ipc.new_file(self._file, schema, options=options)
         self._index = IndexBuilder(self.path.parent)
         self._batches = 0
+
+    def _open_raw(self) -> BinaryIO:
+        """The trace's file, unbuffered: each write reaches the OS before ``write`` returns."""
+        return open(self.path, "wb", buffering=0)
 
     def write(self, records: Sequence[Record]) -> None:
         if not records:
@@ -291,7 +348,9 @@ class ArrowTraceFile(TraceFile):
     Nothing is used before it is checked: the schema and metadata at open, the ``__index__``
     against the file's batches, each batch (``validate(full=True)``: offsets, lengths, UTF-8) and
     its records' data and key lengths the first time a record in it is read. A closed file is read
-    strictly; a killed one (no footer) up to its last whole batch."""
+    strictly; a killed one (no footer) up to its last whole batch. A file killed while it was being
+    closed (its closing batch written, its footer not, or not all of it) is read as a killed one: its
+    ``__index__`` and ``__final__`` are not used, the close that would vouch for them never ended."""
 
     def __init__(self, path: Path, part: int = 0) -> None:
         self.path = path
@@ -398,16 +457,24 @@ class ArrowTraceFile(TraceFile):
         n = self._n_batches
         last = self._load_batch(n - 1) if n else None
         blob = _reserved(last, INDEX_RECORD) if last is not None else None
-        if last is not None and (final := _reserved(last, FINAL_RECORD)) is not None:
-            self.final = final_meta(self.path, final)
-            if self._reader is None:
+        final = _reserved(last, FINAL_RECORD) if last is not None else None
+        if self._reader is None:  # killed, perhaps while closing: what its closing batch says is not used
+            if final is not None and self._footed():
                 raise TraceError(self.path, "its writer closed it, but its Arrow footer is unreadable")
+            blob = final = None
+        if final is not None:
+            self.final = final_meta(self.path, final)
         if blob is not None:
             table, batches = _index_table(self.path, blob), n - 1
         else:
             tables = [key_table(self._load_batch(b), b) for b in range(n)]
             table, batches = pa.concat_tables(tables) if tables else INDEX_SCHEMA.empty_table(), n
         return self._index_columns(table, batches, part)
+
+    def _footed(self) -> bool:
+        """The file ends as a closed one does (a footer's end marker): its footer was written whole."""
+        return self._size >= len(ARROW_MAGIC) + len(FOOTER_END) and \
+            self._source.read_at(len(FOOTER_END), self._size - len(FOOTER_END)) == FOOTER_END
 
     def _index_columns(self, table: pa.Table, batches: int, part: int) -> tuple[RecordIndex, np.ndarray]:
         """The index checked: records that can exist, each in a batch of this file, no row twice."""
