@@ -7,13 +7,16 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
 from tracediff.errors import InputError
+
+if TYPE_CHECKING:
+    from tracediff.diff.tolerance import Tolerances
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Record, replay and diff tensor traces of EAGLE-3 speculative decoding.")
@@ -221,29 +224,13 @@ def bundle_command(
     a budget too small for the smallest bundle (the error says how many bytes it takes)."""
     from tracediff.bundle.budget import human, parse_size
     from tracediff.bundle.build import make_bundle
-    from tracediff.diff.rename import parse_pair
-    from tracediff.diff.tolerance import Tolerances
     from tracediff.report.text import safe
 
     try:
         size = parse_size(budget)
     except ValueError as exc:
         fail("--budget", str(exc))
-    try:
-        Tolerances.parse(tol)
-    except ValueError as exc:
-        fail("--tol", str(exc))
-    if align not in ("prefix", "step"):
-        fail("--align", f"takes 'prefix' or 'step', not {align!r}")
-    if not 0 <= min_coverage <= 1:
-        fail("--min-coverage", f"takes a share within 0..1, not {min_coverage}")
-    rename = {}
-    for item in mapping:
-        try:
-            name_b, name_a = parse_pair(item)
-        except ValueError as exc:
-            fail("--map", str(exc))
-        rename[name_b] = name_a
+    _, rename = compare_options(tol, mapping, align, min_coverage)
     made = []
     guarded(a, lambda: made.append(make_bundle(a, b, out, budget=size, zip=zip_, tol=tol, rename=rename,
                                                align=align, min_coverage=min_coverage)))
@@ -329,6 +316,32 @@ def replay(
     guarded(trace, run)
 
 
+def compare_options(tol: list[str], mapping: list[str], align: str,
+                    min_coverage: float) -> tuple[Tolerances, dict[str, str]]:
+    """The options compare and bundle share, checked: one error line, exit 2, for a bad one."""
+    from tracediff.diff.rename import parse_pair
+    from tracediff.diff.tolerance import Tolerances
+
+    try:
+        tolerances = Tolerances.parse(tol)
+    except ValueError as exc:
+        fail("--tol", str(exc))
+    if align not in ("prefix", "step"):
+        fail("--align", f"takes 'prefix' or 'step', not {align!r}")
+    if not 0 <= min_coverage <= 1:
+        fail("--min-coverage", f"takes a share within 0..1, not {min_coverage}")
+    rename: dict[str, str] = {}
+    for item in mapping:
+        try:
+            name_b, name_a = parse_pair(item)
+        except ValueError as exc:
+            fail("--map", str(exc))
+        if name_b in rename:
+            fail("--map", f"{name_b!r} is mapped twice")
+        rename[name_b] = name_a
+    return tolerances, rename
+
+
 @app.command()
 def compare(
     a: Path = typer.Argument(..., help="baseline trace (e.g. training)"),
@@ -353,34 +366,17 @@ def compare(
 
     Exit 0 match, 1 diverged, 2 bad input or incomparable traces, 3 incomplete (too few rows compared)."""
     from tracediff.diff.api import compare as run_compare
-    from tracediff.diff.rename import parse_pair, read_mapping_file
-    from tracediff.diff.tolerance import Tolerances
+    from tracediff.diff.rename import read_mapping_file
 
-    try:
-        tolerances = Tolerances.parse(tol)
-    except ValueError as exc:
-        fail("--tol", str(exc))
-    if align not in ("prefix", "step"):
-        fail("--align", f"takes 'prefix' or 'step', not {align!r}")
-    if not 0 <= min_coverage <= 1:
-        fail("--min-coverage", f"takes a share within 0..1, not {min_coverage}")
+    rename: dict[str, str] = {}
+    if map_file is not None:
+        guarded(map_file, lambda: rename.update(read_mapping_file(map_file)))
+    tolerances, given = compare_options(tol, mapping, align, min_coverage)
+    rename.update(given)
     if as_json and markdown:
         fail("--json", "choose one of --json and --markdown")
     if html is not None and (html.is_dir() or not html.parent.is_dir()):
         fail(html, "is a directory" if html.is_dir() else f"no such directory: {html.parent}")
-    rename = {}
-    if map_file is not None:
-        guarded(map_file, lambda: rename.update(read_mapping_file(map_file)))
-    given: set[str] = set()
-    for item in mapping:
-        try:
-            name_b, name_a = parse_pair(item)
-        except ValueError as exc:
-            fail("--map", str(exc))
-        if name_b in given:
-            fail("--map", f"{name_b!r} is mapped twice")
-        given.add(name_b)
-        rename[name_b] = name_a
     reports = []
 
     def run() -> None:
