@@ -9,6 +9,7 @@ output found before the compare) as one error line."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import math
@@ -27,8 +28,9 @@ from tracediff.bundle.build import make_bundle
 from tracediff.bundle.markdown import CUTS, LIMIT, compose
 from tracediff.bundle.select import ladder
 from tracediff.bundle.trim import attach
-from tracediff.bundle.verify import FIELD_RULES, differences
+from tracediff.bundle.verify import differences
 from tracediff.cli import app
+from tracediff.diff.findings import reproduction
 from tracediff.diff.results import Report
 from tracediff.errors import InputError
 from tracediff.report.html import render_html
@@ -39,16 +41,16 @@ TRAINING, BUG, HEALTHY = SAMPLE / "training.h5", SAMPLE / "serving_aux_bug.h5", 
 
 
 def reproduces(full: Report, small: Report) -> bool:
-    """Same verdict, first divergence (tensor and row), and diagnoses with the same evidence but for
-    the fields documented as free to differ (counts and statistics of the rows read)."""
+    """Same verdict, first divergence (tensor and row), and diagnoses with the same evidence in every
+    field declared exact (counts and statistics of the rows read, and estimates, are free to differ)."""
     row, again = full.first_divergence, small.first_divergence
     same_row = (row is None) == (again is None) and (row is None or (
         row.name == again.name and (row.row.request_a, row.row.request_b, row.row.position, row.row.depth)
         == (again.row.request_a, again.row.request_b, again.row.position, again.row.depth)))
 
     def evidence(report: Report) -> list:
-        return [(d.kind, {k: v for k, v in vars(d.evidence).items() if k not in FIELD_RULES})
-                for d in report.diagnoses]
+        return [(d.kind, {f.name: getattr(d.evidence, f.name) for f in dataclasses.fields(d.evidence)
+                          if reproduction(f).rule == "exact"}) for d in report.diagnoses]
 
     return small.verdict == full.verdict and same_row and evidence(small) == evidence(full)
 

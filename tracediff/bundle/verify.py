@@ -3,12 +3,14 @@ first diverging tensor and row, diagnoses (kind, severity and typed evidence: th
 slots, the row where it applies, ...), and for an ``incomplete`` verdict the same tensors compared
 too little. A bundle states the answer; it never claims a reproduction it did not check.
 
-Evidence fields are checked one by one (``FIELD_RULES``): counts of the rows a diagnosis read shrink
-with the slice and are not compared; statistics of those rows (a lowest cosine, a spread, a fit's
-residual) are bounded by the thresholds that make the kind hold, so the kind agreeing is what counts;
-a ratio a finding is about (a norm ratio, a fitted weight's mean) must agree within 1%; every other
-field (names, sides, slots, layers, shifts, d2t entries, the request, position, depth and step of the
-row) must be equal."""
+Evidence fields are checked one by one, each as its dataclass field declares
+(``tracediff.diff.findings.Reproduce``, in the field's metadata; exact when undeclared): counts of
+the rows a diagnosis read shrink with the slice and are not compared; statistics of those rows (a
+lowest cosine, a spread, a fit's residual) are bounded by the thresholds that make the kind hold, so
+the kind agreeing is what counts; an estimate (a sampled norm ratio, a fitted weight's mean) agrees
+within its declared relative tolerance, or, for the mean of rows that spread, within ``SPREAD_Z``
+standard errors of the two means; every other field (names, sides, slots, layers, shifts, d2t
+entries, tokens, the request, position, depth and step of the row) must be equal."""
 
 from __future__ import annotations
 
@@ -17,21 +19,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tracediff.diff.findings import Diagnosis
+from tracediff.diff.findings import Diagnosis, Evidence, Reproduce, reproduction
 from tracediff.diff.results import INCOMPLETE_STATUSES, Report, RowRef
 
-IGNORED = "ignored"
-CLOSE = "close"
-RATIO_RTOL = 1e-2
-FIELD_RULES: dict[str, str] = {
-    # counts of the rows the diagnosis read: a slice holds fewer
-    "rows_checked": IGNORED, "rows_non_finite": IGNORED, "rows_sampled": IGNORED,
-    "requests_differing": IGNORED,
-    # statistics over those rows, bounded by the kind's own thresholds
-    "min_cosine": IGNORED, "ratio_spread": IGNORED, "fit_rel_l2": IGNORED, "worst_rel_l2": IGNORED,
-    # the value the finding names
-    "norm_ratio_b_over_a": CLOSE, "weight_mean": CLOSE,
-}
+SPREAD_Z = 4.0  # standard errors two estimates of one mean may differ by (the slices read fewer rows)
 
 
 @dataclass
@@ -78,19 +69,33 @@ def _row(row: RowRef) -> tuple:
 ROW_FIELDS = "(request a, request b, position, depth, step a, step b)"
 
 
-def _agree(name: str, full: Any, small: Any) -> bool:
-    rule = FIELD_RULES.get(name)
-    if rule == IGNORED:
+def _agree(rule: Reproduce, full: Any, small: Any, evidence: tuple[Evidence, Evidence]) -> bool:
+    if rule.rule == "ignored" or full == small:
         return True
     if isinstance(full, float) and isinstance(small, float):
-        if math.isnan(full) or math.isnan(small):
-            return math.isnan(full) and math.isnan(small)
-        return math.isclose(full, small, rel_tol=RATIO_RTOL if rule == CLOSE else 0.0)
-    return bool(full == small)
+        if math.isnan(full) and math.isnan(small):
+            return True
+        return (math.isfinite(full) and math.isfinite(small)  # relative to the full traces' value
+                and abs(small - full) <= _tolerance(rule, *evidence) * abs(full))
+    return False
+
+
+def _tolerance(rule: Reproduce, full: Evidence, small: Evidence) -> float:
+    """An estimate's relative tolerance: the declared one, or for the mean of rows whose relative
+    spread is ``rule.spread``, SPREAD_Z standard errors of the difference of the two means."""
+    if rule.rule != "estimate":
+        return 0.0
+    if rule.spread is None:
+        return rule.rel_tol
+    spread = max(float(getattr(e, rule.spread)) for e in (full, small))
+    rows = [max(int(getattr(e, rule.rows)), 1) for e in (full, small)]
+    error = SPREAD_Z * spread * math.sqrt(sum(1 / n for n in rows))
+    return max(rule.rel_tol, error) if math.isfinite(error) else rule.rel_tol
 
 
 def evidence_differences(k: int, full: Diagnosis, small: Diagnosis) -> list[Difference]:
-    """How the slices' k-th diagnosis differs from the full one's, field by field (``FIELD_RULES``)."""
+    """How the slices' k-th diagnosis differs from the full one's, field by field, each as its field
+    declares (``reproduction``)."""
     label = f"diagnosis {k + 1} ({full.kind})"
     if (small.kind, small.severity) != (full.kind, full.severity):
         return [Difference(f"diagnosis {k + 1}", f"{small.kind} ({small.severity})",
@@ -100,7 +105,7 @@ def evidence_differences(k: int, full: Diagnosis, small: Diagnosis) -> list[Diff
     out = []
     for f in dataclasses.fields(full.evidence):
         mine, theirs = getattr(small.evidence, f.name), getattr(full.evidence, f.name)
-        if not _agree(f.name, theirs, mine):
+        if not _agree(reproduction(f), theirs, mine, (full.evidence, small.evidence)):
             out.append(Difference(f"{label} {f.name}", mine, theirs))
     return out
 
