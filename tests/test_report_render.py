@@ -293,3 +293,76 @@ def test_the_next_step_names_bs_tensor_as_compare_map_renamed_it(tmp_path) -> No
                            timeout=120)
     assert shown.returncode == 0, shown.stderr
     assert "8 of 8 elements differ" in shown.stdout
+
+
+def _page_text(page: str) -> str:
+    import html
+
+    return html.unescape(re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page)))
+
+
+def test_a_static_tensor_has_no_error_profile_by_nature_and_the_html_page_says_so(tmp_path) -> None:
+    """A static tensor (draft.d2t) is compared whole, as one row: it has no positions, so no profile.
+    A full report must not say its profile was left out (e.g. by a bundle's budget); a trimmed one
+    counts only the row tensors whose profile it dropped."""
+    import dataclasses
+
+    from tracediff.report.html import render_html
+
+    x = np.random.default_rng(0).standard_normal((6, 8)).astype(np.float32)
+    d2t = np.arange(4, dtype=np.int64)
+    for side, table in (("a", d2t), ("b", d2t), ("c", d2t + 1)):
+        with td.record(tmp_path / f"{side}.h5", source=side) as rec:
+            rec.log("target.layer.1", x, token_ids=np.arange(6), request="r")
+            rec.log_static("draft.d2t", table)
+    full = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert [(t.name, t.static, t.profile is None) for t in full.tensors] == [
+        ("target.layer.1", False, False), ("draft.d2t", True, True)]
+    assert Report.from_json(full.to_json()) == full
+    text = _page_text(render_html(full))
+    assert "no error profile in this report" not in text and "left out" not in text
+    assert "1 static tensor (draft.d2t) is compared whole, as one row: it has no positions, so no error " \
+           "profile by nature; not drawn below." in text
+    trimmed = dataclasses.replace(full, tensors=[dataclasses.replace(t, profile=None) for t in full.tensors])
+    text = _page_text(render_html(trimmed))
+    assert "1 compared tensor carries no error profile in this report (left out to keep it small" in text
+    # a static first divergence: no per-position curves, and no claim that they were left out
+    static_first = td.compare(tmp_path / "a.h5", tmp_path / "c.h5")
+    assert static_first.first_divergence.name == "draft.d2t"
+    text = _page_text(render_html(static_first))
+    assert "left out" not in text
+    assert "The first divergence is in the static tensor draft.d2t (no position)" in text
+
+
+def test_a_trace_compared_with_itself_is_noted_through_any_path_or_hard_link(tmp_path) -> None:
+    """``compare X X`` matches trivially: the report says the two sides are the same file, by device
+    and inode (the same path, another path to it, a hard link), in JSON, terminal and Markdown; a
+    copy is another file."""
+    import io
+    import os
+    import shutil
+
+    from rich.console import Console
+
+    from tracediff.report.compare import render
+
+    x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
+    with td.record(tmp_path / "x.h5") as rec:
+        rec.log("h", x, token_ids=[1, 2, 3], request="r")
+    (tmp_path / "sub").mkdir()
+    os.link(tmp_path / "x.h5", tmp_path / "sub" / "linked.h5")
+    shutil.copy(tmp_path / "x.h5", tmp_path / "copy.h5")
+    x_path = str(tmp_path / "x.h5")
+    for other in (x_path, str(tmp_path / "sub" / ".." / "x.h5"), str(tmp_path / "sub" / "linked.h5")):
+        report = td.compare(x_path, other)
+        assert report.verdict == "match" and report.same_file
+        assert Report.from_json(report.to_json()).same_file and '"same_file": true' in report.to_json()
+        note = (f"note: a and b are the same file ({x_path}" + ("" if other == x_path else f" and {other}")
+                + "): the trace is compared with itself, which says nothing about another run")
+        out = io.StringIO()
+        render(Console(file=out, width=400), report)
+        assert note in out.getvalue().splitlines()
+        assert f"- {note}" in to_markdown(report).replace("\\_", "_").splitlines()
+    copied = td.compare(x_path, tmp_path / "copy.h5")
+    assert copied.verdict == "match" and not copied.same_file
+    assert "same file" not in to_markdown(copied)

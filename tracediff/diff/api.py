@@ -3,6 +3,7 @@ a typed ``Report`` (read keys, warm the page cache, plan, compare, diagnose, jud
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from contextlib import ExitStack
 from pathlib import Path
@@ -47,4 +48,15 @@ def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | Non
                                         progress)
         report = build_report(comparison, diagnose(comparison, traces), traces, align, min_coverage)
         report.renamed = {b: a for b, a in (rename or {}).items() if b != a}
+        report.same_file = same_files(traces)
         return report
+
+
+def same_files(traces: Pair[Trace]) -> bool:
+    """Whether both sides read the same files, told by device and inode: another path to a file, or
+    a hard link, is the same file."""
+    try:
+        files = traces.map(lambda t: {(s.st_dev, s.st_ino) for s in map(os.stat, t.paths)})
+    except OSError:  # a file gone since it was read: not known to be the same
+        return False
+    return files.a == files.b

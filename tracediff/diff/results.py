@@ -156,6 +156,7 @@ class TensorResult:
     first_bad: RowRef | None = None
     note: str = ""  # e.g. the likely cause of a shape mismatch; "; " between several
     profile: Profile | None = None  # None: no row compared
+    static: bool = False  # a static record (log_static), compared whole as one row: no profile by nature
 
     def add_note(self, text: str) -> None:
         """Append ``text`` to the note, once (chunks of a tensor find the same things again)."""
@@ -246,6 +247,7 @@ class Report:
     token_mismatch: TokenMismatch | None
     tokens: TokenView | None = None
     renamed: dict[str, str] = field(default_factory=dict)  # name in b -> name in a (--map), where they differ
+    same_file: bool = False  # a and b are the same files (device and inode): a trace compared with itself
 
     @property
     def exit_code(self) -> int:

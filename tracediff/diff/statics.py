@@ -31,7 +31,7 @@ def compare_static(traces: Pair[Trace], pair: StaticPair, tolerances: Tolerances
     result = TensorResult(pair.name, "match", dtypes=(dtypes.a, dtypes.b),
                           shapes=(list(shapes.a), list(shapes.b)), rows=1,
                           coverage=Coverage.of((1, 1), 1, (1, 1), {}, {}),
-                          note=dtype_note((dtypes.a, dtypes.b)))
+                          note=dtype_note((dtypes.a, dtypes.b)), static=True)
     problem = mismatch(pair.name, shapes)
     if problem is not None:
         status = problem[0]

@@ -109,9 +109,16 @@ def headline(report: Report) -> str:
 
 
 def trace_notes(report: Report) -> list[str]:
-    """A warning per trace that holds less than its run wrote (a writer that never closed: what it
-    holds ends at its last flush; rank files missing), or whose rows are not keyed by tokens."""
+    """A warning when both sides are the same file, and per trace that holds less than its run wrote
+    (a writer that never closed: what it holds ends at its last flush; rank files missing), or whose
+    rows are not keyed by tokens."""
     notes = []
+    if report.same_file:
+        paths = [" ".join(info.paths) for info in (report.a, report.b)]
+        named = paths[0] if paths[0] == paths[1] else " and ".join(paths)
+        files = "files" if len(report.a.paths) > 1 else "file"
+        notes.append(f"note: a and b are the same {files} ({safe(named)}): the trace is compared with "
+                     "itself, which says nothing about another run")
     for side, info in (("a", report.a), ("b", report.b)):
         where = safe(" ".join(info.paths))
         if not info.closed:

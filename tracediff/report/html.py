@@ -15,6 +15,7 @@ from tracediff.errors import InputError
 from tracediff.report.compare import (
     NO_EXPLANATION,
     coverage_line,
+    depth_summary,
     diagnosis_label,
     next_command,
     one_sided,
@@ -33,6 +34,7 @@ from tracediff.report.svg import divergence, esc, num
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 FIRST_METRICS = ("cosine", "rel_l2", "max_rel", "max_abs", "argmax_agree", "kl", "equal")
+LISTED = 8  # names a note lists
 
 
 def _files(report: Report) -> str:
@@ -89,7 +91,9 @@ def _why(report: Report) -> str:
 
 
 def _coverage(report: Report) -> str:
-    lines = [f"not compared, {esc(line)}" for line in skipped_lines(report.coverage)]
+    depths = depth_summary(report.coverage)
+    lines = [f"<b>per draft depth</b>: {esc(depths)}"] if depths else []
+    lines += [f"not compared, {esc(line)}" for line in skipped_lines(report.coverage)]
     lines += [f"not compared, {esc(line)}" for line in one_sided(report)]
     first = report.first_divergence
     told = first is None or report.verdict == "incomparable"
@@ -109,11 +113,19 @@ def _where(report: Report) -> str:
     if first is not None and first.row.position < 0:
         note = (f"<p>The first divergence is in the static tensor <code>{esc(first.name)}</code> "
                 "(no position).</p>")
-    unprofiled = [t.name for t in report.tensors if t.rows and t.profile is None]
+    statics = [t.name for t in report.tensors if t.static and t.rows]
+    if statics:
+        one = len(statics) == 1
+        note += (f'<p class="muted">{len(statics)} static tensor{"" if one else "s"} '
+                 f"({esc(', '.join(statics[:LISTED]))}{', ...' if len(statics) > LISTED else ''}) "
+                 f"{'is' if one else 'are'} compared whole, as one row: {'it has' if one else 'they have'} "
+                 "no positions, so no error profile by nature; not drawn below.</p>")
+    unprofiled = [t.name for t in report.tensors if t.rows and t.profile is None and not t.static]
     if unprofiled:
-        note += (f'<p class="warn">{len(unprofiled)} compared tensor{"s" if len(unprofiled) != 1 else ""} '
-                 "carry no error profile in this report (left out to keep it small, e.g. by a bundle's size "
-                 "budget; the full report has them): not drawn below.</p>")
+        one = len(unprofiled) == 1
+        note += (f'<p class="warn">{len(unprofiled)} compared tensor{"" if one else "s"} '
+                 f"carr{'ies' if one else 'y'} no error profile in this report (left out to keep it small, "
+                 "e.g. by a bundle's size budget; the full report has them): not drawn below.</p>")
     note += ('<p class="muted">A cell holds the worst row at its depth and positions over every request and '
              "step; the first divergence is the first failing row in the baseline's execution order, so "
              "failing cells may lie left of it.</p>")
@@ -126,7 +138,7 @@ def _curves(report: Report) -> str:
     if first is None:
         return ""
     tensor = next((t for t in report.tensors if t.name == first.name), None)
-    if tensor is not None and tensor.profile is None and tensor.rows:
+    if tensor is not None and tensor.profile is None and tensor.rows and not tensor.static:
         return (f"<section><h2>First diverging tensor <code>{esc(first.name)}</code>, per position</h2>"
                 '<p class="warn">Its error profile was left out of this report (e.g. by a bundle\'s size '
                 "budget): the full report draws it.</p></section>")
