@@ -155,3 +155,29 @@ def test_show_of_one_trace_refuses_options_that_need_two(small_trace, option) ->
     out = CliRunner().invoke(app, ["show", str(small_trace), "--name", "draft.fc_in", *option])
     assert out.exit_code == 2 and out.stdout == ""
     assert out.stderr.strip() == f"error: {option[0]}: needs two traces: tracediff show A B --name NAME ..."
+
+
+def test_a_mistyped_tensor_name_gets_the_closest_names(small_trace) -> None:
+    """``show --name`` and ``compare --map`` with a name the trace lacks: one error line that names
+    the closest names it holds (difflib); a name like none of them gets no guess."""
+    from typer.testing import CliRunner
+
+    from tracediff.cli import app
+
+    runner = CliRunner()
+    done = runner.invoke(app, ["show", str(small_trace), "--name", "draft.fc_inn"])
+    assert done.exit_code == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert done.stderr.strip() == f"error: {small_trace}: no rows of tensor 'draft.fc_inn'; did you mean " \
+                                  "'draft.fc_in'? (list: tracediff show)"
+    done = runner.invoke(app, ["show", str(small_trace), "--name", "draft.logit"])
+    assert "; did you mean 'draft.logits'? (list" in done.stderr  # not draft.fc_in: only its prefix is alike
+    done = runner.invoke(app, ["show", str(small_trace), "--name", "zzz"])
+    assert done.exit_code == 2 and "did you mean" not in done.stderr
+    # a name it holds, at a step it lacks: the name is right, nothing to guess
+    done = runner.invoke(app, ["show", str(small_trace), "--name", "draft.fc_in", "--step", "9"])
+    assert done.exit_code == 2 and "did you mean" not in done.stderr
+    done = runner.invoke(app, ["compare", str(small_trace), str(small_trace), "--map",
+                               "draft.fc_in=draft.fcin"])
+    assert done.exit_code == 2 and done.stderr.count("\n") == 1
+    assert "a has no tensor named 'draft.fcin' (did you mean 'draft.fc_in'?): the map would hide" \
+        in done.stderr

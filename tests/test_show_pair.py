@@ -302,3 +302,25 @@ def test_a_missing_position_lists_the_positions_held_gaps_and_all(tmp_path) -> N
         row_view(tmp_path / "b.h5", tmp_path / "c.h5", "h", request="q")
     assert none_shared.value.problem.endswith("on a: positions 3..4, 9, 14, 19; on b: 20, 22, 24, 26, 28, "
                                               "30, 32, 34, ... (20 positions in all))")
+
+
+def test_a_mistyped_name_gets_the_closest_names_of_the_side_that_lacks_it(tmp_path) -> None:
+    rows = base_rows()
+    for side in "ab":
+        with td.record(tmp_path / f"{side}.h5") as rec:
+            for name in ("draft.hidden", "draft.embed", "draft.hidden_norm", *(f"target.layer.{i}"
+                                                                               for i in range(5))):
+                rec.log(name, rows, token_ids=TOKENS, request="r")
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    with pytest.raises(InputError) as typo:
+        row_view(a, b, "draft.hiden")
+    assert typo.value.problem == f"a has no tensor 'draft.hiden'; did you mean 'draft.hidden'? (list them: " \
+                                 f"tracediff show {a})"
+    with pytest.raises(InputError) as several:  # as close as each other: the first three by name
+        row_view(a, b, "draft.hidden", name_b="target.layer")
+    assert several.value.path == str(b) and several.value.problem.startswith(
+        "b has no tensor 'target.layer'; did you mean 'target.layer.0', 'target.layer.1' or "
+        "'target.layer.2'? ")
+    with pytest.raises(InputError) as unlike:
+        row_view(a, b, "verify.accept_len")
+    assert unlike.value.problem == f"a has no tensor 'verify.accept_len' (list them: tracediff show {a})"

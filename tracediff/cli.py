@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from tracediff.errors import InputError
+from tracediff.errors import InputError, did_you_mean
 
 if TYPE_CHECKING:
     from tracediff.diff.tolerance import Tolerances
@@ -98,7 +98,10 @@ def show(
             except KeyError:
                 static = static_stats(opened, name, step) if request is None else None
                 if static is None:
-                    fail(trace, f"no rows of tensor {name!r} {where}".rstrip() + " (list: tracediff show)")
+                    names = opened.names()
+                    hint = did_you_mean(name, names) if name not in names else ""
+                    fail(trace, f"no rows of tensor {name!r} {where}".rstrip() + (f"; {hint}" if hint else "")
+                         + " (list: tracediff show)")
                 stats = static
             if as_json:
                 print(json.dumps(stats.to_dict(), indent=1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tracediff.errors import InputError
+from tracediff.errors import InputError, did_you_mean
 
 MAX_FILE_BYTES = 64 << 20  # far beyond any list of names; a larger file is not a mapping file
 SHOWN = 80  # characters of a bad line quoted in an error
@@ -76,8 +76,10 @@ def renamed(names: list[str], rename: dict[str, str], names_a: list[str]) -> dic
     out = {name: rename.get(name, name) for name in names}
     for name, target in out.items():
         if name in names_a and target not in names_a:
+            hint = did_you_mean(target, names_a)
             raise InputError("--map", f"{name!r}={target!r}: both traces hold {name!r} and a has no tensor "
-                                      f"named {target!r}: the map would hide {name!r} from the compare")
+                                      f"named {target!r}" + (f" ({hint})" if hint else "")
+                                      + f": the map would hide {name!r} from the compare")
     seen: dict[str, str] = {}
     for name, target in out.items():
         if target in seen:

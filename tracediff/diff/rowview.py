@@ -18,7 +18,7 @@ from tracediff.diff.finite import measure_finite_parts
 from tracediff.diff.metrics import NUMPY, metrics_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.shapes import dtype_note, mismatch
-from tracediff.errors import InputError
+from tracediff.errors import InputError, did_you_mean
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
 from tracediff.trace.reader import RowKeys, Trace, open_trace
 from tracediff.trace.summary import TensorStats, last_static, value_stats
@@ -122,7 +122,9 @@ def _kind(trace: Trace, name: str, label: str, side: str) -> str:
     """'row' or 'static': how this side holds ``name``; InputError when it lacks it."""
     hits = trace.select(name=name)
     if not len(hits):
-        raise InputError(label, f"{side} has no tensor {name!r} (list them: tracediff show {label})")
+        hint = did_you_mean(name, trace.names())
+        raise InputError(label, f"{side} has no tensor {name!r}" + (f"; {hint}" if hint else "")
+                         + f" (list them: tracediff show {label})")
     return "static" if trace.index.static[hits].all() else "row"
 
 
