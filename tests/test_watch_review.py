@@ -306,3 +306,27 @@ def test_outputs_are_recorded_exactly_under_every_autograd_mode(tmp_path, mode) 
         out = model(X)
     with td.open_trace(tmp_path / "t.h5") as trace:
         assert np.array_equal(trace.rows("2").numpy(), out.detach().reshape(6, 4).numpy())
+
+
+def test_a_glob_that_matches_no_module_names_the_modules_it_could_have_matched(tmp_path, caplog) -> None:
+    """A mistyped --watch glob records nothing of its own: at exit one line per such glob names the
+    models' first module names (shallowest first) and their count, and the closest to the glob; a
+    glob that matched is not named."""
+    from tests.conftest import tiny_llama
+
+    model = tiny_llama(seed=0, layers=2)
+    names = [n for n, _ in model.named_modules() if n]
+    ids = torch.tensor([[1, 2, 3]])
+    with caplog.at_level(logging.WARNING, logger="tracediff"), \
+            watching(tmp_path / "t.h5", "model.layer.*", "lm_head", "transformer.h.*") as watcher:
+        with torch.no_grad():
+            model(input_ids=ids)
+        watcher.report_unmatched()
+    lines = [r.getMessage() for r in caplog.records if "matched no module" in r.getMessage()]
+    first = "model, lm_head, model.embed_tokens, model.layers, model.norm, model.rotary_emb, " \
+            f"model.layers.0, model.layers.1, ... ({len(names)} in all)"
+    assert lines == [
+        f"tracediff: --watch 'model.layer.*' matched no module of the models that ran: {first}; did you mean "
+        "'model.layers.0', 'model.layers.1' or 'model.layers'?",
+        f"tracediff: --watch 'transformer.h.*' matched no module of the models that ran: {first}"]
+    assert "lm_head" in counts(tmp_path / "t.h5")

@@ -59,12 +59,14 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+from tracediff.errors import did_you_mean
 from tracediff.record.filters import RecordFilter
 from tracediff.record.hooks import first_tensor
 from tracediff.record.host import tag_of_tensor
 from tracediff.record.launch import LaunchConfig, RecorderFactory, RequestGate, when_imported
 
 logger = logging.getLogger("tracediff")
+NAMES_SHOWN = 8  # module names a glob that matched none of them lists
 
 NO_TOKEN = -1  # placeholder(0): the token id of rows of step 0 whose call carried no token ids
 # config keys that say how a model runs, not which model it is
@@ -371,6 +373,8 @@ class Watcher:
         self.key_kinds: set[str] = set()
         self.told: tuple[Any, dict] | None = None  # the recorder last told, and what
         self.left_out: set[str] = set()  # the filters that left out an output
+        self.module_names: dict[str, None] = {}  # every watchable name in the roots met, in their order
+        self.matched_globs: set[str] = set()  # the --watch globs that matched one of them
         self.recorded = False
         self.handles: list[Any] = []
         self.failed = False
@@ -392,6 +396,7 @@ class Watcher:
         self.handles = [register_module_forward_pre_hook(self.on_call),
                         register_module_forward_hook(self.on_return, always_call=True)]
         atexit.register(self.report_left_out)
+        atexit.register(self.report_unmatched)
 
     @property
     def handle(self) -> Watcher | None:
@@ -406,6 +411,7 @@ class Watcher:
         for handle in handles:
             handle.remove()
         atexit.unregister(self.report_left_out)
+        atexit.unregister(self.report_unmatched)
 
     def on_call(self, module: Any, args: tuple) -> None:
         if self.compiling():  # traced by torch.compile / torch.export: a no-op in the graph
@@ -517,6 +523,7 @@ class Watcher:
         modules = list(root.named_modules())
         for _, module in modules:
             self.remember(module)
+        self.note_names([name for name, _ in modules if watchable(name)])
         matched = [(name, m) for name, m in modules
                    if watchable(name) and any(p.match(name) for p in self.patterns)]
         if not matched:
@@ -529,6 +536,12 @@ class Watcher:
             entry = self.seen[id(module)]
             entry.label, entry.owner = canonical.get(name, name), state
         return True
+
+    def note_names(self, names: list[str]) -> None:
+        """Keep a root's module names, and which globs match one, for ``report_unmatched``."""
+        self.module_names.update(dict.fromkeys(names))
+        self.matched_globs.update(glob for glob, pattern in zip(self.globs, self.patterns)
+                                  if glob not in self.matched_globs and any(map(pattern.match, names)))
 
     def record(self, label: str, y: Any, state: RootState, call: Call | None) -> None:
         if y is None or not recordable(y):
@@ -578,6 +591,18 @@ class Watcher:
         named = " and ".join(self.filters[f] for f in ("names", "requests") if f in self.left_out)
         logger.warning("tracediff: --watch recorded nothing in this process: its watched modules ran, but %s "
                        "left out everything they produced", named)
+
+    def report_unmatched(self) -> None:
+        """At exit: one line per --watch glob that matched no module of the models that ran, naming
+        their first module names (shallowest first) and how many, and the closest to the glob."""
+        names = sorted(self.module_names, key=lambda n: n.count("."))  # stable: in order within a depth
+        for glob in self.globs:
+            if glob in self.matched_globs or not names:
+                continue
+            more = f", ... ({len(names)} in all)" if len(names) > NAMES_SHOWN else ""
+            hint = did_you_mean(glob, names)
+            logger.warning("tracediff: --watch %r matched no module of the models that ran: %s%s%s", glob,
+                           ", ".join(names[:NAMES_SHOWN]), more, f"; {hint}" if hint else "")
 
     def fail(self, where: str, exc: Exception) -> None:
         """Log once and stop watching; the host keeps running. The hooks are removed at the next
