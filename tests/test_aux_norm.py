@@ -17,6 +17,7 @@ from tracediff.diff.diagnose.norms import FITTED, MIN_ROWS, RMS, norm_fit  # noq
 from tracediff.diff.differ import compare_traces  # noqa: E402
 from tracediff.diff.findings import SlotNormEvidence  # noqa: E402
 from tracediff.diff.pair import Pair  # noqa: E402
+from tracediff.diff.plan import make_plan  # noqa: E402
 
 TOKENS = [3, 17, 250, 9, 88, 41, 7, 300, 12, 5, 99, 64]  # 12 rows: enough to fit a weight
 LAYERS = 4
@@ -70,7 +71,7 @@ def training(tmp_path, states: States, name: str = "target.aux", weight: bool = 
 def diagnoses(a, b) -> list[Diagnosis]:
     with td.open_trace(a) as ta, td.open_trace(b) as tb:
         traces = Pair(ta, tb)
-        comparison = compare_traces(traces)
+        comparison = compare_traces(traces, make_plan(traces))
         assert comparison.first_divergence is not None
         return diagnose(comparison, traces)
 

@@ -64,9 +64,13 @@ def first_at(report: dict) -> tuple:
 
 
 def test_healthy_serving_matches_training(models, training, tmp_path) -> None:
+    """Nothing diverges and nothing is diagnosed. The draft is untrained: its chains never draft what
+    training was fed at depths 1-2, so those depths hold no comparable row and the verdict says so."""
     serve(models, tmp_path / "serving.h5", Conventions(SPEC))
     code, report = compare(training, tmp_path / "serving.h5")
-    assert code == 0 and report["verdict"] == "match" and report["diagnoses"] == []
+    assert report["first_divergence"] is None and report["diagnoses"] == []
+    assert code == 3 and report["verdict"] == "incomplete"
+    assert [r.split(" (")[0] for r in report["reasons"]] == ["depths 1-2: no row comparable"]
 
 
 @pytest.mark.parametrize(("spec", "kind", "slots_b"), [
@@ -104,8 +108,9 @@ def test_draft_rope_positions_off_by_one(models, training, tmp_path) -> None:
     code, report = compare(tmp_path / "before.h5", tmp_path / "after.h5")
     name, _, depth = first_at(report)
     assert code == 1 and (name, depth) == ("draft.positions", 1)
-    assert kinds(report) == ["position_shift"]
+    assert kinds(report) == ["position_shift", "config"]  # the data's offset, and the contract key stating it
     assert report["diagnoses"][0]["evidence"]["value_offset"] == 1
+    assert report["diagnoses"][1]["evidence"]["key"] == "draft_position_offset"
     statuses = {t["name"]: t["status"] for t in report["tensors"]}
     assert statuses["draft.input_ids"] == "match" and statuses["draft.hidden"] == "downstream"
 

@@ -54,7 +54,12 @@ def test_each_side_was_recorded_by_its_integration_from_the_real_code(reports, o
 
 def test_the_same_aux_ids_on_both_sides_match_with_full_coverage(reports) -> None:
     report = reports["match"]
-    assert (report.verdict, report.first_divergence, report.coverage.fraction) == ("match", None, 1.0)
+    assert (report.first_divergence, report.coverage.fraction) == (None, 1.0)
+    assert not [d for d in report.diagnoses if d.severity == "error"]
+    # the draft took one training step: its chains never draft what training was fed at depth >= 1, so
+    # those depths hold no comparable row, and the verdict does not claim them
+    assert report.verdict == "incomplete" and all("no row comparable" in r for r in report.reasons)
+    assert report.coverage.depths[0].aligned > 0
     # training learns from the served text: serving's last chains ran past it, and are not held against it
     assert report.coverage.skipped_b.get("past_other_text", 0) > 0
     # both integrations state the draft config the same way: it differs only where the drafts do

@@ -115,7 +115,10 @@ def test_a_slice_is_a_valid_trace_that_show_and_compare_read(trace_path, tmp_pat
     assert [(t.name, t.rows) for t in summary.tensors] == [("draft.d2t", 0), ("target.layer.0", 6),
                                                            ("draft.input_ids", 12), ("draft.hidden", 12)]
     report = td.compare(trace_path, out)
-    assert report.verdict == "match" and report.coverage.fraction == 1.0
+    # every row the slice kept matches; the depth it left out was never compared, and says so
+    assert report.first_divergence is None and report.coverage.fraction == 1.0
+    assert report.verdict == "incomplete" and report.reasons == [
+        "depth 2: only a recorded rows there (12 / 0 rows): never compared"]
     shown = CliRunner().invoke(app, ["show", str(out)])
     assert shown.exit_code == 0 and "target.layer.0" in shown.stdout
 

@@ -4,7 +4,10 @@ steps and batching do not matter. The tokens of a request come from its declared
 table (format v2) and from the rows themselves, so a row that starts at position k > 0 (prefix
 cache hit, chunked prefill, sampled steps) still has a known prefix. A draft row at depth d > 0
 pairs by the token fed at depth d too, and is comparable only where both sides fed the draft the
-same tokens at depths 1..d.
+same tokens at depths 1..d. A row is keyed by everything it depends on: a draft row (at depth 0 a
+tensor that ``reads_fed_token``, at depth > 0 every one) by the prefix through the token fed to the
+draft at its row, x[0..t+1], so two conversations that share x[0..t] and go on differently never
+pair their draft rows at t.
 
 Every row of a tensor ends up either in a pair to compare or with a reason it was not compared
 (``results.Reason``): padding, prefix unknown, token conflict, outside the shared prefix, not
@@ -24,8 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tracediff.diff.pair import Pair
-from tracediff.diff.results import Reason, TokenMismatch
+from tracediff.diff.results import Coverage, Reason, TokenMismatch
 from tracediff.trace.reader import KeyColumns, RowKeys, Trace
+from tracediff.trace.schema import reads_fed_token
 
 FED = "draft.input_ids"
 PRIME = (1 << 31) - 1  # prefix hashes are taken modulo this prime, with two bases
@@ -52,6 +56,14 @@ class Declared:
         empty = np.zeros(0, np.int64)
         return cls(empty, empty, empty)
 
+    @classmethod
+    def fed(cls, keys: RowKeys | None, values: np.ndarray) -> Declared:
+        """What ``draft.input_ids`` says of its requests' tokens: depth-0 row t was fed x[t + 1]."""
+        if keys is None:
+            return cls.none()
+        at = (keys.depth == 0) & (keys.position >= 0)
+        return cls(keys.request_code[at], keys.position[at] + 1, values[at])
+
 
 @dataclass
 class Prefixes:
@@ -67,14 +79,17 @@ class Prefixes:
     tokens: np.ndarray
 
     @classmethod
-    def of(cls, keys: list[KeyColumns], declared: Declared | None = None) -> Prefixes:
+    def of(cls, keys: list[KeyColumns], declared: Declared | None = None,
+           fed: Declared | None = None) -> Prefixes:
         """From the request token table (it wins where they disagree: the row is then a token
-        conflict) and the depth-0 rows of every tensor of one trace (key columns only); padding
-        rows (position -1) say nothing."""
-        declared = declared or Declared.none()
+        conflict), the depth-0 rows of every tensor of one trace (key columns only; padding rows,
+        position -1, say nothing) and, where neither knows a position, the tokens ``fed`` to the
+        draft (``Declared.fed``: a request's last draft row knows its next token)."""
+        declared, fed = declared or Declared.none(), fed or Declared.none()
         parts = [(declared.code, declared.position, declared.token_id)]
         parts += [(k.request_code[s], k.position[s], k.token_id[s])
                   for k in keys for s in [(k.depth == 0) & (k.position >= 0)]]
+        parts.append((fed.code, fed.position, fed.token_id))
         codes, positions, tokens = (np.concatenate(column).astype(np.int64) for column in zip(*parts))
         names = dict(declared.names)
         for k in keys:
@@ -108,11 +123,49 @@ class Prefixes:
 
 @dataclass
 class Matched:
-    """Row indices of one tensor name on both sides that correspond (in baseline row order), and
-    per side how many rows were left out, by reason."""
+    """Row indices of one tensor name on both sides that correspond (in baseline row order), per
+    side how many rows were left out, by reason, and the same per draft depth (``by_depth``)."""
 
     rows: Pair[np.ndarray]
     skipped: Pair[dict[str, int]]
+    by_depth: list[Coverage] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, keys: Pair[RowKeys], rows: Pair[np.ndarray], reasons: Pair[np.ndarray]) -> Matched:
+        """From the pairs compared and each row's reason code (``KEYED`` where compared)."""
+        return cls(rows, reasons.map(_counts), depth_coverage(keys, rows, reasons))
+
+
+def depth_coverage(keys: Pair[RowKeys], rows: Pair[np.ndarray],
+                   reasons: Pair[np.ndarray]) -> list[Coverage]:
+    """One ``Coverage`` per draft depth either side holds rows at: rows, pairs and distinct rows
+    compared there, and the rest by reason (one counting pass per side)."""
+    depths = np.union1d(keys.a.depth, keys.b.depth).astype(np.int64)
+    if not len(depths):
+        return []
+    span = int(depths.max()) + 1
+
+    def per_depth(values: np.ndarray) -> np.ndarray:
+        return np.bincount(values.astype(np.int64), minlength=span)
+
+    held = keys.map(lambda k: per_depth(k.depth))
+    compared = keys.zip(rows).starmap(lambda k, r: per_depth(k.depth[np.unique(r)]))
+    aligned = per_depth(keys.a.depth[rows.a])
+
+    def skipped(k: KeyColumns, reason: np.ndarray) -> np.ndarray:
+        left = reason != KEYED
+        cells = k.depth[left].astype(np.int64) * len(REASONS) + reason[left]
+        return np.bincount(cells, minlength=span * len(REASONS)).reshape(span, len(REASONS))
+
+    left = keys.zip(reasons).starmap(skipped)
+    return [Coverage.of((int(held.a[d]), int(held.b[d])), int(aligned[d]),
+                        (int(compared.a[d]), int(compared.b[d])), _named(left.a[d]), _named(left.b[d]),
+                        depth=int(d)) for d in depths.tolist()]
+
+
+def _named(counts: np.ndarray) -> dict[str, int]:
+    """Reason counts by code as {reason: count}, zeros left out."""
+    return {REASONS[c]: int(n) for c, n in enumerate(counts.tolist()) if n}
 
 
 def key_of(ids: np.ndarray, positions: np.ndarray, depths: np.ndarray) -> np.ndarray:
@@ -133,19 +186,42 @@ class Keyed:
     reason: np.ndarray  # int8
 
 
-def keyed_rows(rows: KeyColumns, prefixes: Prefixes) -> Keyed:
+def keyed_rows(rows: KeyColumns, prefixes: Prefixes, name: str | None = None) -> Keyed:
+    """Each row's key: its prefix x[0..t] (x[0..t+1] for a draft row, ``fed_next``), position and
+    depth. ``name``: the tensor's name as the baseline calls it (under ``--map``), else the rows'.
+    A draft row whose next token no table knows is ``fed_unknown``."""
     ids, found, tokens = prefixes.lookup(rows.request_code, rows.position)
-    entry, _ = _find_sorted(prefixes.where, rows.request_code * prefixes.stride + rows.position)
+    where = rows.request_code * prefixes.stride + rows.position
     reason = np.full(len(rows), KEYED, np.int8)
     reason[~found] = CODE["prefix_unknown"]
     reason[found & (tokens != rows.token_id)] = CODE["token_conflict"]
+    fed = fed_next(rows, name)
+    if fed.any():
+        next_ids, next_found, _ = prefixes.lookup(rows.request_code, rows.position + 1)
+        ids = np.where(fed, next_ids, ids)
+        where = np.where(fed & next_found, where + 1, where)
+        reason[(reason == KEYED) & fed & ~next_found] = CODE["fed_unknown"]
     reason[rows.position < 0] = CODE["padding"]
+    entry, _ = _find_sorted(prefixes.where, where)
     return Keyed(key_of(ids, rows.position, rows.depth), ids, entry, reason)
 
 
-def row_keys(rows: KeyColumns, prefixes: Prefixes) -> tuple[np.ndarray, np.ndarray]:
+def prefix_ids(prefixes: Prefixes, codes: np.ndarray, positions: np.ndarray,
+               fed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, found): the prefix id rows at these positions are keyed by (``key_of``): x[0..t], or
+    x[0..t+1] where ``fed`` (``fed_next``)."""
+    ids, found, _ = prefixes.lookup(codes, positions + fed.astype(np.int64))
+    return ids, found
+
+
+def fed_next(rows: KeyColumns, name: str | None = None) -> np.ndarray:
+    """Per row: whether it depends on the token fed to the draft at its row (x[t + 1])."""
+    return (rows.depth > 0) | reads_fed_token(name or rows.name)
+
+
+def row_keys(rows: KeyColumns, prefixes: Prefixes, name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(key, found) per row: ``key_of`` its prefix, position and depth."""
-    keyed = keyed_rows(rows, prefixes)
+    keyed = keyed_rows(rows, prefixes, name)
     return keyed.key, keyed.reason == KEYED
 
 
@@ -157,8 +233,8 @@ class RowIndex:
     rows: np.ndarray
 
     @classmethod
-    def of(cls, rows: KeyColumns, prefixes: Prefixes) -> RowIndex:
-        keys, found = row_keys(rows, prefixes)
+    def of(cls, rows: KeyColumns, prefixes: Prefixes, name: str | None = None) -> RowIndex:
+        keys, found = row_keys(rows, prefixes, name)
         first = _first_rows(keys, found)
         return cls(keys[first], first)
 
@@ -183,12 +259,12 @@ class Sides:
         return cls(prefixes, fed, departed)
 
 
-def match(rows: Pair[RowKeys], sides: Sides) -> Matched:
+def match(rows: Pair[RowKeys], sides: Sides, name: str | None = None) -> Matched:
     """Pair rows with equal (prefix, position, depth) and, at depth > 0, the same token fed at that
     depth (so the branches of a draft tree pair by what they were fed, not by their order); copies
     pair in order. Say why the rest are not compared."""
     prefixes, fed, departed = sides.prefixes, sides.fed, sides.departed
-    keyed = rows.zip(prefixes).starmap(keyed_rows)
+    keyed = rows.zip(prefixes).starmap(lambda r, p: keyed_rows(r, p, name or rows.a.name))
     reasons = keyed.map(lambda k: k.reason.copy())
     pair_keys = Pair(*(_with_fed_token(r, k, f, reason) for r, k, f, reason in
                        ((rows.a, keyed.a, fed.a, reasons.a), (rows.b, keyed.b, fed.b, reasons.b))))
@@ -214,7 +290,7 @@ def match(rows: Pair[RowKeys], sides: Sides) -> Matched:
     feed = _feed_status(rows.a, pairs.a, prefixes.a, fed)
     reasons.a[pairs.a], reasons.b[pairs.b] = feed, feed
     same = feed == KEYED
-    return Matched(rows=pairs.map(lambda p: p[same]), skipped=reasons.map(_counts))
+    return Matched.of(rows, pairs.map(lambda p: p[same]), reasons)
 
 
 def _with_fed_token(rows: RowKeys, keyed: Keyed, fed: FedTokens, reason: np.ndarray) -> np.ndarray:
@@ -250,7 +326,7 @@ def match_by_step(rows: Pair[RowKeys], prefixes: Pair[Prefixes], every: Pair[int
         filtered = (their_every > 1) & (mine.step % max(their_every, 1) != 0)
         reason[left] = np.where(filtered[left], CODE["filtered_step"], CODE["not_recorded"])
         reason[np.setdiff1d(split, paired)] = CODE["outside_shared_prefix"]
-    return Matched(rows=pairs, skipped=reasons.map(_counts))
+    return Matched.of(rows, pairs, reasons)
 
 
 def pair_copies(keys: Pair[np.ndarray], usable: Pair[np.ndarray]) -> Pair[np.ndarray]:
@@ -322,15 +398,22 @@ class FedTokens:
         return np.where(found, self.values[at], 0), found
 
 
-def fed_tokens(trace: Trace, keys: RowKeys | None, prefixes: Prefixes) -> FedTokens:
+def fed_values(trace: Trace, keys: RowKeys | None) -> np.ndarray:
+    """The token of each ``draft.input_ids`` row (its first element), int64."""
+    if keys is None:
+        return np.zeros(0, np.int64)
+    return trace.gather(keys).reshape(len(keys), -1)[:, 0].astype(np.int64)
+
+
+def fed_tokens(keys: RowKeys | None, values: np.ndarray, prefixes: Prefixes) -> FedTokens:
+    """``FedTokens`` of one side from its ``draft.input_ids`` rows and their ``fed_values``."""
     if keys is None:
         return FedTokens(np.zeros(0, np.uint64), np.zeros(0, np.int64))
-    keyed = keyed_rows(keys, prefixes)
+    keyed = keyed_rows(keys, prefixes, FED)
     usable = keyed.reason == KEYED
     copies = _copy_key(keyed.key, _copy_numbers(keyed.key, usable))[usable]
-    values = trace.gather(keys).reshape(len(keys), -1)[usable, 0].astype(np.int64)
     order = np.argsort(copies, kind="stable")
-    return FedTokens(copies[order], values[order])
+    return FedTokens(copies[order], values[usable][order])
 
 
 def _copy_numbers(keys: np.ndarray, usable: np.ndarray) -> np.ndarray:
@@ -422,7 +505,7 @@ def _feed_status(rows: RowKeys, picked: np.ndarray, prefixes: Prefixes, fed: Pai
     ``fed_unknown`` (a side did not record what it fed)."""
     depth = rows.depth[picked]
     differs, unknown = np.zeros(len(picked), bool), np.zeros(len(picked), bool)
-    ids, _, _ = prefixes.lookup(rows.request_code[picked], rows.position[picked])
+    ids, _, _ = prefixes.lookup(rows.request_code[picked], rows.position[picked] + 1)  # the chain's root
     for d in range(1, int(depth.max(initial=0))):  # a row's own depth was matched when pairing
         deep = depth > d
         keys = key_of(ids[deep], rows.position[picked][deep], np.full(int(deep.sum()), d))

@@ -20,7 +20,7 @@ from tracediff.diff.findings import Side
 from tracediff.diff.finite import measure_finite_parts
 from tracediff.diff.metrics import Engine, engine_for
 from tracediff.diff.pair import Pair
-from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, SideKeys, TensorPlan, make_plan
+from tracediff.diff.plan import Chunk, Plan, TensorPlan
 from tracediff.diff.profile import ProfileTally
 from tracediff.diff.results import ContractDiff, Coverage, RowRef, TensorResult, TokenMismatch
 from tracediff.diff.shapes import agreement, kinds_differ
@@ -75,15 +75,12 @@ class Comparison:
         return next((t for t in self.tensors if t.status == "diverged"), None)
 
 
-def compare_traces(traces: Pair[Trace], tolerances: Tolerances | None = None,
-                   rename: dict[str, str] | None = None, align: str = "prefix",
-                   stop_at_first: bool = False, chunk_bytes: int = CHUNK_BYTES,
-                   keys: Pair[SideKeys] | None = None, progress: Progress | None = None) -> Comparison:
-    """Plan from key columns (``keys``: each side's ``tensor_keys`` if already read), then measure
-    every chunk (or only up to the first failing one when ``stop_at_first``: tensors not fully
-    read are then reported as ``unchecked``). ``progress`` hears of every chunk measured."""
+def compare_traces(traces: Pair[Trace], plan: Plan, tolerances: Tolerances | None = None,
+                   stop_at_first: bool = False, progress: Progress | None = None) -> Comparison:
+    """Execute ``plan`` (``plan.make_plan``'s, from key columns): measure every chunk (or only up to
+    the first failing one when ``stop_at_first``: tensors not fully read are then reported as
+    ``unchecked``). ``progress`` hears of every chunk measured."""
     tolerances = tolerances or Tolerances()
-    plan = make_plan(traces, rename, align, chunk_bytes, keys)
     results = {t.name: _initial(t) for t in plan.tensors}
     comparison = Comparison(paths=traces.map(lambda t: [str(p) for p in t.paths]), plan=plan, tensors=[],
                             contract=contract_diff(traces),
@@ -138,7 +135,8 @@ def _initial(tensor: TensorPlan) -> TensorResult:
     keys, matched = tensor.keys, tensor.matched
     skipped = matched.skipped
     compared = (len(np.unique(matched.rows.a)), len(np.unique(matched.rows.b)))
-    coverage = Coverage.of((len(keys.a), len(keys.b)), len(matched.rows.a), compared, skipped.a, skipped.b)
+    coverage = Coverage.of((len(keys.a), len(keys.b)), len(matched.rows.a), compared, skipped.a, skipped.b,
+                           depths=matched.by_depth)
     return TensorResult(tensor.name, tensor.problem or "not_comparable", dtypes=(keys.a.dtype, keys.b.dtype),
                         shapes=(list(keys.a.row_shape), list(keys.b.row_shape)), coverage=coverage,
                         note=tensor.note)

@@ -16,7 +16,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracediff.diff.align import FED, Declared, Matched, Prefixes, Sides, fed_tokens, match, match_by_step
+from tracediff.diff.align import (
+    FED,
+    Declared,
+    Matched,
+    Prefixes,
+    Sides,
+    fed_tokens,
+    fed_values,
+    match,
+    match_by_step,
+)
 from tracediff.diff.pair import Pair
 from tracediff.diff.rename import renamed
 from tracediff.diff.results import Coverage, Status
@@ -165,9 +175,11 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
         for name in [n for n in statics_here if n in theirs]:  # static here, per-token there
             del statics_here[name]
             mixed_here[name] = Mixed(1, "static")
-    prefixes = side.zip(tensors_by_name).starmap(lambda s, t: Prefixes.of(list(t.values()), s.declared))
-    fed = Pair(fed_tokens(traces.a, tensors_by_name.a.get(FED), prefixes.a),
-               fed_tokens(traces.b, tensors_by_name.b.get(FED), prefixes.b))
+    fed_keys = tensors_by_name.map(lambda t: t.get(FED))
+    fed_ids = traces.zip(fed_keys).starmap(fed_values)
+    prefixes = side.zip(tensors_by_name, fed_keys.zip(fed_ids).starmap(Declared.fed)).starmap(
+        lambda s, t, fed: Prefixes.of(list(t.values()), s.declared, fed))
+    fed = fed_keys.zip(fed_ids, prefixes).starmap(fed_tokens)
     sides = Sides.of(prefixes, fed) if align == "prefix" else None
     every = side.map(lambda s: s.every)
     tensors = []
@@ -181,7 +193,7 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
             matched = Matched(both.map(lambda k: np.zeros(0, np.int64)), skipped)
             tensors.append(TensorPlan(name, both, matched, problem[0], problem[1]))
             continue
-        matched = match(both, sides) if sides is not None else match_by_step(both, prefixes, every)
+        matched = match(both, sides, name) if sides is not None else match_by_step(both, prefixes, every)
         tensors.append(TensorPlan(name, both, matched, note=dtype_note((keys_a.dtype, both.b.dtype))))
     names = Pair([*tensors_by_name.a, *mixed_by_name.a], [*tensors_by_name.b, *mixed_by_name.b])
     either = dict.fromkeys([*mixed_by_name.a, *mixed_by_name.b])

@@ -41,7 +41,7 @@ Reason = Literal[
     "not_recorded",  # the other side knows the tokens but recorded no such row
     "filtered_step",  # the other side's recorder kept only every N-th step (--align step)
     "fed_differs",  # depth > 0: the draft was fed other tokens on the two sides
-    "fed_unknown",  # depth > 0: a side did not record draft.input_ids
+    "fed_unknown",  # a draft row whose fed token is not known (no draft.input_ids, next token unknown)
     "past_other_text",  # depth > 0: fed a token past the other side's text (it cannot hold the row)
     "shape_mismatch",
     "mixed_records",
@@ -57,7 +57,7 @@ REASON_TEXT: dict[str, str] = {
     "filtered_step": "step filtered out on the other side",
     "fed_differs": "not comparable at depth > 0 (fed other tokens)",
     "past_other_text": "draft rows past the other side's text",
-    "fed_unknown": "fed tokens unknown at depth > 0 (no draft.input_ids)",
+    "fed_unknown": "fed tokens unknown (no draft.input_ids, and the next token is not in the token table)",
     "shape_mismatch": "shape mismatch",
     "mixed_records": "records of mixed kinds (dtype, row shape, or static and per-token)",
 }
@@ -69,7 +69,9 @@ class Coverage:
     several); ``compared_a`` / ``compared_b`` count each side's distinct rows compared.
     ``fraction`` = the compared share of the comparable rows (rows minus ``EXCUSED`` reasons) of the
     side with fewer comparable rows (the lower share on a tie); None when that side has none. For
-    all tensors together, ``fraction`` is the least-covered tensor's."""
+    all tensors together, ``fraction`` is the least-covered tensor's. ``depths``: the same per draft
+    depth either side recorded (each with its ``depth``), so that no depth hides behind another's
+    rows; ``depth`` is None for a coverage over all depths."""
 
     rows_a: int = 0
     rows_b: int = 0
@@ -79,19 +81,22 @@ class Coverage:
     skipped_a: dict[str, int] = field(default_factory=dict)
     skipped_b: dict[str, int] = field(default_factory=dict)
     fraction: float | None = None
+    depth: int | None = None
+    depths: list[Coverage] = field(default_factory=list)
 
     @classmethod
     def of(cls, rows: tuple[int, int], aligned: int, compared: tuple[int, int], skipped_a: dict[str, int],
-           skipped_b: dict[str, int]) -> Coverage:
+           skipped_b: dict[str, int], depth: int | None = None,
+           depths: list[Coverage] | None = None) -> Coverage:
         skipped = (skipped_a, skipped_b)
         eligible = [n - sum(s.get(r, 0) for r in EXCUSED) for n, s in zip(rows, skipped)]
         shares = [done / n if n > 0 else None for done, n in zip(compared, eligible)]
         smaller = [s for s, n in zip(shares, eligible) if n == min(eligible) and s is not None]
         return cls(rows[0], rows[1], aligned, compared[0], compared[1], _nonzero(skipped_a),
-                   _nonzero(skipped_b), min(smaller) if smaller else None)
+                   _nonzero(skipped_b), min(smaller) if smaller else None, depth, list(depths or []))
 
     @classmethod
-    def total(cls, parts: list[Coverage]) -> Coverage:
+    def total(cls, parts: list[Coverage], depth: int | None = None) -> Coverage:
         def summed(side: str) -> dict[str, int]:
             out: dict[str, int] = {}
             for p in parts:
@@ -101,9 +106,21 @@ class Coverage:
 
         shares = [0.0 if p.fraction is None and not p.aligned else p.fraction for p in parts]
         known = [s for s in shares if s is not None]
+        by_depth: dict[int, list[Coverage]] = {}
+        for p in parts:
+            for d in p.depths:
+                by_depth.setdefault(d.depth if d.depth is not None else 0, []).append(d)
         return cls(sum(p.rows_a for p in parts), sum(p.rows_b for p in parts), sum(p.aligned for p in parts),
                    sum(p.compared_a for p in parts), sum(p.compared_b for p in parts), summed("skipped_a"),
-                   summed("skipped_b"), min(known) if known else None)
+                   summed("skipped_b"), min(known) if known else None, depth,
+                   [cls.total(by_depth[d], d) for d in sorted(by_depth)])
+
+    @property
+    def one_sided(self) -> str | None:
+        """"a" / "b" when only that side holds rows here, else None."""
+        if self.rows_a and not self.rows_b:
+            return "a"
+        return "b" if self.rows_b and not self.rows_a else None
 
     def describe(self) -> str:
         """One line: '12 / 12 of 33 / 12 rows compared (100%); not compared: a 21 outside the shared

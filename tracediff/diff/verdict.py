@@ -10,6 +10,7 @@ from tracediff.diff.pair import Pair
 from tracediff.diff.results import (
     EXCUSED,
     INCOMPLETE_STATUSES,
+    REASON_TEXT,
     Coverage,
     Diagnosis,
     FirstDivergence,
@@ -55,6 +56,50 @@ def shortfalls(tensors: list[TensorResult], min_coverage: float) -> list[str]:
     return lines
 
 
+# What a depth's rows left out most says why none of them was compared.
+DEPTH_WHY = {"fed_differs": "the two sides drafted other tokens",
+             "fed_unknown": "a side did not record the tokens it fed (draft.input_ids)",
+             "past_other_text": "every chain runs past the other side's text"}
+
+
+def depth_shortfalls(coverage: Coverage) -> list[str]:
+    """One line per run of draft depths that were never compared: depths only one side recorded
+    (a draft unrolled or served deeper on one side: a clamped ``num_steps``, a longer TTT), and
+    depths both sides recorded where no row could be compared. Neither ever counts as covered."""
+    runs: list[tuple[list[Coverage], str]] = []
+    for d in coverage.depths:
+        if d.aligned or d.depth is None:
+            continue
+        side = d.one_sided
+        if side is not None:
+            why = f"only {side}"
+        else:
+            skipped: dict[str, int] = {}
+            for counts in (d.skipped_a, d.skipped_b):
+                for reason, n in counts.items():
+                    skipped[reason] = skipped.get(reason, 0) + n
+            top = max(skipped, key=lambda r: skipped[r]) if skipped else ""
+            why = DEPTH_WHY.get(top, REASON_TEXT.get(top, top) or "nothing aligned")
+        if runs and runs[-1][1] == why and runs[-1][0][-1].depth == d.depth - 1:
+            runs[-1][0].append(d)
+        else:
+            runs.append(([d], why))
+    lines = []
+    for depths, why in runs:
+        span = depth_span([d.depth for d in depths if d.depth is not None])
+        rows = f"{sum(d.rows_a for d in depths)} / {sum(d.rows_b for d in depths)} rows"
+        if why.startswith("only "):
+            lines.append(f"{span}: {why} recorded rows there ({rows}): never compared")
+        else:
+            lines.append(f"{span}: no row comparable ({rows}), {why}")
+    return lines
+
+
+def depth_span(depths: list[int]) -> str:
+    """'depth 3' or 'depths 2-6'."""
+    return f"depth {depths[0]}" if len(depths) == 1 else f"depths {depths[0]}-{depths[-1]}"
+
+
 def nothing_shared(tensors: list[TensorResult]) -> bool:
     """No row aligned, and not for want of knowledge (unknown prefixes, unrecorded fed tokens): what
     was left out lies outside the tokens the sides share."""
@@ -73,9 +118,10 @@ def judge(comparison: Comparison, min_coverage: float) -> tuple[Verdict, list[st
         reasons.append("no row of one trace corresponds to a row of the other (different tokens?)")
     if reasons:
         return "incomparable", reasons
+    lines = shortfalls(comparison.tensors, min_coverage) + depth_shortfalls(Coverage.total(
+        [t.coverage for t in on_both if t.coverage is not None]))
     if comparison.first_divergence is not None:
-        return "diverged", shortfalls(comparison.tensors, min_coverage)
-    lines = shortfalls(comparison.tensors, min_coverage)
+        return "diverged", lines
     return ("incomplete", lines) if lines else ("match", [])
 
 

@@ -26,17 +26,25 @@ def log_vocab_map(rec: Recorder | None, d2t: torch.Tensor, t2d: torch.Tensor) ->
 
 
 class RowLogger:
-    """Logs [rows, ...] tensors of one request with their keys; a no-op without a recorder."""
+    """Logs [rows, ...] tensors of one request with their keys; a no-op without a recorder. Rows
+    before ``first_row`` are not logged (a prefix-cache hit: the producer computed them earlier)."""
 
-    def __init__(self, rec: Recorder | None, request: str, tokens: Sequence[int] | np.ndarray) -> None:
+    def __init__(self, rec: Recorder | None, request: str, tokens: Sequence[int] | np.ndarray,
+                 first_row: int = 0) -> None:
         self.rec = rec
         self.request = request
         self.tokens = np.asarray(tokens, dtype=np.int64)
+        self.first_row = first_row
 
     def log(self, name: str, values: torch.Tensor, rows: Sequence[int], step: int, depth: int = 0) -> None:
         if self.rec is None:
             return
         at = np.asarray(rows, dtype=np.int64)
+        if self.first_row and (at < self.first_row).any():
+            keep = at >= self.first_row
+            if not keep.any():
+                return
+            at, values = at[keep], values[torch.from_numpy(keep)]
         self.rec.log(name, values, step=step, depth=depth, request=self.request, positions=at,
                      token_ids=self.tokens[at])
 

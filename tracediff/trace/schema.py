@@ -44,6 +44,17 @@ CANONICAL_NAMES: dict[str, str] = {
     "draft.t2d": "static: the draft's t2d mask [V] (True for target ids in the draft vocab)",
 }
 
+# Draft tensors whose depth-0 row t depends on the target's states at t alone (x[0..t]); every other
+# draft.* / verify.* tensor also depends on the token fed to the draft there (x[t + 1]), and every row
+# at depth > 0 on its chain's fed tokens. Other names (target.*, foreign names) depend on x[0..t].
+TARGET_FED_DRAFT = frozenset({"draft.fc_in", "draft.fc_out", "draft.positions"})
+
+
+def reads_fed_token(name: str) -> bool:
+    """Whether depth-0 rows of ``name`` depend on the token fed to the draft at their row (x[t + 1])."""
+    return name.startswith(("draft.", "verify.")) and name not in TARGET_FED_DRAFT
+
+
 # Names starting with this are the format's own bookkeeping, never user data.
 RESERVED_PREFIX = "__"
 FINAL_RECORD = "__final__"

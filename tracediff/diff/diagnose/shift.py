@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracediff.diff.align import RowIndex, key_of
+from tracediff.diff.align import RowIndex, fed_next, key_of, prefix_ids
 from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
 from tracediff.diff.differ import Comparison
 from tracediff.diff.findings import Diagnosis, RowShiftEvidence, ValueOffsetEvidence
@@ -29,7 +29,7 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
     keys = tensor.keys
     sample = failing_sample(comparison, first.name).map(lambda rows: rows[:SAMPLE_ROWS])
     rows_a = sample.a
-    index_b = RowIndex.of(keys.b, plan.prefixes.b)
+    index_b = RowIndex.of(keys.b, plan.prefixes.b, first.name)
     values_a = values(traces.a, keys.a, rows_a)
     labels = side_labels(traces)
     if "position" in first.name and len(rows_a):
@@ -49,7 +49,8 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
     bounds = comparison.tolerances.bounds(first.name, dtypes, first.worst)
     for k in SHIFTS:
         shifted = keys.a.position[rows_a] + k
-        ids, known, _ = plan.prefixes.a.lookup(keys.a.request_code[rows_a], shifted)
+        ids, known = prefix_ids(plan.prefixes.a, keys.a.request_code[rows_a], shifted,
+                                fed_next(keys.a)[rows_a])
         theirs = np.where(known, index_b.find(key_of(ids, shifted, keys.a.depth[rows_a])), -1)
         mine = np.flatnonzero(theirs >= 0)
         theirs = theirs[mine]

@@ -43,17 +43,19 @@ def draft_contract(draft: Any) -> dict:
 
 
 def server_contract(server_args: Any) -> dict:
-    """Server arguments as SGLang resolved them (its rewrites show only in ``resolved_view``)."""
+    """Server arguments as SGLang resolved them (its rewrites show only in ``resolved_view``), and
+    the speculative arguments as the user gave them (a clamp shows as a difference of the two)."""
     if server_args is None:
         return {}
     from sglang.srt.arg_groups.model_override_base import resolved_view
 
     view = resolved_view(server_args)
     spec = {k: plain(getattr(view, attr, None)) for k, attr in SPEC_ARGS.items()}
+    asked = {k: plain(getattr(server_args, attr, None)) for k, attr in SPEC_ARGS.items()}
     args = {attr: plain(getattr(view, attr, None)) for attr in SERVER_ARGS}
     name = getattr(server_args, "served_model_name", None) or getattr(server_args, "model_path", None)
-    return {"speculative_args": spec, "server_args": args, "target_model": name,
-            "attention_backend": args["attention_backend"]}
+    return {"speculative_args": spec, "speculative_args_requested": asked, "server_args": args,
+            "target_model": name, "attention_backend": args["attention_backend"]}
 
 
 def plain(value: Any) -> Any:

@@ -1,0 +1,52 @@
+"""Draft depths one side never drafted: training unrolled more depths than serving drafts (a
+``--speculative-num-steps`` that silently clamps ``--speculative-num-draft-tokens``, a TTT length
+longer than the served chain), or the other way round. Those depths are never compared: say so, and
+say what the contracts state about it. Runs whether or not anything diverged."""
+
+from __future__ import annotations
+
+from tracediff.diff.contract import contract
+from tracediff.diff.diagnose.evidence import side_labels
+from tracediff.diff.differ import Comparison
+from tracediff.diff.findings import Diagnosis, DraftDepthsEvidence
+from tracediff.diff.pair import Pair
+from tracediff.diff.verdict import depth_span
+from tracediff.trace.reader import Trace
+
+
+def draft_depths(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
+    recorded = Pair(*(sorted({int(d) for keys in side.values() for d in set(keys.depth.tolist())})
+                      for side in (comparison.plan.keys.a, comparison.plan.keys.b)))
+    if not recorded.a or not recorded.b or set(recorded.a) == set(recorded.b):
+        return []
+    only = sorted(set(recorded.a) ^ set(recorded.b))
+    stated = traces.map(contract)
+    ttt = _int(stated.a.get("ttt_length")) or _int(stated.b.get("ttt_length"))
+    spec = next((s for s in (stated.b.get("speculative_args"), stated.a.get("speculative_args"))
+                 if isinstance(s, dict)), {})
+    asked = next((s for s in (stated.b.get("speculative_args_requested"),
+                              stated.a.get("speculative_args_requested")) if isinstance(s, dict)), {})
+    evidence = DraftDepthsEvidence(depths_a=max(recorded.a) + 1, depths_b=max(recorded.b) + 1,
+                                   never_compared=only, ttt_length=ttt, num_steps=_int(spec.get("num_steps")),
+                                   topk=_int(spec.get("topk")),
+                                   num_draft_tokens=_int(spec.get("num_draft_tokens")),
+                                   num_draft_tokens_requested=_int(asked.get("num_draft_tokens")))
+    labels = side_labels(traces)
+    deeper, shallower = ("a", "b") if evidence.depths_a > evidence.depths_b else ("b", "a")
+    n_deep, n_shallow = getattr(evidence, f"depths_{deeper}"), getattr(evidence, f"depths_{shallower}")
+    text = f"{getattr(labels, shallower)} drafts {n_shallow} token{'s' if n_shallow != 1 else ''} per verify"
+    args = [f"{k} {v}" for k, v in (("num_steps", evidence.num_steps), ("topk", evidence.topk),
+                                     ("num_draft_tokens", evidence.num_draft_tokens)) if v is not None]
+    text += f" ({', '.join(args)})" if args else f" (depths 0-{n_shallow - 1} recorded)"
+    requested, resolved = evidence.num_draft_tokens_requested, evidence.num_draft_tokens
+    if requested is not None and resolved is not None and requested != resolved:
+        text += f"; {requested} draft tokens were asked for and the server resolved {resolved}"
+    text += f"; {getattr(labels, deeper)} "
+    text += f"trained {n_deep} depths (ttt_length {ttt})" if ttt else f"recorded {n_deep} depths"
+    gap = [d for d in only if d in getattr(recorded, deeper)]
+    text += f": {depth_span(gap) if gap else 'depths ' + str(only)} never served, so never compared"
+    return [Diagnosis("draft_depths", text, evidence, severity="warning")]
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
