@@ -42,8 +42,9 @@ def test_the_real_world_aux_bug_is_named() -> None:
     first = report["first_divergence"]
     assert first["name"] == "target.aux" and first["row"]["position"] == 0 and first["row"]["depth"] == 0
     assert (first["row"]["request_a"], first["row"]["request_b"]) == ("sample0", "req0")
-    (diagnosis,) = report["diagnoses"]
-    assert diagnosis["kind"] == "aux_layer_set"
+    diagnosis, stated, _ = report["diagnoses"]  # the slots found, then the contract key that differs
+    assert (diagnosis["kind"], stated["kind"], stated["evidence"]["key"]) == ("aux_layer_set", "config",
+                                                                             "aux_layer_ids")
     assert diagnosis["evidence"]["slots_a"] == ["target.embed", "target.layer.1", "target.layer.3"]
     assert diagnosis["evidence"]["slots_b"] == ["target.layer.1", "target.layer.3", "target.layer.5"]
     said = "serving fed [layer 1, layer 3, layer 5], training fed [embed, layer 1, layer 3]"

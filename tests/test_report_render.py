@@ -62,14 +62,15 @@ def test_trace_text_in_markdown_prose_never_mentions_anyone(tmp_path) -> None:
 def test_an_incomparable_headline_gives_the_reason_not_a_divergence(tmp_path) -> None:
     from tests.conftest import run_cli
 
-    for name, model in (("a", "llama-a"), ("b", "llama-b")):
-        with td.record(tmp_path / f"{name}.h5", meta={"target_model": model}) as rec:
+    for name, layers in (("a", 4), ("b", 6)):
+        with td.record(tmp_path / f"{name}.h5", meta={"target_config": {"num_hidden_layers": layers}}) as rec:
             values = np.random.default_rng(ord(name)).standard_normal((3, 8))
             rec.log("h", values, token_ids=[1, 2, 3])
     out = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
     assert out.returncode == 2
-    assert out.stdout.splitlines()[0] == ("incomparable (3 rows compared, coverage 100%): the contracts name "
-                                          "different target models: a 'llama-a', b 'llama-b'")
+    assert out.stdout.splitlines()[0] == ("incomparable (3 rows compared, coverage 100%): different target "
+                                          "models: target_config.num_hidden_layers a 4, b 6 (--same-target "
+                                          "if they are the same model)")
 
 
 def test_a_missing_rank_file_is_noted(tmp_path) -> None:
@@ -147,9 +148,9 @@ def test_an_incomparable_pair_is_not_reported_as_a_divergence_to_chase(tmp_path)
 
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     name = "m.[b]x y[/b]"
-    for path, model, shift in (("a.h5", "llama-a", 0.0), ("b.h5", "llama-b", 1.0), ("c.h5", "llama-a", 1.0)):
+    for path, model, shift in (("a.h5", "sha-a", 0.0), ("b.h5", "sha-b", 1.0), ("c.h5", "sha-a", 1.0)):
         with td.record(tmp_path / path) as rec:
-            rec.update_contract(target_model=model)
+            rec.update_contract(target_embedding_sha256=model)
             rec.log(name, x + shift, token_ids=[5, 6, 7], request="p")
 
     def text(b: str) -> str:

@@ -51,6 +51,9 @@ def _sample(tp):
     """A value of a field's type, for a round trip."""
     if typing.get_origin(tp) is typing.Literal:
         return typing.get_args(tp)[0]
-    if typing.get_origin(tp) is list:
-        return ["target.layer.1", None]
+    if typing.get_origin(tp) is list:  # an item of the list's type, and where it may be None, a None
+        (item,) = typing.get_args(tp)
+        return [_sample(item)] + ([None] if type(None) in typing.get_args(item) else [])
+    if type(None) in typing.get_args(tp):  # X | None
+        return _sample(next(t for t in typing.get_args(tp) if t is not type(None)))
     return {str: "x", int: 3, float: 0.5, bool: True}.get(tp)

@@ -364,6 +364,9 @@ def compare(
                                        "(fast on large traces; tensors not fully read show as unchecked)"),
     html: Path | None = typer.Option(None, "--html", help="also write the report as one self-contained HTML "
                                      "page (heatmap, error curves, slots, tokens; opens in any browser)"),
+    same_target: bool = typer.Option(False, "--same-target", help="compare even when the target facts the "
+                                     "contracts state (config sizes, embedding fingerprint) differ: you know "
+                                     "the targets are the same model"),
 ) -> None:
     """Align two traces by token prefix and draft depth; name the first diverging tensor and why.
 
@@ -387,7 +390,8 @@ def compare(
 
         with progress_bar("comparing") as progress:
             reports.append(run_compare(a, b, tol=tolerances, rename=rename, align=align, progress=progress,
-                                       stop_at_first=stop_at_first, min_coverage=min_coverage))
+                                       stop_at_first=stop_at_first, min_coverage=min_coverage,
+                                       same_target=same_target))
 
     guarded(a, run)
     report = reports[0]

@@ -9,7 +9,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from tracediff.diff.contract import contract
 from tracediff.trace.reader import Trace
 
 NOT_RECORDED = "not recorded"
@@ -64,7 +63,7 @@ def _lookup(sources: dict[str, dict], where: tuple[tuple[str, tuple[str, ...]], 
 
 def fingerprint(trace: Trace) -> Fingerprint:
     """What ``trace`` states about the environment it was recorded in."""
-    sources = {"meta": trace.meta, "contract": contract(trace)}
+    sources = {"meta": trace.meta, "contract": trace.contract}
     idx = trace.index
     first = {name: dtype for name, dtype in zip(idx.name.tolist(), idx.dtype.tolist())}
     return Fingerprint(facts={fact: _lookup(sources, where) for fact, where in WHERE.items()},

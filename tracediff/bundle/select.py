@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass
 
 from tracediff.bundle.shortfall import Shortfall
-from tracediff.diff.contract import contract
 from tracediff.diff.results import Report
 from tracediff.trace.reader import Trace
 from tracediff.trace.slice import Selection, Span
@@ -258,7 +257,7 @@ def dependencies(name: str, present: list[str], aux: list[str]) -> list[str]:
 def _aux_sources(a: Trace, b: Trace, evidence: list[str], present: list[str]) -> list[str]:
     """The target states that fill the aux slots on either side: as the contracts state them, else
     as the diagnoses found them, else every target state."""
-    stated = [s for t in (a, b) for s in (contract(t).get("aux_sources") or []) if isinstance(s, str)]
+    stated = [s for t in (a, b) for s in (t.contract.get("aux_sources") or []) if isinstance(s, str)]
     found = [n for n in evidence if n == "target.embed" or LAYER.fullmatch(n)]
     every = [n for n in present if n == "target.embed" or LAYER.fullmatch(n)]
     return list(dict.fromkeys(stated or found or every))

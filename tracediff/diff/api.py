@@ -8,9 +8,10 @@ from collections.abc import Iterable
 from contextlib import ExitStack
 from pathlib import Path
 
+from tracediff.diff.contract import ignoring_target
 from tracediff.diff.differ import Progress, compare_traces
 from tracediff.diff.pair import Pair
-from tracediff.diff.plan import CHUNK_BYTES, tensor_keys
+from tracediff.diff.plan import CHUNK_BYTES, make_plan, tensor_keys
 from tracediff.diff.results import Report
 from tracediff.diff.tolerance import Tolerances
 from tracediff.diff.verdict import MIN_COVERAGE, build_report
@@ -23,13 +24,15 @@ TraceLike = str | Path | Trace
 def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | None = None,
             rename: dict[str, str] | None = None, align: str = "prefix", stop_at_first: bool = False,
             min_coverage: float = MIN_COVERAGE, chunk_bytes: int = CHUNK_BYTES,
-            progress: Progress | None = None, warm: bool = True) -> Report:
+            progress: Progress | None = None, warm: bool = True, same_target: bool = False) -> Report:
     """Compare trace ``b`` against baseline ``a`` (paths or open traces).
 
     ``tol``: a ``Tolerances`` or ``--tol`` strings; ``rename``: name in b -> name in a; ``align``:
     ``prefix`` (rows by token content) or ``step`` (same producer); ``min_coverage``: the share of
     comparable rows every tensor must align for a ``match``; ``progress(done, total)`` hears bytes
-    compared; ``warm`` reads the files into the page cache meanwhile (not when stopping early).
+    compared; ``warm`` reads the files into the page cache meanwhile (not when stopping early);
+    ``same_target``: the targets are the same model whatever target facts the contracts state
+    (the report still lists them, marked declared).
     Raises ``InputError`` for unreadable traces, ValueError for bad options."""
     from tracediff.diff.diagnose import diagnose
 
@@ -43,10 +46,14 @@ def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | Non
     with ExitStack() as stack:
         traces = Pair(*(t if isinstance(t, Trace) else stack.enter_context(open_trace(t)) for t in (a, b)))
         keys = traces.map(tensor_keys)  # small reads, done before the disk gets busy with tensor data
+        plan = make_plan(traces, rename, align, chunk_bytes, keys)  # once, from key columns only
         with warming([traces.a, traces.b], enabled=warm and not stop_at_first):
-            comparison = compare_traces(traces, tolerances, rename, align, stop_at_first, chunk_bytes, keys,
-                                        progress)
+            comparison = compare_traces(traces, plan, tolerances, stop_at_first, progress)
+        stated = comparison.contract
+        if same_target:  # the verdict reads the contracts without their target facts; the report has them all
+            comparison.contract = ignoring_target(stated)
         report = build_report(comparison, diagnose(comparison, traces), traces, align, min_coverage)
+        report.contract = stated
         report.renamed = {b: a for b, a in (rename or {}).items() if b != a}
         report.same_file = same_files(traces)
         return report

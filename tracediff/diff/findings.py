@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 Kind = Literal["nan_inf", "aux_layer_set", "aux_order", "layer_offset", "vocab_map", "position_shift",
-               "scale", "norm", "precision", "token_mismatch"]
+               "scale", "norm", "precision", "token_mismatch", "config"]
 Severity = Literal["error", "warning", "info"]
 Side = Literal["a", "b"]
 NormedSide = Literal["a", "b", "both"]
@@ -183,9 +183,38 @@ class PrecisionEvidence:
     limit: float = field(metadata=EXACT)
 
 
+@dataclass
+class ConfigCauseEvidence:
+    """A contract key whose difference can change the first diverging tensor (docs/REPORT.md's
+    config-cause table): its values, its effect in the table, the error profile the first diverging
+    tensor shows (``grows_with_position``, ``from_position_0``, or empty: neither, or not known) and
+    whether that is the profile the effect leaves (None: the effect leaves none in particular)."""
+
+    KINDS: ClassVar = ("config",)
+    tensor: str
+    key: str
+    value_a: Any
+    value_b: Any
+    effect: str
+    profile: str = field(metadata=IGNORED)
+    profile_fits: bool | None = field(metadata=IGNORED)
+
+
+@dataclass
+class ConfigBystandersEvidence:
+    """Contract keys that differ but cannot change the first diverging tensor (``cannot_explain``),
+    and keys whose effect the table does not know (``unknown_effect``), listed after a named cause."""
+
+    KINDS: ClassVar = ("config",)
+    tensor: str
+    cannot_explain: list[str]
+    unknown_effect: list[str]
+
+
 Evidence = (TokenMismatchEvidence | NonFiniteEvidence | SlotsEvidence | SlotNormEvidence | D2tSizeEvidence
             | D2tEntriesEvidence | DirectMapEvidence | ValueOffsetEvidence | RowShiftEvidence | ScaleEvidence
-            | NormFitEvidence | PrecisionEvidence)
+            | NormFitEvidence | PrecisionEvidence
+            | ConfigCauseEvidence | ConfigBystandersEvidence)
 VARIANTS: tuple[type[Any], ...] = typing.get_args(Evidence)
 
 

@@ -16,6 +16,7 @@ import torch
 from tracediff.eagle3.canonical import RowLogger, log_vocab_map
 from tracediff.eagle3.capture import AuxSpec, run_target
 from tracediff.eagle3.draft import DraftKV, Eagle3Draft
+from tracediff.integrations.target_summary import target_identity
 from tracediff.record.recorder import Recorder
 
 OFFSET, DIRECT = "offset", "direct"
@@ -75,7 +76,7 @@ class SpeculativeDecoder:
     def contract(self) -> dict:
         """What this decoder resolved, for the trace's metadata."""
         return {**self.conv.to_dict(), "draft_config": self.draft.config.to_dict(),
-                "d2t_sha256": d2t_sha256(self.draft),
+                "d2t_sha256": d2t_sha256(self.draft), **target_identity(self.target),
                 "speculative_args": {"algorithm": "EAGLE3", "num_steps": self.num_steps, "topk": 1,
                                      "num_draft_tokens": self.num_steps + 1}}
 

@@ -611,7 +611,6 @@ def _isatty(fd: int) -> bool:
 
 def written(out: Path) -> list[WrittenFile]:
     """The trace files a run wrote, with their record counts."""
-    from tracediff.diff.contract import contract
     from tracediff.trace.reader import Trace
 
     files = []
@@ -621,7 +620,7 @@ def written(out: Path) -> list[WrittenFile]:
             continue
         try:
             with Trace([path]) as trace:
-                keys = contract(trace).get("row_keys")
+                keys = trace.contract.get("row_keys")
                 files.append(WrittenFile(path, len(trace.index), trace.complete,
                                          keys if isinstance(keys, str) else None))
         except Exception:  # unreadable (a writer killed mid-write): listed, never a traceback here

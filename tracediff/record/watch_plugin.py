@@ -24,7 +24,8 @@ call's keys after the inner one returns.
 Names: in an HF causal LM (``LlamaForCausalLM`` etc., also inside a wrapper) the embedding is
 ``target.embed`` and decoder layer i ``target.layer.{i}`` (its output, docs/FORMAT.md); other
 modules keep their dotted name. The contract's ``target_model`` names the HF model (its config's
-``name_or_path``, else its architecture and a hash of its config).
+``name_or_path``, else its architecture and a hash of its config); ``target_config`` and
+``target_embedding_sha256`` identify it (tracediff/integrations/target_summary.py).
 
 Row keys, by what the root call carries (the contract's ``row_keys`` says which were used):
 - ``input_ids`` (``tokens``): a request per batch row, kept across forwards that continue a KV
@@ -60,6 +61,7 @@ from types import FrameType
 from typing import Any
 
 from tracediff.errors import did_you_mean
+from tracediff.integrations.target_summary import target_identity
 from tracediff.record.filters import RecordFilter
 from tracediff.record.hooks import first_tensor
 from tracediff.record.host import tag_of_tensor
@@ -531,7 +533,7 @@ class Watcher:
         lm = causal_lm(root)
         canonical = lm[1] if lm else {}
         if lm and "target_model" not in self.contract and (identity := model_identity(lm[0])):
-            self.contract["target_model"] = identity
+            self.contract.update(target_identity(lm[0]), target_model=identity)
         for name, module in matched:  # watched under an earlier root it belongs to: the enclosing keys win
             entry = self.seen[id(module)]
             entry.label, entry.owner = canonical.get(name, name), state

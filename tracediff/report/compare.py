@@ -14,7 +14,16 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tracediff.diff.results import REASON_TEXT, Coverage, Report, RowRef, TensorResult, TraceInfo
+from tracediff.diff.contract import TARGETS_DIFFER, cause_of, describe_entry, target_differences
+from tracediff.diff.results import (
+    REASON_TEXT,
+    ContractEntry,
+    Coverage,
+    Report,
+    RowRef,
+    TensorResult,
+    TraceInfo,
+)
 from tracediff.report.text import code, md, safe
 
 SHOWN = ("max_rel", "cosine", "argmax_agree", "kl", "equal")
@@ -181,6 +190,16 @@ def _json(value: Any) -> str:
     return safe(json.dumps(value))
 
 
+def contract_differences(report: Report) -> list[tuple[ContractEntry, str]]:
+    """The differing contract keys with what each can change (the config-cause table), those that
+    can change some tensor first, then those that change none by themselves."""
+    diff = report.contract
+    declared = bool(target_differences(diff)) \
+        and not any(r.startswith(TARGETS_DIFFER) for r in report.reasons)  # not incomparable: --same-target
+    described = [(e, describe_entry(e, diff, declared)) for e in diff.differing]
+    return sorted(described, key=lambda pair: cause_of(pair[0].key).effect == "none")
+
+
 def render(console: Console, report: Report) -> None:
     console.print(Text(headline(report), style=COLOR[report.verdict]))
     console.print(Text(f"compared: {coverage_line(report.coverage)}"))
@@ -200,9 +219,10 @@ def render(console: Console, report: Report) -> None:
     for line in trace_notes(report):
         console.print(Text(line, style="yellow"))
     if report.contract.differing:
-        console.print("contract differences:")
-        for e in report.contract.differing:
-            console.print(Text(f"  {safe(e.key)}: a={_json(e.a)} b={_json(e.b)}"), soft_wrap=True)
+        console.print("contract differences (a | b):")
+        for e, what in contract_differences(report):
+            line = f"  {safe(e.key)}: {_json(e.a)} | {_json(e.b)} ({safe(what)})"
+            console.print(Text(line), soft_wrap=True)
     for side, keys in (("a", report.contract.only_a), ("b", report.contract.only_b)):
         if not keys:
             continue
@@ -258,8 +278,8 @@ def to_markdown(report: Report) -> str:
         lines += ["", "</details>"]
     if report.contract.differing or report.contract.only_a or report.contract.only_b:
         lines += ["", "<details><summary>Run contracts</summary>", ""]
-        lines += [f"- differs: {code(e.key)}: a = {code(_json(e.a))}, b = {code(_json(e.b))}"
-                  for e in report.contract.differing]
+        lines += [f"- differs: {code(e.key)}: {code(_json(e.a))} | {code(_json(e.b))} ({md(what)})"
+                  for e, what in contract_differences(report)]
         lines += [f"- only {side} states {code(k)} = {code(_json(v))}" for side, keys in
                   (("a", report.contract.only_a), ("b", report.contract.only_b)) for k, v in keys.items()]
         lines += ["", "</details>"]

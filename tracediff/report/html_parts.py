@@ -8,7 +8,7 @@ from typing import Any
 
 from tracediff.diff.findings import Diagnosis, SlotNormEvidence, SlotsEvidence
 from tracediff.diff.results import Report, TensorResult, TokenView
-from tracediff.report.compare import SHOWN
+from tracediff.report.compare import SHOWN, contract_differences
 from tracediff.report.svg import divergence, esc, num
 
 TOKENS_PER_LINE = 24
@@ -137,10 +137,10 @@ def contract_html(report: Report) -> str:
     c = report.contract
     out = []
     if c.differing:
-        rows = "".join(f"<tr><td><code>{esc(e.key)}</code></td><td>{_value(e.a)}</td>"
-                       f"<td>{_value(e.b)}</td></tr>" for e in c.differing)
-        out.append(f'<table class="contract"><thead><tr><th>key</th><th>a</th><th>b</th></tr></thead>'
-                   f"<tbody>{rows}</tbody></table>")
+        rows = "".join(f"<tr><td><code>{esc(e.key)}</code></td><td>{_value(e.a)}</td><td>{_value(e.b)}</td>"
+                       f"<td>{esc(what)}</td></tr>" for e, what in contract_differences(report))
+        head = "".join(f"<th>{h}</th>" for h in ("key", "a", "b", "can change"))
+        out.append(f'<table class="contract"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>')
     else:
         out.append('<p class="muted">The run contracts state no key with different values.</p>')
     for side, keys in (("a", c.only_a), ("b", c.only_b)):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import re
 from dataclasses import dataclass, fields
+from functools import cached_property
 from pathlib import Path
 from typing import Iterator, Sequence
 
@@ -195,6 +196,17 @@ class Trace:
     @property
     def complete(self) -> bool:
         return all(f.complete for f in self.files)
+
+    @cached_property
+    def contract(self) -> dict:
+        """The run contract as the run opened it, updated key by key by what each file's writer learned
+        before closing; computed once (read it, never change it)."""
+        opened = self.meta.get("contract")
+        merged = dict(opened) if isinstance(opened, dict) else {}
+        for final in self.finals:
+            learned = final.get("contract") if isinstance(final, dict) else None
+            merged.update(learned if isinstance(learned, dict) else {})
+        return merged
 
     def names(self) -> list[str]:
         """Tensor names in execution order (first seq_no of each name); reserved ``__`` records

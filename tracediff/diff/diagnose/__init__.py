@@ -6,6 +6,7 @@ added here. ``precision`` runs last and only when nothing else explains the dive
 from __future__ import annotations
 
 from tracediff.diff.diagnose.aux import aux_slots
+from tracediff.diff.diagnose.config import config_causes
 from tracediff.diff.diagnose.nan_inf import nan_inf
 from tracediff.diff.diagnose.precision import precision
 from tracediff.diff.diagnose.scale import scale_or_norm
@@ -17,7 +18,7 @@ from tracediff.diff.findings import Diagnosis
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import Trace
 
-DIAGNOSES = (nan_inf, aux_slots, vocab_map, position_shift, scale_or_norm)
+DIAGNOSES = (nan_inf, aux_slots, vocab_map, position_shift, scale_or_norm, config_causes)
 STATIC_DIAGNOSES = (vocab_map,)
 
 

@@ -18,6 +18,7 @@ from tracediff.integrations.sglang.guard import (
     sglang_version,
 )
 from tracediff.integrations.sglang.keys import IDLE_BATCHES, Request, Rows, reference
+from tracediff.integrations.target_summary import target_identity
 from tracediff.record.host import is_torch_tensor
 from tracediff.record.launch import RequestGate
 
@@ -373,6 +374,7 @@ class Installation:
         if self.target is not None:
             values["dtypes"] = {"target": str(next(self.target.parameters()).dtype).replace("torch.", "")}
             values["target_num_layers"] = len(self.target.model.layers)
+            values.update(target_identity(self.target))
         if self.draft is not None:
             values.update(draft_contract(self.draft))
         return values
