@@ -77,7 +77,7 @@ CAUSES: tuple[Cause, ...] = (
           DRAFT_AFTER_FC, EVERY, "from_position_0", "the normed tensors and everything after them"),
     Cause("vocab", ("vocab_size", "draft_vocab_size", "d2t_sha256", "hot_token_id_sha256", "d2t_reading",
                     "target_logits"),
-          DRAFT_TOKENS, DRAFT_TOKENS, "", "the draft's logits and tokens"),
+          DRAFT_TOKENS, ("target.logits", "target.token", *DRAFT_TOKENS), "", "the logits and tokens"),
     Cause("aux", ("aux_layer_ids", "aux_layer_ids_resolved", "aux_layer_convention", "aux_sources",
                   "layers_to_capture", "eagle_aux_hidden_state_layer_ids", "eagle_config.*", "hidden_size",
                   "target_hidden_size"),
@@ -96,7 +96,7 @@ CAUSES: tuple[Cause, ...] = (
                    "topk", "num_draft_tokens", "algorithm", "ttt_length", "aux_layer_ids_from"),
           (), (), "", "no tensor by itself"),
 )
-UNKNOWN = Cause("unknown", (), EVERY, EVERY, "", "tensors tracediff does not know")
+UNKNOWN = Cause("unknown", (), EVERY, EVERY, "", "what the config-cause table does not say")
 
 
 def cause_of(key: str) -> Cause:
