@@ -4,6 +4,8 @@ the dump carries, comparable with a trace of the same tokens; bad input is one l
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tracediff.integrations.sglang_cpu import sglang_missing
@@ -67,10 +69,14 @@ def test_non_intrusive_dumps_of_a_model_forward_import_under_canonical_names(dum
     done = run_cli("import", "sglang-dump", str(tmp_path / "dumps"), "-o", str(out))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"wrote {out}: ") and "align only by step" not in done.stdout
+    assert "non-intrusive dumps: module inputs and modules nested in a layer's blocks" in " ".join(
+        done.stdout.split())
     with td.open_trace(out) as trace:
         names = trace.names()
         assert {"target.embed", "target.final_hidden", "target.logits"} <= set(names)
-        assert "sglang.non_intrusive__model.layers.0.output" in names  # SGLang's: the last branch only
+        assert not [n for n in names if "non_intrusive" in n]  # grouped names only (docs/INTEGRATIONS.md)
+        for i in range(2):  # HF's decoder layer returns its output, but the importer reads SGLang's
+            assert f"sglang.layer_output.layer{i}" in names  # models, where it is the last branch only
         assert not {"sglang.input_ids", "sglang.position_ids"} & set(names)  # keys, not records
         embed = trace.rows("target.embed")
         assert torch.equal(torch.from_numpy(embed.numpy()), hidden[0][0])
@@ -148,7 +154,7 @@ def test_dumps_without_tokens_say_rows_align_only_by_step_and_position(dumper, t
     assert done.returncode == 0, done.stderr
     assert "1 of 1 steps carry no input_ids: their rows align only by step and position" in done.stdout
     with td.open_trace(out) as trace:
-        rows = trace.rows("sglang.custom_hidden")
+        rows = trace.rows("sglang.custom_hidden.layer1")  # its layer_id tag
         assert torch.equal(torch.from_numpy(rows.numpy()), x) and rows.position.tolist() == [0, 1, 2, 3]
         assert trace.finals[0]["contract"]["row_keys"] == "step_position"
 
@@ -201,3 +207,117 @@ def test_bad_dumps_are_one_line_and_leave_no_trace(dumper, tmp_path) -> None:
     exists = run_cli("import", "sglang-dump", str(tmp_path / "dumps"), "-o", str(out))
     assert exists.returncode == 2 and exists.stderr.count("\n") == 1 and "already exists" in exists.stderr
     assert out.read_bytes() == b"precious"
+
+
+LAYER_DUMP = "layer_start__hidden_states"
+
+
+def hand_dumped_layers(dumper, model, scale_layer: int | None = None) -> dict:
+    """SGLang's documented hand dump: ``dumper.dump(name, hidden_states, layer_id=self.layer_id)`` in
+    each of 3 layers of one prefill of both requests (8 tokens); ``scale_layer``'s copy scaled."""
+    rids = list(PROMPTS)
+    runs = {rid: forward(model, tokens) for rid, tokens in PROMPTS.items()}
+    flat = [t for rid in rids for t in PROMPTS[rid]]
+    positions = [p for rid in rids for p in range(len(PROMPTS[rid]))]
+    lens = [len(PROMPTS[rid]) for rid in rids]
+    states = {i: torch.cat([runs[rid][0][i][0] for rid in rids]) for i in range(3)}
+    dumper.dump("input_ids", torch.tensor(flat))
+    dumper.dump("seq_lens", torch.tensor(lens))
+    dumper.dump("positions", torch.tensor(positions))
+    dumper.dump("rids", rids)
+    for i, state in states.items():
+        dumper.dump(LAYER_DUMP, state * (1.5 if i == scale_layer else 1.0), layer_id=i)
+    dumper.step()
+    return states
+
+
+def test_one_name_dumped_in_three_layers_is_three_tensors_named_by_layer(dumper, model, tmp_path) -> None:
+    states = hand_dumped_layers(dumper, model)
+    import_sglang_dump(tmp_path / "dumps", tmp_path / "serve.h5")
+    with td.open_trace(tmp_path / "serve.h5") as trace:
+        names = set(trace.names())
+        assert f"sglang.{LAYER_DUMP}" not in names  # not one tensor of 24 rows
+        for i, state in states.items():
+            rows = trace.rows(f"sglang.{LAYER_DUMP}.layer{i}")
+            assert len(rows) == 8 and torch.equal(torch.from_numpy(rows.numpy()), state)
+            assert list(rows.request) == ["req-a"] * 5 + ["req-b"] * 3
+
+
+def test_a_compare_of_two_dumps_that_differ_in_one_layer_names_that_layer(sgl_dumper, model,
+                                                                          tmp_path) -> None:
+    for run, scaled in (("a", None), ("b", 1)):
+        sgl_dumper.reset()
+        sgl_dumper.configure(enable=True, dir=str(tmp_path / run), exp_name="run0",
+                             enable_output_console=False, non_intrusive_mode="all")
+        hand_dumped_layers(sgl_dumper, model, scale_layer=scaled)
+        import_sglang_dump(tmp_path / run, tmp_path / f"{run}.h5")
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "diverged"
+    assert report.first_divergence is not None
+    assert report.first_divergence.name == f"sglang.{LAYER_DUMP}.layer1"
+    status = {t.name: t.status for t in report.tensors}
+    assert [status[f"sglang.{LAYER_DUMP}.layer{i}"] for i in (0, 2)] == ["match", "match"]
+
+
+GROUPED = re.compile(r"sglang\.(draft\.)?[a-z_]+(\.(residual|out\d+))?\.layer\d+"
+                     r"|sglang\.draft\.norm(\.residual)?")
+
+
+def test_sglang_models_dumped_by_the_non_intrusive_dumper_map_and_group_as_documented(
+        sgl_dumper, tmp_path) -> None:
+    """SGLang's own Llama target (4 layers) and EAGLE-3 draft served on CPU, both models under the
+    non-intrusive dumper as SGLang's ModelRunner registers it (and steps it after each forward)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tracediff.integrations.sglang_cpu import CpuServer, tiny_checkpoint
+
+    target_dir, target_weights, draft_dir, draft_weights = tiny_checkpoint(tmp_path, layers=4,
+                                                                                aux_ids=(0, 1, 2))
+    server = CpuServer(target_dir, target_weights, draft_dir, draft_weights, num_steps=2)
+    sgl_dumper.reset()
+    sgl_dumper.configure(enable=True, dir=str(tmp_path / "dumps"), exp_name="run0",
+                         enable_output_console=False, non_intrusive_mode="all")
+    modules = []
+    for module in (server.target, server.draft):
+        sgl_dumper.register_non_intrusive_dumper(module)
+        forward_fn = module.forward
+
+        def stepping(*args, _forward=forward_fn, **kwargs):
+            out = _forward(*args, **kwargs)
+            sgl_dumper.step()  # what ModelRunner.forward does after each forward
+            return out
+
+        module.forward = stepping
+        modules.append((module, forward_fn))
+    prompt = PROMPTS["req-a"]
+    server.serve([prompt], 2, rids=["req-a"])
+    for module, forward_fn in modules:
+        module.forward = forward_fn  # the dumper's own wrapper, which its reset removes
+    sgl_dumper.reset()
+    raw = {torch.load(p, weights_only=True)["meta"]["name"] for p in (tmp_path / "dumps" / "run0").iterdir()}
+    done = import_sglang_dump(tmp_path / "dumps", tmp_path / "serve.h5")
+    assert done.left_out > 0
+
+    hf = LlamaForCausalLM(LlamaConfig.from_pretrained(target_dir)).eval()
+    hf.load_state_dict(target_weights)
+    outputs: dict[int, torch.Tensor] = {}
+    for i, layer in enumerate(hf.model.layers):
+        layer.register_forward_hook(lambda m, a, out, i=i: outputs.__setitem__(
+            i, (out[0] if isinstance(out, tuple) else out)[0]))
+    with torch.no_grad():
+        hf(torch.tensor([prompt]))
+    with td.open_trace(tmp_path / "serve.h5") as trace:
+        names = set(trace.names())
+        for i in range(4):  # the residual stream SGLang's fused norms return: each layer's output
+            rows = trace.rows(f"target.layer.{i}")
+            first = [r for r in range(len(rows)) if rows.step[r] == rows.step[0]]
+            assert rows.position[first].tolist() == list(range(5))
+            torch.testing.assert_close(torch.from_numpy(rows.numpy()[first]), outputs[i],
+                                       atol=1e-5, rtol=1e-5)
+        assert {"target.embed", "target.final_hidden", "target.logits", "draft.embed", "draft.fc_in",
+                "draft.fc_out", "draft.logits", "draft.input_ids"} <= names
+        grouped = names - {n for n in names if n.startswith(("target.", "draft."))}
+        assert grouped and all(GROUPED.fullmatch(n) for n in grouped), sorted(grouped)
+        blocks = {f"sglang.self_attn.layer{i}" for i in range(4)}
+        assert blocks | {"sglang.draft.self_attn.layer0", "sglang.draft.hidden_norm.layer0"} <= grouped
+        assert len(names) < len(raw) / 2  # 149 dumper names -> a few per layer

@@ -544,6 +544,9 @@ def import_sglang_dump(
                        f"({result.steps} steps)"))
     if result.skipped:
         console.print(Text(f"left out {result.skipped} values that are not tensors tracediff records"))
+    if result.left_out:
+        console.print(Text(f"left out {result.left_out} non-intrusive dumps: module inputs and modules "
+                           "nested in a layer's blocks (docs/INTEGRATIONS.md)"))
     if result.steps_without_tokens:
         console.print(Text(f"note: {result.steps_without_tokens} of {result.steps} steps carry no input_ids: "
                            "their rows align only by step and position (tracediff compare --align step)"))

@@ -16,6 +16,15 @@ Draft steps (their forward runs ``model.fc``, or only decoder layer 0) take the 
 target at the same (request, position) and record their fed ids as ``draft.input_ids``. A step
 without ``input_ids`` keys its rows by position only (token id -1): such rows align only by step and
 position (``compare --align step``), and the trace's contract and the command say so.
+
+Names (``trace_name``, docs/INTEGRATIONS.md has the table): the dumper's ``layer_id`` (a tag in the
+file name and meta; the non-intrusive dumper sets it inside ``model.layers.{i}``) stays in the
+name, so one name dumped in three layers is three tensors. Known states get canonical names
+(SGLang's fused add-norm returns (normed, residual): the residual entering layer i is the output of
+layer i-1, ``target.layer.{i-1}``). The non-intrusive dumper's other tensors are grouped one per
+block of a decoder layer, ``sglang.[draft.]<block>[.residual|.out<k>].layer<i>``; module inputs,
+the root's and ``model``'s outputs (each another dumped tensor or a key field) and modules nested
+inside a block are left out and counted.
 """
 
 from __future__ import annotations
@@ -34,22 +43,27 @@ from tracediff.integrations.torch_files import load_tensors
 from tracediff.record.host import tag_of_tensor
 
 PREFIX = "non_intrusive__"
-# Dumper name -> (canonical name in a target step, in a draft step); None: kept as sglang.<name>.
-# Module paths are SGLang 0.5.23's LlamaForCausalLM / LlamaForCausalLMEagle3 (and HF's lm_head).
-# Not mapped on purpose: model.layers.{i}.output is the layer's last branch in SGLang (the residual
-# add is deferred to the next layer), not target.layer.i.
+# Non-intrusive path (after PREFIX) -> (canonical name in a target step, in a draft step); None:
+# grouped by trace_name. Module paths are SGLang 0.5.23's LlamaForCausalLM / LlamaForCausalLMEagle3
+# (and HF's lm_head). Not mapped on purpose: model.layers.{i}.output is the layer's last branch in
+# SGLang (the residual add is deferred to the next layer), not target.layer.i; the draft's
+# model.norm.output.1 is draft.hidden only when the draft config's norm_output is off.
 NAMES: dict[str, tuple[str | None, str | None]] = {
-    PREFIX + "model.embed_tokens.output": ("target.embed", "draft.embed"),
-    PREFIX + "model.norm.output": ("target.final_hidden", None),
-    PREFIX + "model.norm.output.0": ("target.final_hidden", None),
-    PREFIX + "logits_processor.output.next_token_logits": ("target.logits", "draft.logits"),
-    PREFIX + "lm_head.output": ("target.logits", "draft.logits"),
-    PREFIX + "model.fc.inputs.0": (None, "draft.fc_in"),
-    PREFIX + "model.fc.output": (None, "draft.fc_out"),
+    "model.embed_tokens.output": ("target.embed", "draft.embed"),
+    "model.norm.output": ("target.final_hidden", None),
+    "model.norm.output.0": ("target.final_hidden", None),
+    "logits_processor.output.next_token_logits": ("target.logits", "draft.logits"),
+    "lm_head.output": ("target.logits", "draft.logits"),
+    "model.fc.inputs.0": (None, "draft.fc_in"),
+    "model.fc.output": (None, "draft.fc_out"),
 }
 KEY_FIELDS = ("input_ids", "positions", "position_ids", "seq_lens", "rids", "req_pool_indices")
 FILE_NAME = re.compile(r"step=(-?\d+)___rank=(\d+)___dump_index=(\d+)___name=(.+?)(?:___[^=]+=.*)?\.pt")
 LAYER = re.compile(re.escape(PREFIX) + r"model\.layers\.(\d+)\.")
+IN_LAYER = re.compile(r"model\.layers\.(\d+)\.(?:(\w+)\.)?(output|inputs)(?:\.(\w+))?")
+TOP_MODULE = re.compile(r"model\.(\w+)\.output(?:\.(\w+))?")
+LAYER_OUTPUT = re.compile(re.escape(PREFIX) + r"model\.layers\.(\d+)\.output(?:\.\d+)?")
+LEFT_OUT = re.compile(r"(?:.*\.)?inputs(?:\..*)?|output(?:\..*)?|model\.output(?:\..*)?")
 NO_TOKEN = -1
 
 
@@ -74,6 +88,16 @@ class Imported:
     paths: list[Path]
     steps_without_tokens: int
     skipped: int  # values that are not recordable tensors (strings, objects, unsupported dtypes)
+    left_out: int = 0  # non-intrusive tensors the naming leaves out (module inputs, nested modules)
+
+
+@dataclass(frozen=True)
+class Naming:
+    """What names one step's dumps: a draft step or not, and the target's last decoder layer when the
+    step dumped the outputs of layers 0..L-1 (the final norm's residual is then target.layer.{L-1})."""
+
+    draft: bool
+    last_layer: int | None
 
 
 @dataclass
@@ -137,10 +161,57 @@ def load_dump(path: Path) -> Dump:
     return Dump(path, step, rank, index, name, data["value"], meta)
 
 
-def canonical(name: str, draft: bool) -> str:
-    """The trace name of a dumper name (docs/INTEGRATIONS.md has the table)."""
-    mapped = NAMES.get(name, (None, None))[1 if draft else 0]
-    return mapped or f"sglang.{name}"
+def naming(names: set[str]) -> Naming:
+    """How a step's dumps are named, from the names it dumped."""
+    draft = is_draft_step(names)
+    layers = {int(m[1]) for n in names if (m := LAYER_OUTPUT.fullmatch(n))}
+    full = not draft and bool(layers) and layers == set(range(max(layers, default=0) + 1))
+    return Naming(draft, max(layers) if full else None)
+
+
+def trace_name(dump: Dump, how: Naming) -> str | None:
+    """The trace name of one dump (docs/INTEGRATIONS.md has the rules); None: left out."""
+    layer = _layer_tag(dump.tags.get("layer_id"))
+    if not dump.name.startswith(PREFIX):  # a hand dump: its name, and its layer when it has one
+        return f"sglang.{dump.name}" + ("" if layer is None else f".layer{layer}")
+    path = dump.name[len(PREFIX):]
+    if mapped := NAMES.get(path, (None, None))[how.draft]:
+        return mapped
+    if path == "model.norm.output.1" and how.last_layer is not None:
+        return f"target.layer.{how.last_layer}"
+    side = "sglang.draft." if how.draft else "sglang."
+    if match := IN_LAYER.fullmatch(path):
+        index, block, kind, part = match.groups()
+        if kind == "inputs":
+            return None
+        layer = int(index) if layer is None else layer
+        if block is None:
+            return f"{side}layer_output{_part(None, part)}.layer{layer}"
+        if block == "input_layernorm" and part == "1" and not how.draft and isinstance(layer, int) and layer:
+            return f"target.layer.{layer - 1}"
+        return f"{side}{block}{_part(block, part)}.layer{layer}"
+    if path.startswith("model.layers.") or LEFT_OUT.fullmatch(path):
+        return None  # a module nested in a block, a module's inputs, the root's or model's outputs
+    if match := TOP_MODULE.fullmatch(path):
+        return f"{side}{match[1]}{_part(match[1], match[2])}"
+    return f"sglang.{path}"
+
+
+def _part(block: str | None, part: str | None) -> str:
+    """The suffix of one tensor of a module's output: a norm's (normed, residual), else .out<k>."""
+    if part is None or (block or "").endswith("norm") and part == "0":
+        return ""
+    if (block or "").endswith("norm") and part == "1":
+        return ".residual"
+    return f".out{part}"
+
+
+def _layer_tag(value: Any) -> int | str | None:
+    """The dumper's layer_id tag as a name part (None when absent)."""
+    if value is None or isinstance(value, bool):
+        return None
+    text = str(value)
+    return int(text) if text.isdigit() else re.sub(r"[^\w-]", "_", text)
 
 
 def is_draft_step(names: set[str]) -> bool:
@@ -252,7 +323,7 @@ def _write_rank(dumps: list[Dump], out: Path, rank: int, world: int, source: Pat
     steps: dict[int, list[Dump]] = defaultdict(list)
     for dump in sorted(dumps, key=lambda d: d.index):
         steps[dump.step].append(dump)
-    contract = {"imported_from": "sglang-dump", "dump_dir": str(source), "name_map": "sglang_dump.NAMES"}
+    contract = {"imported_from": "sglang-dump", "dump_dir": str(source), "name_map": "sglang_dump.trace_name"}
     options: dict[str, Any] = dict(source="serving", meta=contract, on_full="block", block_timeout=600)
     if world > 1:
         options.update(rank=rank, world_size=world)
@@ -260,7 +331,8 @@ def _write_rank(dumps: list[Dump], out: Path, rank: int, world: int, source: Pat
     with td.record(out, **options) as rec:
         for step in sorted(steps):
             group = steps[step]
-            draft = is_draft_step({d.name for d in group})
+            how = naming({d.name for d in group})
+            draft = how.draft
             keys = step_keys(group, step, book, draft)
             untokened += keys is None
             if draft and keys is not None:
@@ -269,7 +341,11 @@ def _write_rank(dumps: list[Dump], out: Path, rank: int, world: int, source: Pat
             for dump in group:
                 if dump.name in KEY_FIELDS:
                     continue
-                done.skipped += not _log(rec, canonical(dump.name, draft), dump.value, step, keys)
+                name = trace_name(dump, how)
+                if name is None:
+                    done.left_out += 1
+                    continue
+                done.skipped += not _log(rec, name, dump.value, step, keys)
         rec.update_contract(row_keys="tokens" if not untokened else
                             "step_position" if untokened == len(steps) else "mixed",
                             steps_without_tokens=untokened)
@@ -317,4 +393,5 @@ def _log(rec: Any, name: str, value: Any, step: int, keys: StepKeys | None) -> b
     return True
 
 
-__all__ = ["NAMES", "Imported", "canonical", "dump_files", "import_sglang_dump", "is_draft_step", "load_dump"]
+__all__ = ["NAMES", "Imported", "Naming", "dump_files", "import_sglang_dump", "is_draft_step", "load_dump",
+           "naming", "trace_name"]
