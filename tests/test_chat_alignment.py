@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
 from tests.conftest import REPO, tiny_eagle3  # noqa: E402
+from tracediff.bundle.build import make_bundle  # noqa: E402
 from tracediff.eagle3.capture import AuxSpec  # noqa: E402
 from tracediff.eagle3.checkpoint import load_draft  # noqa: E402
 from tracediff.eagle3.loop import Conventions, SpeculativeDecoder  # noqa: E402
@@ -160,3 +161,7 @@ def test_serving_that_drafts_fewer_depths_than_training_trained_is_named(chat, t
                          "depths (ttt_length 4): depths 2-3 never served, so never compared")
     assert (d.evidence.depths_a, d.evidence.depths_b, d.evidence.never_compared) == (4, 2, [2, 3])
     assert headline(report).startswith("incomplete (") and "2-3: only a recorded" in headline(report)
+    # a bundle's slices must never compare those depths either, or they do not reproduce the verdict
+    bundle = make_bundle(root / "training.h5", tmp_path / "clamped.h5", tmp_path / "bundle")
+    assert bundle.verification.reproduced
+    assert "draft depths never compared (2, 3)" in (tmp_path / "bundle" / "report.md").read_text()

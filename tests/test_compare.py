@@ -54,12 +54,12 @@ def test_the_real_world_aux_bug_is_named() -> None:
     assert any(c["key"] == "aux_layer_ids" for c in report["contract"]["differing"])
     text, _ = cli(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"))
     first_line = text.stdout.splitlines()[0]
-    assert first_line.startswith("diverged (1277 rows compared, coverage 100%): first diverging "
-                                 "tensor target.aux")
+    assert first_line.startswith("diverged (1263 rows compared, coverage 100%; depth 0: 1254 rows, 1: 7, "
+                                 "2-3: none comparable): first diverging tensor target.aux")
     assert "aux layer set differs: serving fed [layer 1, layer 3, layer 5]" in text.stdout
     md, _ = cli(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"), "--markdown")
     assert md.stdout.startswith("**tracediff compare**") and "| `target.aux` | diverged |" in md.stdout
-    for part in ("Compared: 1277 of 3146 rows in a, 1277 of 2390 in b", "differs: `aux_layer_ids`",
+    for part in ("Compared: 1263 of 3146 rows in a, 1263 of 2432 in b", "differs: `aux_layer_ids`",
                  "only a states `target_model`", "not comparable at depth > 0", "tracediff 0.1.0"):
         assert part in md.stdout, part
 
@@ -177,9 +177,11 @@ def test_stop_at_first_reads_no_further(tmp_path) -> None:
     assert statuses(full) == {"h.0": "match", "h.1": "diverged", "h.2": "downstream"}
     from tracediff.diff.differ import compare_traces
     from tracediff.diff.pair import Pair
+    from tracediff.diff.plan import make_plan
 
     with td.open_trace(tmp_path / "a.h5") as a, td.open_trace(tmp_path / "b.arrow") as b:
-        early = compare_traces(Pair(a, b), stop_at_first=True, chunk_bytes=1)  # a window per step
+        traces = Pair(a, b)  # a window per step:
+        early = compare_traces(traces, make_plan(traces, chunk_bytes=1), stop_at_first=True)
     read = {t.name: (t.status, t.rows) for t in early.tensors}
     # steps 0..3 of every name were read, then it stopped at the end of step 3's window
     assert read == {"h.0": ("unchecked", 4), "h.1": ("diverged", 4), "h.2": ("downstream", 4)}
@@ -210,18 +212,19 @@ def test_small_chunks_give_the_same_comparison(tmp_path) -> None:
     """Memory is bounded by the chunk size: tiny chunks must change nothing but the read pattern."""
     from tracediff.diff.differ import compare_traces
     from tracediff.diff.pair import Pair
+    from tracediff.diff.plan import make_plan
 
     decode_like(tmp_path / "a.h5", 30)
     decode_like(tmp_path / "b.arrow", 30, bump_at=("h.1", 7))
     with td.open_trace(tmp_path / "a.h5") as a, td.open_trace(tmp_path / "b.arrow") as b:
-        whole = compare_traces(Pair(a, b))
-        tiny = compare_traces(Pair(a, b), chunk_bytes=1)
+        whole = compare_traces(Pair(a, b), make_plan(Pair(a, b)))
+        tiny = compare_traces(Pair(a, b), make_plan(Pair(a, b), chunk_bytes=1))
         assert len(tiny.plan.chunks) == 90 and len(whole.plan.chunks) == 3  # a row each; a name each
         assert [vars(t) for t in tiny.tensors] == [vars(t) for t in whole.tensors]
     with td.record(tmp_path / "wide.h5") as rec:
         rec.log("w", np.arange(64 * 8, dtype=np.float32).reshape(64, 8), token_ids=np.arange(64))
     with td.open_trace(tmp_path / "wide.h5") as w:
-        split = compare_traces(Pair(w, w), chunk_bytes=100)  # 3 rows of 32 bytes per chunk
+        split = compare_traces(Pair(w, w), make_plan(Pair(w, w), chunk_bytes=100))  # 3 rows of 32 B a chunk
         assert len(split.plan.chunks) == 22 and split.tensors[0].rows == 64
         assert split.tensors[0].status == "match"
 
@@ -341,6 +344,7 @@ def test_rows_read_in_place_and_copied_compare_alike(tmp_path, suffix, compressi
     torch = pytest.importorskip("torch")
     from tracediff.diff.differ import compare_traces, read_ahead
     from tracediff.diff.pair import Pair
+    from tracediff.diff.plan import make_plan
 
     gen = torch.Generator().manual_seed(0)
     for name, scale, squeeze in (("a", 1.0, None), ("b", 1.1, None), ("az", 1.0, compression),
@@ -356,7 +360,7 @@ def test_rows_read_in_place_and_copied_compare_alike(tmp_path, suffix, compressi
     results, in_place = [], []
     for a, b in (("a", "b"), ("az", "bz")):
         with td.open_trace(tmp_path / f"{a}{suffix}") as ta, td.open_trace(tmp_path / f"{b}{suffix}") as tb:
-            comparison = compare_traces(Pair(ta, tb), chunk_bytes=200)
+            comparison = compare_traces(Pair(ta, tb), make_plan(Pair(ta, tb), chunk_bytes=200))
             results.append([vars(t) for t in comparison.tensors])
             chunks = read_ahead(Pair(ta, tb), comparison.plan.chunks)
             in_place.append({rows.at is not None for _, rows in chunks})
@@ -374,6 +378,7 @@ def test_windows_mixing_in_place_and_copied_rows(tmp_path) -> None:
     torch = pytest.importorskip("torch")
     from tracediff.diff.differ import WINDOWS_AHEAD, compare_traces, read_ahead
     from tracediff.diff.pair import Pair
+    from tracediff.diff.plan import make_plan
 
     gen = torch.Generator().manual_seed(1)
     steps = [(torch.randn(2, 24, generator=gen), torch.randn(2, 16, generator=gen)) for _ in range(20)]
@@ -385,8 +390,8 @@ def test_windows_mixing_in_place_and_copied_rows(tmp_path) -> None:
                 rec.log("h.hidden", hidden * (1.001 if step == bump else 1.0), **keys)
                 rec.log("h.logits", logits.to(torch.bfloat16), **keys)
     with td.open_trace(tmp_path / "a.h5") as ta, td.open_trace(tmp_path / "b.h5") as tb:
-        whole = compare_traces(Pair(ta, tb))
-        small = compare_traces(Pair(ta, tb), chunk_bytes=300)
+        whole = compare_traces(Pair(ta, tb), make_plan(Pair(ta, tb)))
+        small = compare_traces(Pair(ta, tb), make_plan(Pair(ta, tb), chunk_bytes=300))
         windows = {c.window for c in small.plan.chunks}
         kinds = {(chunk.tensor.name, rows.at is not None) for chunk, rows in read_ahead(Pair(ta, tb),
                                                                                           small.plan.chunks)}

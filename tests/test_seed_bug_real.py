@@ -12,7 +12,6 @@ import pytest
 
 import tracediff as td
 from tests.conftest import REPO
-from tracediff.diff.contract import contract
 from tracediff.integrations.sglang_cpu import sglang_missing
 
 REASON = sglang_missing() or (None if importlib.util.find_spec("specforge") else "specforge is not installed")
@@ -41,7 +40,7 @@ def reports(out_dir):
 def test_each_side_was_recorded_by_its_integration_from_the_real_code(reports, out_dir) -> None:
     with td.open_trace(out_dir / "match.training.h5") as training, \
             td.open_trace(out_dir / "match.serving.h5") as serving:
-        trained, served = contract(training), contract(serving)
+        trained, served = training.contract, serving.contract
         assert (trained["producer_integration"], trained["source"]) == ("specforge", "training")
         assert trained["aux_layer_ids"] == [1, 3, 5] and trained["ttt_length"] == seed_bug.TTT_LENGTH
         assert served["source"] == "serving" and served["layers_to_capture"] == [2, 4, 6]  # SGLang's +1

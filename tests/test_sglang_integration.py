@@ -19,7 +19,6 @@ if sglang_missing():
 import torch  # noqa: E402
 
 import tracediff as td  # noqa: E402
-from tracediff.diff.contract import contract  # noqa: E402
 from tracediff.integrations import sglang as integration  # noqa: E402
 from tracediff.integrations.sglang_cpu import CpuServer, tiny_checkpoint  # noqa: E402
 
@@ -145,7 +144,7 @@ def test_aux_is_the_contracts_sources_and_feeds_the_draft(served):
     """target.aux == concat of the target.layer.* the contract names (SGLang: id i -> output of layer
     i, ascending); draft.fc_in == target.aux row for row."""
     trace, _ = served
-    stated = contract(trace)
+    stated = trace.contract
     assert stated["aux_layer_ids"] == list(AUX_IDS)
     assert stated["layers_to_capture"] == [i + 1 for i in AUX_IDS]
     assert stated["aux_sources"] == [f"target.layer.{i}" for i in AUX_IDS]
@@ -164,7 +163,7 @@ def test_draft_tokens_map_through_hot_token_id(served, ckpt):
     trace, _ = served
     d2t = next(r for r in trace.records(name="draft.d2t")).numpy()
     assert np.array_equal(d2t, ckpt[3]["d2t"].numpy())
-    stated = contract(trace)
+    stated = trace.contract
     assert stated["speculative_args"] == {"algorithm": "EAGLE3", "num_steps": STEPS, "topk": 1,
                                           "num_draft_tokens": STEPS + 1}
     hot = d2t + np.arange(len(d2t))
@@ -216,7 +215,7 @@ def test_logits_topk_bounds_the_logits(ckpt, served, tmp_path):
     with td.open_trace(tmp_path / "top.h5") as trace:
         top = trace.rows("target.logits")
         ids = trace.rows("target.logits_topk_ids").numpy()
-        assert top.numpy().shape[1] == 4 and contract(trace)["target_logits"].startswith("top4")
+        assert top.numpy().shape[1] == 4 and trace.contract["target_logits"].startswith("top4")
     full = by_key(served[0].rows("target.logits"))
     for i, key in enumerate(zip(top.request, top.position, top.step, top.depth)):
         row = full[(key[0], int(key[1]), int(key[2]), int(key[3]))]
@@ -240,8 +239,8 @@ def test_capture_gives_training_features_for_other_ids(ckpt, hf, tmp_path):
         torch.testing.assert_close(feature.last_hidden, out.hidden_states[-1][0], atol=2e-5, rtol=1e-4)
         torch.testing.assert_close(feature.logits, out.logits[0], atol=2e-5, rtol=1e-4)
     with td.open_trace(tmp_path / "cap.h5") as trace:
-        assert contract(trace)["aux_layer_ids"] == [0, 2, 6]
-        assert contract(trace)["aux_sources"] == ["target.layer.0", "target.layer.2", "target.layer.6"]
+        assert trace.contract["aux_layer_ids"] == [0, 2, 6]
+        assert trace.contract["aux_sources"] == ["target.layer.0", "target.layer.2", "target.layer.6"]
         rows = trace.rows("target.aux")
         assert rows.position.tolist() == list(range(len(A))) + list(range(len(C)))
         np.testing.assert_array_equal(rows.numpy(), torch.cat([f.aux for f in features]).numpy())
@@ -286,7 +285,7 @@ def test_hook_failure_stops_recording_not_serving(ckpt, tmp_path, caplog):
     warnings = [r for r in caplog.records if "SGLang recording stopped" in r.getMessage()]
     assert len(warnings) == 1
     with td.open_trace(tmp_path / "strict.h5") as trace:
-        assert contract(trace)["sglang_recording_stopped"] == stopped
+        assert trace.contract["sglang_recording_stopped"] == stopped
         assert trace.rows("target.embed").step.max() == 0  # recorded up to the failing forward only
 
 

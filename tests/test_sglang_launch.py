@@ -16,7 +16,6 @@ if sglang_missing():
 
 import tracediff as td  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
-from tracediff.diff.contract import contract  # noqa: E402
 from tracediff.integrations.sglang_cpu import CpuServer, tiny_checkpoint  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 99], [9, 8, 7], [9, 8, 6, 5]]
@@ -56,7 +55,7 @@ def test_launched_script_records_like_install(tmp_path):
 
     with td.open_trace(launched) as trace:
         assert trace.meta["source"] == "serving" and trace.meta["world_size"] == 1
-        stated = contract(trace)
+        stated = trace.contract
         assert stated["tp_rank"] == 0 and stated["tp_size"] == 1
         assert stated["aux_layer_ids"] == [1, 3, 5] and stated["layers_to_capture"] == [2, 4, 6]
         for name in ("target.layer.7", "target.aux", "draft.fc_in", "draft.hidden", "draft.token_target"):

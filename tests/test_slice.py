@@ -14,7 +14,6 @@ from typer.testing import CliRunner
 
 import tracediff as td
 from tracediff.cli import app
-from tracediff.diff.contract import contract
 from tracediff.errors import InputError
 from tracediff.trace.slice import Selection, Span, parse_spans, slice_trace
 from tracediff.trace.summary import summarize
@@ -99,7 +98,7 @@ def test_the_slice_keeps_metadata_contract_and_whole_token_sequences(trace_path,
     with td.open_trace(trace_path) as full, td.open_trace(out) as small:
         assert {k: v for k, v in small.meta.items() if k != "sliced_from"} == full.meta
         assert small.meta["sliced_from"] == {"path": str(trace_path), "selection": selection.to_dict()}
-        assert contract(small) == contract(full) and contract(small)["speculative_args"] == {"num_steps": 3}
+        assert small.contract == full.contract and small.contract["speculative_args"] == {"num_steps": 3}
         table = small.request_tokens()
         assert table.requests() == ["r0"]  # r1's tokens go with r1's rows
         assert table.sequence("r0")[1].tolist() == tokens_of("r0").tolist()  # all 12, not just position 8

@@ -24,7 +24,6 @@ prepare()  # SpecForge imports triton: the stub goes in first
 import torch  # noqa: E402
 from specforge.algorithms.eagle3.model import OnlineEagle3Model  # noqa: E402
 
-from tracediff.diff.contract import contract as contract_of  # noqa: E402
 from tracediff.eagle3 import train as reference  # noqa: E402
 from tracediff.eagle3.capture import AuxSpec  # noqa: E402
 from tracediff.eagle3.checkpoint import save_draft  # noqa: E402
@@ -136,7 +135,7 @@ def test_every_name_has_the_rows_and_keys_of_a_padded_batch(trace, batch) -> Non
     for b, n in enumerate(LENGTHS.values()):  # target rows 1..n-1: position 0's logits are shifted out
         assert positions[b].tolist() == [p if 1 <= p < n else -1 for p in range(x.shape[1])]
     assert trace.request_tokens().sequence("beta")[1].tolist() == x[1, :8].tolist()
-    contract = contract_of(trace)
+    contract = trace.contract
     assert contract["aux_sources"] == ["target.layer.1", "target.layer.2", "target.layer.3"]
     assert contract["aux_layer_convention"] == "output_of_layer"
     assert contract["aux_layer_ids_from"] == "draft_config"
@@ -328,6 +327,6 @@ def test_the_launcher_plugin_records_models_built_after_startup(target, batch, t
     with td.open_trace(tmp_path / "run.h5") as written:
         assert written.meta["source"] == "training"
         assert set(written.rows("draft.logits", depth=0).request) == {"alpha"}  # --requests 1
-        contract = contract_of(written)
+        contract = written.contract
         assert contract["aux_layer_ids"] == [0, 2, 3]
         assert contract["aux_layer_ids_from"] == "specforge_resolver"

@@ -21,7 +21,7 @@ from tracediff.bundle.budget import human
 from tracediff.bundle.contents import Bundle, Side
 from tracediff.bundle.fingerprint import NOT_RECORDED
 from tracediff.bundle.select import Focus
-from tracediff.bundle.verify import short_tensors
+from tracediff.bundle.verify import short_depths, short_tensors
 from tracediff.diff.results import Report
 from tracediff.report.compare import cell, to_markdown, where
 from tracediff.report.text import code, md, safe
@@ -132,7 +132,10 @@ def _reproduction(bundle: Bundle, cut: Cut) -> list[str]:
     if check.reproduced and said is not None:
         kinds = ", ".join(d.kind for d in said.diagnoses) or "none"
         listed = _codes(short_tensors(said), cut, "report.json lists them")
-        short = f", tensors compared too little ({listed})" if said.verdict == "incomplete" else ""
+        depths = short_depths(said)
+        short = "".join((f", tensors compared too little ({listed})" if short_tensors(said) else "",
+                         f", draft depths never compared ({', '.join(map(str, depths))})" if depths else "")
+                        ) if said.verdict == "incomplete" else ""
         what = "first diverging tensor and row" if report.first_divergence is not None else "no divergence"
         wider = bundle.window.wide and (f" A slice of the default window did not reproduce it, so the slices "
                                         f"hold {WIDENED[bundle.window.wide]}.")

@@ -62,6 +62,11 @@ def short_tensors(report: Report) -> list[str]:
     return out
 
 
+def short_depths(report: Report) -> list[int]:
+    """The draft depths an ``incomplete`` verdict names as never compared (no row aligned there)."""
+    return [d.depth for d in report.coverage.depths if not d.aligned and d.depth is not None]
+
+
 def _row(row: RowRef) -> tuple:
     return row.request_a, row.request_b, row.position, row.depth, row.step_a, row.step_b
 
@@ -129,4 +134,6 @@ def differences(full: Report, small: Report) -> list[Difference]:
             out += evidence_differences(k, d_full, d_small)
     if full.verdict == "incomplete" and short_tensors(small) != short_tensors(full):
         out.append(Difference("tensors compared too little", short_tensors(small), short_tensors(full)))
+    if full.verdict == "incomplete" and short_depths(small) != short_depths(full):
+        out.append(Difference("draft depths never compared", short_depths(small), short_depths(full)))
     return out

@@ -8,7 +8,6 @@ from collections.abc import Iterable
 from contextlib import ExitStack
 from pathlib import Path
 
-from tracediff.diff.contract import ignoring_target
 from tracediff.diff.differ import Progress, compare_traces
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import CHUNK_BYTES, make_plan, tensor_keys
@@ -49,14 +48,8 @@ def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | Non
         plan = make_plan(traces, rename, align, chunk_bytes, keys)  # once, from key columns only
         with warming([traces.a, traces.b], enabled=warm and not stop_at_first):
             comparison = compare_traces(traces, plan, tolerances, stop_at_first, progress)
-        stated = comparison.contract
-        if same_target:  # the verdict reads the contracts without their target facts; the report has them all
-            comparison.contract = ignoring_target(stated)
-        report = build_report(comparison, diagnose(comparison, traces), traces, align, min_coverage)
-        report.contract = stated
-        report.renamed = {b: a for b, a in (rename or {}).items() if b != a}
-        report.same_file = same_files(traces)
-        return report
+        return build_report(comparison, diagnose(comparison, traces), traces, align, min_coverage,
+                            same_target=same_target, renamed=rename, same_file=same_files(traces))
 
 
 def same_files(traces: Pair[Trace]) -> bool:

@@ -122,11 +122,6 @@ def causes_table() -> str:
     return "\n".join(rows)
 
 
-def contract(trace: Trace) -> dict:
-    """The trace's contract (``Trace.contract``, computed once)."""
-    return trace.contract
-
-
 def contract_diff(traces: Pair[Trace]) -> ContractDiff:
     """Keys whose values differ, flattened where both sides state a nested object (``draft_config.
     rope_theta``), apart from keys only one side states (kept whole at the level they differ)."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 Kind = Literal["nan_inf", "aux_layer_set", "aux_order", "layer_offset", "vocab_map", "position_shift",
-               "scale", "norm", "precision", "token_mismatch", "config"]
+               "scale", "norm", "precision", "token_mismatch", "draft_depths", "config"]
 Severity = Literal["error", "warning", "info"]
 Side = Literal["a", "b"]
 NormedSide = Literal["a", "b", "both"]
@@ -116,11 +116,16 @@ class D2tSizeEvidence:
 
 @dataclass
 class D2tEntriesEvidence:
+    """The sides' d2t differ in entries; ``wrong_side``: the one side whose own table is unsound
+    (``problem``: the check's code, e.g. ``d2t_holds_ids``), None when neither or both are."""
+
     KINDS: ClassVar = ("vocab_map",)
     entries_differing: int
     first_draft_id: int
     target_a: int
     target_b: int
+    wrong_side: Side | None = None
+    problem: str | None = None
 
 
 @dataclass
@@ -184,6 +189,24 @@ class PrecisionEvidence:
 
 
 @dataclass
+class DraftDepthsEvidence:
+    """The draft depths each side recorded (``depths_a`` / ``depths_b``: 0..n-1) and what the
+    contracts say of them: training's TTT length, serving's resolved speculative arguments and the
+    draft tokens asked for (None where a contract does not say). ``never_compared``: the depths only
+    one side holds."""
+
+    KINDS: ClassVar = ("draft_depths",)
+    depths_a: int
+    depths_b: int
+    never_compared: list[int]
+    ttt_length: int | None
+    num_steps: int | None
+    topk: int | None
+    num_draft_tokens: int | None
+    num_draft_tokens_requested: int | None
+
+
+@dataclass
 class ConfigCauseEvidence:
     """A contract key whose difference can change the first diverging tensor (docs/REPORT.md's
     config-cause table): its values, its effect in the table, the error profile the first diverging
@@ -213,7 +236,7 @@ class ConfigBystandersEvidence:
 
 Evidence = (TokenMismatchEvidence | NonFiniteEvidence | SlotsEvidence | SlotNormEvidence | D2tSizeEvidence
             | D2tEntriesEvidence | DirectMapEvidence | ValueOffsetEvidence | RowShiftEvidence | ScaleEvidence
-            | NormFitEvidence | PrecisionEvidence
+            | NormFitEvidence | PrecisionEvidence | DraftDepthsEvidence
             | ConfigCauseEvidence | ConfigBystandersEvidence)
 VARIANTS: tuple[type[Any], ...] = typing.get_args(Evidence)
 

@@ -265,6 +265,7 @@ class Report:
     tokens: TokenView | None = None
     renamed: dict[str, str] = field(default_factory=dict)  # name in b -> name in a (--map), where they differ
     same_file: bool = False  # a and b are the same files (device and inode): a trace compared with itself
+    same_target: bool = False  # the user declared the targets the same model (--same-target)
 
     @property
     def exit_code(self) -> int:

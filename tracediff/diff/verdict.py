@@ -4,7 +4,7 @@ both sides aligned on at least ``min_coverage`` of its comparable rows."""
 
 from __future__ import annotations
 
-from tracediff.diff.contract import contract, incomparable
+from tracediff.diff.contract import ignoring_target, incomparable
 from tracediff.diff.differ import Comparison
 from tracediff.diff.pair import Pair
 from tracediff.diff.results import (
@@ -36,7 +36,7 @@ def trace_info(trace: Trace) -> TraceInfo:
                      format_version=version,
                      torch=str(torch.get("version") or ""), device=str(torch.get("device") or ""),
                      closed=trace.complete, world_size=_positive(meta.get("world_size")),
-                     row_keys=str(contract(trace).get("row_keys") or ""), **text)
+                     row_keys=str(trace.contract.get("row_keys") or ""), **text)
 
 
 def _positive(value: object) -> int:
@@ -109,8 +109,12 @@ def nothing_shared(tensors: list[TensorResult]) -> bool:
         and set(total.skipped_a) | set(total.skipped_b) <= known
 
 
-def judge(comparison: Comparison, min_coverage: float) -> tuple[Verdict, list[str]]:
-    reasons = incomparable(comparison.contract, comparison.plan.prefixes)
+def judge(comparison: Comparison, min_coverage: float,
+          same_target: bool = False) -> tuple[Verdict, list[str]]:
+    """The verdict and its reasons; ``same_target``: the user declared the targets the same model
+    (``--same-target``), so the target facts the contracts state never make the pair incomparable."""
+    stated = ignoring_target(comparison.contract) if same_target else comparison.contract
+    reasons = incomparable(stated, comparison.plan.prefixes)
     on_both = [t for t in comparison.tensors if t.coverage is not None]
     if not on_both:
         reasons.append("no tensor name is in both traces (see --map)")
@@ -126,8 +130,11 @@ def judge(comparison: Comparison, min_coverage: float) -> tuple[Verdict, list[st
 
 
 def build_report(comparison: Comparison, diagnoses: list[Diagnosis], traces: Pair[Trace], align: str,
-                 min_coverage: float) -> Report:
-    verdict, reasons = judge(comparison, min_coverage)
+                 min_coverage: float, same_target: bool = False, renamed: dict[str, str] | None = None,
+                 same_file: bool = False) -> Report:
+    """``renamed``: the ``--map`` renames (name in b -> name in a); ``same_file``: both sides are the
+    same files."""
+    verdict, reasons = judge(comparison, min_coverage, same_target)
     first = comparison.first_divergence
     row = None if first is None else first.first_bad
     return Report(
@@ -138,4 +145,6 @@ def build_report(comparison: Comparison, diagnoses: list[Diagnosis], traces: Pai
         diagnoses=diagnoses, tensors=comparison.tensors, contract=comparison.contract,
         token_mismatch=comparison.token_mismatch,
         tokens=token_view(comparison.plan.prefixes, comparison.token_mismatch, row),
+        renamed={b: a for b, a in (renamed or {}).items() if b != a}, same_file=same_file,
+        same_target=same_target,
     )

@@ -81,7 +81,10 @@ class SpeculativeDecoder:
                                      "num_draft_tokens": self.num_steps + 1}}
 
     @torch.no_grad()
-    def decode(self, request: str, prompt: list[int], max_new_tokens: int) -> Decoded:
+    def decode(self, request: str, prompt: list[int], max_new_tokens: int, cached: int = 0) -> Decoded:
+        """``cached``: positions [0, cached) of the prompt are a prefix-cache hit (a radix cache):
+        the target and the draft computed them for an earlier request, so this request's rows start
+        at ``cached``. Its whole token sequence is declared, as a server knows it."""
         log_vocab_map(self.rec, self.draft.d2t, self.draft.t2d)
         x = list(prompt)
         states = run_target(self.target, torch.tensor([x]))
@@ -90,7 +93,7 @@ class SpeculativeDecoder:
         cache, pending = DraftKV(), 0  # draft rows [pending, len(x) - 1) still need depth 0
         while len(x) - len(prompt) < max_new_tokens:
             rows = list(range(pending, len(x) - 1))
-            logger = RowLogger(self.rec, request, x)
+            logger = RowLogger(self.rec, request, x, first_row=cached)
             aux = states.aux(self.conv.aux)
             logger.target(states, rows, self.step, aux)
             drafts = self._draft(logger, aux, x, rows, cache)
@@ -105,6 +108,8 @@ class SpeculativeDecoder:
             x.extend(drafts[:accepted] + [predicted[accepted]])
             self.step += 1
         del x[len(prompt) + max_new_tokens :]
+        if self.rec is not None:
+            self.rec.request_tokens(request, x)
         return out
 
     def _draft(self, logger: RowLogger, aux: torch.Tensor, x: list[int], rows: list[int],

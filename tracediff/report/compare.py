@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tracediff.diff.contract import TARGETS_DIFFER, cause_of, describe_entry, target_differences
+from tracediff.diff.contract import cause_of, describe_entry, target_differences
 from tracediff.diff.results import (
     REASON_TEXT,
     ContractEntry,
@@ -104,12 +104,33 @@ def trace_argument(info: TraceInfo) -> str | None:
     return stems.pop() if len(stems) == 1 and stems != set(info.paths) else None
 
 
+def depth_summary(c: Coverage) -> str:
+    """What the verdict rests on per draft depth, when rows of more than one depth were recorded:
+    'depth 0: 821 rows, 1: 40, 2-6: none comparable'; empty for a trace of depth 0 alone."""
+    if len(c.depths) < 2:
+        return ""
+    runs: list[tuple[list[int], str]] = []
+    for d in c.depths:
+        depth = d.depth if d.depth is not None else 0
+        side = d.one_sided
+        what = str(d.aligned) if d.aligned else f"only {side} recorded" if side else "none comparable"
+        if runs and not d.aligned and runs[-1][1] == what and runs[-1][0][-1] == depth - 1:
+            runs[-1][0].append(depth)
+        else:
+            runs.append(([depth], what))
+    parts = [(f"{ds[0]}" if len(ds) == 1 else f"{ds[0]}-{ds[-1]}") + f": {what}" for ds, what in runs]
+    unit = " rows" if runs[0][1].isdigit() else ""
+    return "depth " + parts[0] + unit + "".join(f", {p}" for p in parts[1:])
+
+
 def headline(report: Report) -> str:
-    """The first line: the verdict, what it rests on, and where it went wrong (or why not judged)."""
+    """The first line: the verdict, what it rests on (per draft depth too), and where it went wrong
+    (or why not judged)."""
     first = report.first_divergence
     c = report.coverage
     pct = "" if c.fraction is None else f", coverage {100 * c.fraction:.0f}%"
-    text = f"{report.verdict} ({c.aligned} rows compared{pct})"
+    depths = depth_summary(c)
+    text = f"{report.verdict} ({c.aligned} rows compared{pct}{'; ' + depths if depths else ''})"
     if first is not None and report.verdict != "incomparable":
         text += f": first diverging tensor {safe(first.name)} ({where(first.row)})"
     elif report.reasons:
@@ -194,8 +215,7 @@ def contract_differences(report: Report) -> list[tuple[ContractEntry, str]]:
     """The differing contract keys with what each can change (the config-cause table), those that
     can change some tensor first, then those that change none by themselves."""
     diff = report.contract
-    declared = bool(target_differences(diff)) \
-        and not any(r.startswith(TARGETS_DIFFER) for r in report.reasons)  # not incomparable: --same-target
+    declared = report.same_target and bool(target_differences(diff))
     described = [(e, describe_entry(e, diff, declared)) for e in diff.differing]
     return sorted(described, key=lambda pair: cause_of(pair[0].key).effect == "none")
 
@@ -255,6 +275,7 @@ def to_markdown(report: Report) -> str:
         command = next_command(report)
         lines += [f"Next: {code(command)}", ""] if command is not None else []
     lines += [f"Compared: {coverage_line(report.coverage)}."]
+    lines += [f"Compared per draft depth: {depths}."] if (depths := depth_summary(report.coverage)) else []
     lines += [f"Not compared, {line}." for line in skipped_lines(report.coverage)]
     lines += [f"Not compared, {md(line)}." for line in one_sided(report)]
     said = diagnosis_label(report)

@@ -15,6 +15,7 @@ from tracediff.errors import InputError
 from tracediff.report.compare import (
     NO_EXPLANATION,
     coverage_line,
+    depth_summary,
     diagnosis_label,
     next_command,
     one_sided,
@@ -90,7 +91,9 @@ def _why(report: Report) -> str:
 
 
 def _coverage(report: Report) -> str:
-    lines = [f"not compared, {esc(line)}" for line in skipped_lines(report.coverage)]
+    depths = depth_summary(report.coverage)
+    lines = [f"<b>per draft depth</b>: {esc(depths)}"] if depths else []
+    lines += [f"not compared, {esc(line)}" for line in skipped_lines(report.coverage)]
     lines += [f"not compared, {esc(line)}" for line in one_sided(report)]
     first = report.first_divergence
     told = first is None or report.verdict == "incomparable"

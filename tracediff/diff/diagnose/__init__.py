@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from tracediff.diff.diagnose.aux import aux_slots
 from tracediff.diff.diagnose.config import config_causes
+from tracediff.diff.diagnose.depths import draft_depths
 from tracediff.diff.diagnose.nan_inf import nan_inf
 from tracediff.diff.diagnose.precision import precision
 from tracediff.diff.diagnose.scale import scale_or_norm
@@ -20,18 +21,20 @@ from tracediff.trace.reader import Trace
 
 DIAGNOSES = (nan_inf, aux_slots, vocab_map, position_shift, scale_or_norm, config_causes)
 STATIC_DIAGNOSES = (vocab_map,)
+COVERAGE_DIAGNOSES = (draft_depths,)  # what was never compared, and why: run on every compare
 
 
 def diagnose(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     """Token differences first (a cause upstream of every tensor; when the first divergence consumed
     the differing token, nothing else is looked for), then the explanations of the divergence."""
     tokens = token_mismatch(comparison, traces)
+    unseen = [d for explain in COVERAGE_DIAGNOSES for d in explain(comparison, traces)]
     if any(d.severity == "error" for d in tokens) or comparison.first_divergence is None:
-        return tokens
+        return tokens + unseen
     static = comparison.first_divergence.name in {s.name for s in comparison.plan.statics}
     explanations = STATIC_DIAGNOSES if static else DIAGNOSES
     found = [d for explain in explanations for d in explain(comparison, traces)]
-    return tokens + (found or ([] if static else precision(comparison, traces)))
+    return tokens + (found or ([] if static else precision(comparison, traces))) + unseen
 
 
-__all__ = ["DIAGNOSES", "STATIC_DIAGNOSES", "Diagnosis", "diagnose"]
+__all__ = ["COVERAGE_DIAGNOSES", "DIAGNOSES", "STATIC_DIAGNOSES", "Diagnosis", "diagnose"]

@@ -5,7 +5,6 @@ say what the contracts state about it. Runs whether or not anything diverged."""
 
 from __future__ import annotations
 
-from tracediff.diff.contract import contract
 from tracediff.diff.diagnose.evidence import side_labels
 from tracediff.diff.differ import Comparison
 from tracediff.diff.findings import Diagnosis, DraftDepthsEvidence
@@ -20,7 +19,7 @@ def draft_depths(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]
     if not recorded.a or not recorded.b or set(recorded.a) == set(recorded.b):
         return []
     only = sorted(set(recorded.a) ^ set(recorded.b))
-    stated = traces.map(contract)
+    stated = traces.map(lambda t: t.contract)
     ttt = _int(stated.a.get("ttt_length")) or _int(stated.b.get("ttt_length"))
     spec = next((s for s in (stated.b.get("speculative_args"), stated.a.get("speculative_args"))
                  if isinstance(s, dict)), {})
