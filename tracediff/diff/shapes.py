@@ -9,6 +9,7 @@ from tracediff.diff.results import Status
 from tracediff.trace.dtypes import FLOAT_TAGS
 
 CONCATENATED = ("target.aux", "draft.fc_in")
+VOCAB_MAPS = {"draft.d2t": "draft", "draft.t2d": "target"}  # one entry per draft id / per target id
 
 
 def mismatch(name: str, shapes: Pair[tuple[int, ...]]) -> tuple[Status, str] | None:
@@ -53,6 +54,8 @@ def likely_cause(name: str, shapes: Pair[tuple[int, ...]]) -> str:
     if len(shapes.a) != len(shapes.b) or shapes.a[:-1] != shapes.b[:-1] or not shapes.a:
         return "the tensors are laid out differently (other rank or leading dims)"
     wide, narrow = sorted((shapes.a[-1], shapes.b[-1]), reverse=True)
+    if name in VOCAB_MAPS:
+        return f"vocab maps of another {VOCAB_MAPS[name]} vocab size ({shapes.a[-1]} vs {shapes.b[-1]} ids)"
     if name.endswith("logits"):
         return ("logits over different vocabularies (draft vocab vs target vocab) or a tensor-parallel "
                 "vocab shard")

@@ -5,6 +5,11 @@ rows, so the answer does not depend on the other side being right. A slot equal 
 tried as a norm of each (norms.py: RMSNorm or LayerNorm with a recorded, unit or fitted weight),
 since real bugs feed a normed state: the last layer after the final norm (HF's
 ``hidden_states[-1]``), fc_norm on one side only. Such a slot is named ``norm(target.layer.i)``.
+
+NaN/Inf carried on from a state is that state's data: a slot equals a state when both are
+non-finite at the same elements and their finite elements agree. A slot that equals no state and
+holds NaN/Inf is matched on its finite rows; without any, it is left out of the comparison: its
+difference is the non-finite values' (``nan_inf``), not the wiring's.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ class Slot:
 
     source: str | None = None
     norm: NormFit | None = None
+    non_finite: bool = False  # equals no state, and no sampled row of it is finite
 
     @property
     def name(self) -> str | None:
@@ -47,9 +53,9 @@ class Slot:
 
     @property
     def label(self) -> str:
-        """For people: ``layer 5``, ``RMSNorm(layer 5)``, ``embed``, ``?``."""
+        """For people: ``layer 5``, ``RMSNorm(layer 5)``, ``embed``, ``?``, ``NaN/Inf``."""
         if self.source is None:
-            return "?"
+            return "NaN/Inf" if self.non_finite else "?"
         state = "embed" if self.source == "target.embed" else f"layer {layer_number(self.source)}"
         return f"{NORM_LABELS[self.norm.norm]}({state})" if self.norm else state
 
@@ -65,7 +71,21 @@ def slot_sources(trace: Trace, keys: RowKeys, picked: np.ndarray, known: dict[st
     if len(widths) != 1 or values.shape[1] % (width := widths.pop()):
         return []
     slots = (values[:, k * width : (k + 1) * width] for k in range(values.shape[1] // width))
-    return [_equal(slot, candidates) or _normed(slot, candidates, weights or {}) for slot in slots]
+    return [_source(slot, candidates, weights or {}) for slot in slots]
+
+
+def _source(slot: np.ndarray, candidates: dict[str, np.ndarray], weights: dict[str, Affine]) -> Slot:
+    """The state a slot holds: equal to it, else a norm of it; a slot holding NaN/Inf that equals
+    no state is judged on its finite rows (a non-finite Slot when it has none)."""
+    found = _equal(slot, candidates)
+    if found is not None:
+        return found
+    finite = np.isfinite(slot).all(axis=1)
+    if finite.all():
+        return _normed(slot, candidates, weights)
+    if not finite.any():
+        return Slot(non_finite=True)
+    return _source(slot[finite], {name: state[finite] for name, state in candidates.items()}, weights)
 
 
 def _states_at(trace: Trace, keys: RowKeys, picked: np.ndarray,
@@ -88,9 +108,19 @@ def _states_at(trace: Trace, keys: RowKeys, picked: np.ndarray,
 
 
 def _equal(slot: np.ndarray, candidates: dict[str, np.ndarray]) -> Slot | None:
-    name = next((name for name, state in candidates.items()
-                 if (float_metrics(state, slot)["max_rel"] < SAME).all()), None)
+    name = next((name for name, state in candidates.items() if _holds(slot, state)), None)
     return None if name is None else Slot(name)
+
+
+def _holds(slot: np.ndarray, state: np.ndarray) -> bool:
+    """``slot`` is ``state``: non-finite at the same elements with the same values (a NaN carried
+    on is the same data), the finite elements within SAME."""
+    finite = np.isfinite(slot)
+    if not np.array_equal(finite, np.isfinite(state)) \
+            or not np.array_equal(slot[~finite], state[~finite], equal_nan=True):
+        return False
+    metrics = float_metrics(np.where(finite, state, 0.0), np.where(finite, slot, 0.0))
+    return bool((metrics["max_rel"] < SAME).all())
 
 
 def _normed(slot: np.ndarray, candidates: dict[str, np.ndarray], weights: dict[str, Affine]) -> Slot:
@@ -117,6 +147,7 @@ def aux_slots(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     weights = Pair({**weights.b, **weights.a}, {**weights.a, **weights.b})
     slots = Pair(slot_sources(traces.a, tensor.keys.a, picked.a, plan.keys.a, weights.a),
                  slot_sources(traces.b, tensor.keys.b, picked.b, plan.keys.b, weights.b))
+    slots = _finite_slots(slots)
     if not slots.a or not slots.b or slots.a == slots.b:
         return []
     held = slots.map(lambda s: [slot.name for slot in s])
@@ -128,6 +159,16 @@ def aux_slots(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
             *(_norm_change(name, *change, side, evidence, last) for change in _norm_only(slots))]
 
 
+def _finite_slots(slots: Pair[list[Slot]]) -> Pair[list[Slot]]:
+    """The slots with those non-finite on either side marked so on both: what they hold is the
+    NaN/Inf's to explain (``nan_inf``), and they never make the sides' wiring differ."""
+    if len(slots.a) != len(slots.b):
+        return slots
+    unknown = [a.non_finite or b.non_finite for a, b in zip(slots.a, slots.b)]
+    return slots.map(lambda s: [Slot(non_finite=True) if hidden else slot
+                                for slot, hidden in zip(s, unknown)])
+
+
 def _layer_change(name: str, slots: Pair[list[Slot]], side: Pair[str],
                   evidence: SlotsEvidence) -> list[Diagnosis]:
     """aux_layer_set / aux_order / layer_offset from the slots' source states (a norm aside)."""
@@ -136,7 +177,8 @@ def _layer_change(name: str, slots: Pair[list[Slot]], side: Pair[str],
         return []
     said = slots.map(lambda s: "[" + ", ".join(slot.label for slot in s) + "]")
     fed = f"{side.b} fed {said.b}, {side.a} fed {said.a}"
-    if None not in sources.a and None not in sources.b:
+    unknown = slots.map(lambda s: any(slot.source is None and not slot.non_finite for slot in s))
+    if not unknown.a and not unknown.b:
         layers = sources.map(lambda s: [layer_number(n) for n in s if n is not None])
         shift = {b - a for a, b in zip(layers.a, layers.b)}
         if len(layers.a) == len(layers.b) and len(shift) == 1 and abs(shift.pop()) == 1:

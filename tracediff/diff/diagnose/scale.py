@@ -3,6 +3,8 @@ factor (scale), or one side is RMSNorm of the other with some per-channel weight
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from tracediff.diff.diagnose.aux import CONCATENATED
@@ -21,34 +23,69 @@ STEADY = 1e-3  # relative spread of the norm ratio below this: one constant fact
 FITS = 1e-2  # rel_l2 of an RMSNorm fit below this: it is that norm
 
 
-def scale_or_norm(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
-    first = comparison.first_divergence
-    if first is None or first.name in CONCATENATED or not all(d in FLOAT_TAGS for d in first.dtypes or ()):
-        return []  # concatenated inputs: a normed slot is the aux diagnosis's to name, per slot
-    tensor = next(t for t in comparison.plan.tensors if t.name == first.name)
-    rows = failing_sample(comparison, first.name).map(lambda r: r[:SAMPLE_ROWS])
-    x = Pair(values(traces.a, tensor.keys.a, rows.a), values(traces.b, tensor.keys.b, rows.b))
-    if len(x.a) < 2 or x.a.shape != x.b.shape:
-        return []
-    labels = side_labels(traces)
+@dataclass(frozen=True)
+class Lengths:
+    """Rows of b against a's at the same positions: direction (cosine) and length (b over a)."""
+
+    unit: Pair[np.ndarray]  # rows divided by their peak: squares of any float64 (1e300) cannot overflow
+    cosine: np.ndarray
+    ratio: np.ndarray
+
+    @property
+    def spread(self) -> float:
+        return float(self.ratio.std() / self.ratio.mean())
+
+    @property
+    def scaled(self) -> bool:
+        """One constant factor other than 1 between the sides, the same direction on every row."""
+        return bool((1 - self.cosine).max() < ALIGNED and self.spread < STEADY
+                    and abs(self.ratio.mean() - 1) > STEADY)
+
+
+def lengths(x: Pair[np.ndarray]) -> Lengths | None:
+    """``Lengths`` of decoded rows (float64 [n, -1], the same shape on both sides); None without a
+    row, or with a row of zeros or NaN/Inf (nan_inf's to explain)."""
+    if not len(x.a) or x.a.shape != x.b.shape:
+        return None
     peaks = x.map(lambda v: np.abs(v).max(axis=1))
-    usable = peaks.map(lambda p: bool(np.isfinite(p).all() and (p > 0).all()))
-    if not (usable.a and usable.b):  # a row of zeros, or NaN/Inf (nan_inf's to explain)
-        return []
-    # Rows divided by their peak: squares of float64 values of any size (1e300) cannot overflow.
+    if not all(bool(np.isfinite(p).all() and (p > 0).all()) for p in (peaks.a, peaks.b)):
+        return None
     unit = x.zip(peaks).starmap(lambda v, peak: v / peak[:, None])
     norms = unit.map(lambda v: np.linalg.norm(v, axis=1))
     cosine = (unit.a * unit.b).sum(axis=1) / (norms.a * norms.b)
-    ratio = norms.b / norms.a * (peaks.b / peaks.a)
-    spread = float(ratio.std() / ratio.mean())
+    return Lengths(unit, cosine, norms.b / norms.a * (peaks.b / peaks.a))
+
+
+def first_rows(comparison: Comparison, traces: Pair[Trace]) -> Pair[np.ndarray] | None:
+    """The first diverging tensor's sampled failing rows, decoded, when it is a float tensor."""
+    first = comparison.first_divergence
+    if first is None or not all(d in FLOAT_TAGS for d in first.dtypes or ()):
+        return None
+    tensor = next(t for t in comparison.plan.tensors if t.name == first.name)
+    rows = failing_sample(comparison, first.name).map(lambda r: r[:SAMPLE_ROWS])
+    return Pair(values(traces.a, tensor.keys.a, rows.a), values(traces.b, tensor.keys.b, rows.b))
+
+
+def scale_or_norm(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
+    first = comparison.first_divergence
+    x = first_rows(comparison, traces)
+    if first is None or x is None or first.name in CONCATENATED:
+        return []  # concatenated inputs: a normed slot is the aux diagnosis's to name, per slot
+    found = lengths(x)
+    if found is None:
+        return []
+    labels = side_labels(traces)
+    cosine, ratio, spread = found.cosine, found.ratio, found.spread
     evidence = ScaleEvidence(tensor=first.name, rows_checked=len(ratio), min_cosine=float(cosine.min()),
                              norm_ratio_b_over_a=float(ratio.mean()), ratio_spread=spread)
-    if (1 - cosine).max() < ALIGNED and spread < STEADY and abs(ratio.mean() - 1) > STEADY:
-        return [Diagnosis("scale", f"{first.name}: {labels.b} = {ratio.mean():.6g} x {labels.a} on every row "
+    if found.scaled:
+        rows = "on every row" if len(ratio) > 1 else "on its one failing row"
+        return [Diagnosis("scale", f"{first.name}: {labels.b} = {ratio.mean():.6g} x {labels.a} {rows} "
                           f"(cosine >= {cosine.min():.6f}): one side is scaled", evidence)]
     if len(ratio) < MIN_ROWS:
         return []
     # RMSNorm does not see its input's scale: the raw side is fitted as unit rows
+    unit = found.unit
     candidates: tuple[tuple[np.ndarray, np.ndarray, Side], ...] = ((x.b, unit.a, "b"), (x.a, unit.b, "a"))
     for normed, raw, name in candidates:
         weight, fit = rms_norm_fit(raw, normed)

@@ -8,14 +8,16 @@ import numpy as np
 
 from tracediff.diff.align import RowIndex, fed_next, key_of, prefix_ids
 from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
+from tracediff.diff.diagnose.scale import first_rows, lengths
 from tracediff.diff.differ import Comparison
-from tracediff.diff.findings import Diagnosis, RowShiftEvidence, ValueOffsetEvidence
+from tracediff.diff.findings import Diagnosis, RowShiftEvidence, Side, ValueOffsetEvidence
 from tracediff.diff.metrics import metrics_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.tolerance import failing_rows
 from tracediff.trace.reader import Trace
 
 SHIFTS = (1, -1, 2, -2, 3, -3)
+SIDES: tuple[Side, ...] = ("a", "b")
 SAMPLE_ROWS = 32
 
 
@@ -23,48 +25,85 @@ def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosi
     first = comparison.first_divergence
     if first is None or first.dtypes is None:  # a divergence has rows, so dtypes
         return []
-    dtypes = first.dtypes
-    plan = comparison.plan
-    tensor = next(t for t in plan.tensors if t.name == first.name)
-    keys = tensor.keys
+    keys = next(t for t in comparison.plan.tensors if t.name == first.name).keys
     sample = failing_sample(comparison, first.name).map(lambda rows: rows[:SAMPLE_ROWS])
-    rows_a = sample.a
-    index_b = RowIndex.of(keys.b, plan.prefixes.b, first.name)
-    values_a = values(traces.a, keys.a, rows_a)
     labels = side_labels(traces)
-    if "position" in first.name and len(rows_a):
-        values_b = values(traces.b, keys.b, sample.b)
-        offset = _constant_offset(values_a, values_b)
-        if offset:
-            return [Diagnosis("position_shift", f"{first.name}: {labels.b} = {labels.a} {offset:+d} on every "
-                              f"checked row ({len(rows_a)}): positions are off by {abs(offset)}",
-                              ValueOffsetEvidence(first.name, offset, len(rows_a)))]
-        step = _offset_per_depth(values_a, values_b, keys.a.depth[rows_a])
-        if step:
-            message = (f"{first.name}: {labels.b} = {labels.a} {step:+d} x depth on every checked row "
-                       f"({len(rows_a)}): one side's draft positions do not advance with depth as the "
-                       f"other's do (row t at depth d runs at t + d in SpecForge and SGLang)")
-            return [Diagnosis("position_shift", message,
-                              ValueOffsetEvidence(first.name, step, len(rows_a), per_depth=True))]
-    bounds = comparison.tolerances.bounds(first.name, dtypes, first.worst)
-    for k in SHIFTS:
-        shifted = keys.a.position[rows_a] + k
-        ids, known = prefix_ids(plan.prefixes.a, keys.a.request_code[rows_a], shifted,
-                                fed_next(keys.a)[rows_a])
-        theirs = np.where(known, index_b.find(key_of(ids, shifted, keys.a.depth[rows_a])), -1)
-        mine = np.flatnonzero(theirs >= 0)
-        theirs = theirs[mine]
-        if len(mine) < max(2, len(rows_a) // 2):
-            continue
-        metrics = metrics_for(first.name, dtypes, values_a[mine], values(traces.b, keys.b, theirs))
-        if failing_rows(metrics, bounds).any():
-            continue
-        message = (f"{first.name}: {labels.b} at position p{k:+d} equals {labels.a} at position p "
-                   f"({len(mine)} of {len(rows_a)} failing rows checked): positions are off by {abs(k)}")
+    if "position" in first.name and len(sample.a):
+        x = Pair(values(traces.a, keys.a, sample.a), values(traces.b, keys.b, sample.b))
+        found = _value_offset(first.name, x, keys.a.depth[sample.a], labels)
+        if found:
+            return found
+    same_place = first_rows(comparison, traces)
+    scaled = lengths(same_place) if same_place is not None else None
+    if scaled is not None and scaled.scaled:
+        return []  # one constant factor explains every row at its own position: no shift is needed
+    return _row_shift(comparison, traces, sample, labels)
+
+
+def _value_offset(name: str, x: Pair[np.ndarray], depth: np.ndarray, labels: Pair[str]) -> list[Diagnosis]:
+    """A tensor of positions off by a constant, or by a constant per draft depth."""
+    offset = _constant_offset(x.a, x.b)
+    if offset:
+        return [Diagnosis("position_shift", f"{name}: {labels.b} = {labels.a} {offset:+d} on every "
+                          f"checked row ({len(depth)}): positions are off by {abs(offset)}",
+                          ValueOffsetEvidence(name, offset, len(depth)))]
+    step = _offset_per_depth(x.a, x.b, depth)
+    if step:
+        message = (f"{name}: {labels.b} = {labels.a} {step:+d} x depth on every checked row "
+                   f"({len(depth)}): one side's draft positions do not advance with depth as the "
+                   f"other's do (row t at depth d runs at t + d in SpecForge and SGLang)")
         return [Diagnosis("position_shift", message,
-                          RowShiftEvidence(first.name, shift=k, rows_checked=len(mine),
-                                           rows_sampled=len(rows_a)))]
+                          ValueOffsetEvidence(name, step, len(depth), per_depth=True))]
     return []
+
+
+def _row_shift(comparison: Comparison, traces: Pair[Trace], sample: Pair[np.ndarray],
+               labels: Pair[str]) -> list[Diagnosis]:
+    """The smallest k for which b's rows at p + k equal a's at p, tried from either side's failing
+    rows: a shift confined to a few rows (a chunk boundary feeding one row another token) shows
+    from the side whose rows moved, a shifted range from both."""
+    first = comparison.first_divergence
+    assert first is not None
+    plan = comparison.plan
+    keys = next(t for t in plan.tensors if t.name == first.name).keys
+    index = keys.zip(plan.prefixes).starmap(lambda k, prefixes: RowIndex.of(k, prefixes, first.name))
+    for k in SHIFTS:
+        for side in SIDES:
+            rows = getattr(sample, side)
+            held = _shift_holds(comparison, traces, index, side, rows, k)
+            if held:
+                message = (f"{first.name}: {labels.b} at position p{k:+d} equals {labels.a} at position p "
+                           f"({held} of {len(rows)} failing rows of {getattr(labels, side)} checked): "
+                           f"positions are off by {abs(k)}")
+                return [Diagnosis("position_shift", message, RowShiftEvidence(
+                    first.name, shift=k, rows_checked=held, rows_sampled=len(rows)))]
+    return []
+
+
+def _shift_holds(comparison: Comparison, traces: Pair[Trace], index: Pair[RowIndex], side: Side,
+                 rows: np.ndarray, k: int) -> int:
+    """How many failing ``rows`` of ``side`` equal the other side's rows where b at p + k pairs
+    with a at p (from a's rows: b's k positions on; from b's: a's k positions back), when at least
+    half of them (and at least one) have such a row and every one of those is equal; else 0."""
+    first = comparison.first_divergence
+    assert first is not None and first.dtypes is not None
+    plan = comparison.plan
+    keys = next(t for t in plan.tensors if t.name == first.name).keys
+    other: Side = "b" if side == "a" else "a"
+    mine, their_keys = getattr(keys, side), getattr(keys, other)
+    shifted = mine.position[rows] + (k if side == "a" else -k)
+    ids, known = prefix_ids(getattr(plan.prefixes, side), mine.request_code[rows], shifted,
+                            fed_next(mine)[rows])
+    theirs = np.where(known, getattr(index, other).find(key_of(ids, shifted, mine.depth[rows])), -1)
+    found = np.flatnonzero(theirs >= 0)
+    if not len(found) or len(found) < len(rows) // 2:
+        return 0
+    own = values(getattr(traces, side), mine, rows[found])
+    partner = values(getattr(traces, other), their_keys, theirs[found])
+    at = Pair(own, partner) if side == "a" else Pair(partner, own)
+    metrics = metrics_for(first.name, first.dtypes, at.a, at.b)
+    bounds = comparison.tolerances.bounds(first.name, first.dtypes, first.worst)
+    return 0 if failing_rows(metrics, bounds).any() else len(found)
 
 
 def _constant_offset(a: np.ndarray, b: np.ndarray) -> int:
