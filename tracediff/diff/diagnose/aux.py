@@ -18,17 +18,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracediff.diff.diagnose.evidence import failing_sample, side_labels
+from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.diagnose.evidence import values as evidence_values
 from tracediff.diff.diagnose.norms import FINAL_NORMS, LAYER, RMS, Affine, NormFit, norm_fit, recorded_weights
-from tracediff.diff.differ import Comparison
 from tracediff.diff.findings import Diagnosis, NormedSide, SlotNormEvidence, SlotsEvidence
 from tracediff.diff.metrics import float_metrics
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import RowKeys, Trace
 
 CONCATENATED = ("target.aux", "draft.fc_in")
-SAMPLE_ROWS = 32
 SAME = 1e-4  # max_rel below which a slot is taken to be that state
 NORM_LABELS = {RMS: "RMSNorm", LAYER: "LayerNorm"}
 
@@ -133,16 +131,16 @@ def _normed(slot: np.ndarray, candidates: dict[str, np.ndarray], weights: dict[s
     return Slot(name, fit)
 
 
-def aux_slots(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
-    first = comparison.first_divergence
+def aux_slots(ctx: Context) -> list[Diagnosis]:
+    comparison, traces, first = ctx.comparison, ctx.traces, ctx.first
     failing = ("diverged", "downstream")
     names = [t.name for t in comparison.tensors if t.name in CONCATENATED and t.status in failing]
     if first is None or not names:
         return []
     name = names[0]
     plan = comparison.plan
-    tensor = next(t for t in plan.tensors if t.name == name)
-    picked = failing_sample(comparison, name).map(lambda rows: rows[:SAMPLE_ROWS])
+    tensor = ctx.tensor(name)
+    picked = ctx.sample(name)
     weights = traces.map(recorded_weights)  # the same model's norms: either side's record will do
     weights = Pair({**weights.b, **weights.a}, {**weights.a, **weights.b})
     slots = Pair(slot_sources(traces.a, tensor.keys.a, picked.a, plan.keys.a, weights.a),
@@ -154,7 +152,7 @@ def aux_slots(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
     evidence = SlotsEvidence(tensor=name, slots_a=held.a, slots_b=held.b, rows_checked=len(picked.a))
     last = max((layer_number(n) for n in {*plan.keys.a, *plan.keys.b} if n.startswith("target.layer.")),
                 default=None)
-    side = side_labels(traces)
+    side = ctx.labels
     return [*_layer_change(name, slots, side, evidence),
             *(_norm_change(name, *change, side, evidence, last) for change in _norm_only(slots))]
 

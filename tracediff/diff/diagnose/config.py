@@ -11,11 +11,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracediff.diff.contract import UNKNOWN, cause_of, is_target_fact
-from tracediff.diff.differ import Comparison
+from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.findings import ConfigBystandersEvidence, ConfigCauseEvidence, Diagnosis
-from tracediff.diff.pair import Pair
 from tracediff.diff.results import ContractEntry, Profile
-from tracediff.trace.reader import Trace
 
 GROWS = "grows_with_position"
 FROM_0 = "from_position_0"
@@ -32,8 +30,8 @@ class Candidate:
     fits: bool | None  # the profile its effect leaves is the observed one (None: it leaves none)
 
 
-def config_causes(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
-    first = comparison.first_divergence
+def config_causes(ctx: Context) -> list[Diagnosis]:
+    comparison, first = ctx.comparison, ctx.first
     if first is None:
         return []
     observed = error_profile(first.profile)

@@ -5,15 +5,14 @@ say what the contracts state about it. Runs whether or not anything diverged."""
 
 from __future__ import annotations
 
-from tracediff.diff.diagnose.evidence import side_labels
-from tracediff.diff.differ import Comparison
+from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.findings import Diagnosis, DraftDepthsEvidence
 from tracediff.diff.pair import Pair
 from tracediff.diff.verdict import depth_span
-from tracediff.trace.reader import Trace
 
 
-def draft_depths(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
+def draft_depths(ctx: Context) -> list[Diagnosis]:
+    comparison, traces = ctx.comparison, ctx.traces
     recorded = Pair(*(sorted({int(d) for keys in side.values() for d in set(keys.depth.tolist())})
                       for side in (comparison.plan.keys.a, comparison.plan.keys.b)))
     if not recorded.a or not recorded.b or set(recorded.a) == set(recorded.b):
@@ -30,7 +29,7 @@ def draft_depths(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]
                                    topk=_int(spec.get("topk")),
                                    num_draft_tokens=_int(spec.get("num_draft_tokens")),
                                    num_draft_tokens_requested=_int(asked.get("num_draft_tokens")))
-    labels = side_labels(traces)
+    labels = ctx.labels
     deeper, shallower = ("a", "b") if evidence.depths_a > evidence.depths_b else ("b", "a")
     n_deep, n_shallow = getattr(evidence, f"depths_{deeper}"), getattr(evidence, f"depths_{shallower}")
     text = f"{getattr(labels, shallower)} drafts {n_shallow} token{'s' if n_shallow != 1 else ''} per verify"

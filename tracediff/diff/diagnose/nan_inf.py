@@ -2,23 +2,21 @@
 
 from __future__ import annotations
 
-from tracediff.diff.diagnose.evidence import row_where, side_labels
-from tracediff.diff.differ import Comparison
+from tracediff.diff.diagnose.evidence import Context, row_where
 from tracediff.diff.findings import Diagnosis, NonFiniteEvidence
-from tracediff.diff.pair import Pair
-from tracediff.trace.reader import Trace
 
 
-def nan_inf(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
+def nan_inf(ctx: Context) -> list[Diagnosis]:
     """The differ notes rows holding NaN/Inf as it reads, in the baseline's execution order; the
     first side and tensor it met is where the non-finite values were produced."""
+    comparison = ctx.comparison
     if comparison.first_divergence is None or not comparison.first_non_finite:
         return []
     side, name = next(iter(comparison.first_non_finite.items()))
-    tensor = next(t for t in comparison.plan.tensors if t.name == name)
+    tensor = ctx.tensor(name)
     seen = getattr(comparison.tallies[name].non_finite, side)
     where = row_where(getattr(tensor.keys, side), seen.first_row)
-    message = (f"first NaN/Inf: {name} on side {side} ({getattr(side_labels(traces), side)}) at request "
+    message = (f"first NaN/Inf: {name} on side {side} ({getattr(ctx.labels, side)}) at request "
                f"{where['request']}, position {where['position']}, depth {where['depth']}")
     evidence = NonFiniteEvidence(tensor=name, side=side, rows_non_finite=seen.rows, **where)
     return [Diagnosis("nan_inf", message, evidence)]

@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
-from tracediff.diff.differ import Comparison
+from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.findings import Diagnosis, PrecisionEvidence
-from tracediff.diff.pair import Pair
-from tracediff.trace.reader import Trace
 
 EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 ROUNDINGS = 4  # rounding in every op of a few layers adds up to a few eps; a bug is far beyond
 
 
-def precision(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
+def precision(ctx: Context) -> list[Diagnosis]:
     """Run only when no other explanation holds (see ``diagnose``)."""
-    first = comparison.first_divergence
+    first = ctx.first
     if first is None or not first.dtypes or not all(d in EPS for d in first.dtypes) \
             or first.dtypes[0] == first.dtypes[1]:
         return []  # the same dtype on both sides rounds the same way: a difference is real

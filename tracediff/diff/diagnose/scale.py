@@ -8,15 +8,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracediff.diff.diagnose.aux import CONCATENATED
-from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
+from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.diagnose.norms import rms_norm_fit
-from tracediff.diff.differ import Comparison
 from tracediff.diff.findings import Diagnosis, NormFitEvidence, ScaleEvidence, Side
 from tracediff.diff.pair import Pair
-from tracediff.trace.dtypes import FLOAT_TAGS
-from tracediff.trace.reader import Trace
 
-SAMPLE_ROWS = 32
 MIN_ROWS = 4  # a per-channel weight fitted on fewer rows would explain anything
 ALIGNED = 1e-4  # 1 - cosine below this: same direction
 STEADY = 1e-3  # relative spread of the norm ratio below this: one constant factor
@@ -56,25 +52,14 @@ def lengths(x: Pair[np.ndarray]) -> Lengths | None:
     return Lengths(unit, cosine, norms.b / norms.a * (peaks.b / peaks.a))
 
 
-def first_rows(comparison: Comparison, traces: Pair[Trace]) -> Pair[np.ndarray] | None:
-    """The first diverging tensor's sampled failing rows, decoded, when it is a float tensor."""
-    first = comparison.first_divergence
-    if first is None or not all(d in FLOAT_TAGS for d in first.dtypes or ()):
-        return None
-    tensor = next(t for t in comparison.plan.tensors if t.name == first.name)
-    rows = failing_sample(comparison, first.name).map(lambda r: r[:SAMPLE_ROWS])
-    return Pair(values(traces.a, tensor.keys.a, rows.a), values(traces.b, tensor.keys.b, rows.b))
-
-
-def scale_or_norm(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
-    first = comparison.first_divergence
-    x = first_rows(comparison, traces)
+def scale_or_norm(ctx: Context) -> list[Diagnosis]:
+    first, x = ctx.first, ctx.first_rows
     if first is None or x is None or first.name in CONCATENATED:
         return []  # concatenated inputs: a normed slot is the aux diagnosis's to name, per slot
     found = lengths(x)
     if found is None:
         return []
-    labels = side_labels(traces)
+    labels = ctx.labels
     cosine, ratio, spread = found.cosine, found.ratio, found.spread
     evidence = ScaleEvidence(tensor=first.name, rows_checked=len(ratio), min_cosine=float(cosine.min()),
                              norm_ratio_b_over_a=float(ratio.mean()), ratio_spread=spread)

@@ -7,37 +7,31 @@ from __future__ import annotations
 import numpy as np
 
 from tracediff.diff.align import RowIndex, fed_next, key_of, prefix_ids
-from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
-from tracediff.diff.diagnose.scale import first_rows, lengths
-from tracediff.diff.differ import Comparison
+from tracediff.diff.diagnose.evidence import Context, values
+from tracediff.diff.diagnose.scale import lengths
 from tracediff.diff.findings import Diagnosis, RowShiftEvidence, Side, ValueOffsetEvidence
 from tracediff.diff.metrics import metrics_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.tolerance import failing_rows
-from tracediff.trace.reader import Trace
 
 SHIFTS = (1, -1, 2, -2, 3, -3)
 SIDES: tuple[Side, ...] = ("a", "b")
-SAMPLE_ROWS = 32
 
 
-def position_shift(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
-    first = comparison.first_divergence
+def position_shift(ctx: Context) -> list[Diagnosis]:
+    first = ctx.first
     if first is None or first.dtypes is None:  # a divergence has rows, so dtypes
         return []
-    keys = next(t for t in comparison.plan.tensors if t.name == first.name).keys
-    sample = failing_sample(comparison, first.name).map(lambda rows: rows[:SAMPLE_ROWS])
-    labels = side_labels(traces)
+    keys, sample, traces = ctx.tensor(first.name).keys, ctx.sample(first.name), ctx.traces
     if "position" in first.name and len(sample.a):
         x = Pair(values(traces.a, keys.a, sample.a), values(traces.b, keys.b, sample.b))
-        found = _value_offset(first.name, x, keys.a.depth[sample.a], labels)
+        found = _value_offset(first.name, x, keys.a.depth[sample.a], ctx.labels)
         if found:
             return found
-    same_place = first_rows(comparison, traces)
-    scaled = lengths(same_place) if same_place is not None else None
+    scaled = lengths(ctx.first_rows) if ctx.first_rows is not None else None
     if scaled is not None and scaled.scaled:
         return []  # one constant factor explains every row at its own position: no shift is needed
-    return _row_shift(comparison, traces, sample, labels)
+    return _row_shift(ctx, sample)
 
 
 def _value_offset(name: str, x: Pair[np.ndarray], depth: np.ndarray, labels: Pair[str]) -> list[Diagnosis]:
@@ -57,20 +51,18 @@ def _value_offset(name: str, x: Pair[np.ndarray], depth: np.ndarray, labels: Pai
     return []
 
 
-def _row_shift(comparison: Comparison, traces: Pair[Trace], sample: Pair[np.ndarray],
-               labels: Pair[str]) -> list[Diagnosis]:
+def _row_shift(ctx: Context, sample: Pair[np.ndarray]) -> list[Diagnosis]:
     """The smallest k for which b's rows at p + k equal a's at p, tried from either side's failing
     rows: a shift confined to a few rows (a chunk boundary feeding one row another token) shows
     from the side whose rows moved, a shifted range from both."""
-    first = comparison.first_divergence
+    first, labels = ctx.first, ctx.labels
     assert first is not None
-    plan = comparison.plan
-    keys = next(t for t in plan.tensors if t.name == first.name).keys
-    index = keys.zip(plan.prefixes).starmap(lambda k, prefixes: RowIndex.of(k, prefixes, first.name))
+    keys = ctx.tensor(first.name).keys
+    index = keys.zip(ctx.comparison.plan.prefixes).starmap(lambda k, p: RowIndex.of(k, p, first.name))
     for k in SHIFTS:
         for side in SIDES:
             rows = getattr(sample, side)
-            held = _shift_holds(comparison, traces, index, side, rows, k)
+            held = _shift_holds(ctx, index, side, rows, k)
             if held:
                 message = (f"{first.name}: {labels.b} at position p{k:+d} equals {labels.a} at position p "
                            f"({held} of {len(rows)} failing rows of {getattr(labels, side)} checked): "
@@ -80,15 +72,13 @@ def _row_shift(comparison: Comparison, traces: Pair[Trace], sample: Pair[np.ndar
     return []
 
 
-def _shift_holds(comparison: Comparison, traces: Pair[Trace], index: Pair[RowIndex], side: Side,
-                 rows: np.ndarray, k: int) -> int:
+def _shift_holds(ctx: Context, index: Pair[RowIndex], side: Side, rows: np.ndarray, k: int) -> int:
     """How many failing ``rows`` of ``side`` equal the other side's rows where b at p + k pairs
     with a at p (from a's rows: b's k positions on; from b's: a's k positions back), when at least
     half of them (and at least one) have such a row and every one of those is equal; else 0."""
-    first = comparison.first_divergence
+    first, plan, traces = ctx.first, ctx.comparison.plan, ctx.traces
     assert first is not None and first.dtypes is not None
-    plan = comparison.plan
-    keys = next(t for t in plan.tensors if t.name == first.name).keys
+    keys = ctx.tensor(first.name).keys
     other: Side = "b" if side == "a" else "a"
     mine, their_keys = getattr(keys, side), getattr(keys, other)
     shifted = mine.position[rows] + (k if side == "a" else -k)
@@ -102,7 +92,7 @@ def _shift_holds(comparison: Comparison, traces: Pair[Trace], index: Pair[RowInd
     partner = values(getattr(traces, other), their_keys, theirs[found])
     at = Pair(own, partner) if side == "a" else Pair(partner, own)
     metrics = metrics_for(first.name, first.dtypes, at.a, at.b)
-    bounds = comparison.tolerances.bounds(first.name, first.dtypes, first.worst)
+    bounds = ctx.comparison.tolerances.bounds(first.name, first.dtypes, first.worst)
     return 0 if failing_rows(metrics, bounds).any() else len(found)
 
 

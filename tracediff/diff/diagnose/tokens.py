@@ -7,18 +7,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 from tracediff.diff.align import first_token_difference
-from tracediff.diff.diagnose.evidence import side_labels
-from tracediff.diff.differ import Comparison
+from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.findings import Diagnosis, TokenMismatchEvidence
-from tracediff.diff.pair import Pair
-from tracediff.trace.reader import Trace
 
 
-def token_mismatch(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
+def token_mismatch(ctx: Context) -> list[Diagnosis]:
+    comparison = ctx.comparison
     m = comparison.token_mismatch
     if m is None:
         return []
-    labels = side_labels(traces)
+    labels = ctx.labels
     first = comparison.first_divergence
     name = first.name if first is not None else ""
     row = first.first_bad if first is not None and name.startswith("draft.") else None  # a draft row

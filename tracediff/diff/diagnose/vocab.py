@@ -9,8 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracediff.diff.diagnose.evidence import failing_sample, side_labels, values
-from tracediff.diff.differ import Comparison
+from tracediff.diff.diagnose.evidence import Context, failing_sample, values
 from tracediff.diff.findings import D2tEntriesEvidence, D2tSizeEvidence, Diagnosis, DirectMapEvidence, Side
 from tracediff.diff.pair import Pair
 from tracediff.eagle3.vocab import Finding, check_vocab_map, infer_mapping
@@ -49,12 +48,11 @@ class VocabTable:
                     None)
 
 
-def vocab_map(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:
-    if comparison.first_divergence is None:
+def vocab_map(ctx: Context) -> list[Diagnosis]:
+    if ctx.first is None:
         return []
-    tables = traces.map(VocabTable.of)
-    labels = side_labels(traces)
-    return [*_d2t_differs(tables, labels), *_read_differently(comparison, traces, tables, labels)]
+    tables = ctx.traces.map(VocabTable.of)
+    return [*_d2t_differs(tables, ctx.labels), *_read_differently(ctx, tables)]
 
 
 def _d2t_differs(tables: Pair[VocabTable], labels: Pair[str]) -> list[Diagnosis]:
@@ -96,11 +94,11 @@ def _wrong_table(tables: Pair[VocabTable]) -> tuple[Side | None, Finding | None]
     return ("a", problems.a) if problems.a is not None else ("b", problems.b)
 
 
-def _read_differently(comparison: Comparison, traces: Pair[Trace], tables: Pair[VocabTable],
-                      labels: Pair[str]) -> list[Diagnosis]:
+def _read_differently(ctx: Context, tables: Pair[VocabTable]) -> list[Diagnosis]:
     """Same draft ids on both sides, one side's mapped ids its own d2t read as a direct map, the
     other's read as offsets. Without both tables recorded: the mapped ids differ by exactly the
     draft id (the sides then share one table)."""
+    comparison, traces, labels = ctx.comparison, ctx.traces, ctx.labels
     plan = comparison.plan
     tensor = next((t for t in plan.tensors if t.name == MAPPED), None)
     ids_a, ids_b = plan.keys.a.get(DRAFT_IDS), plan.keys.b.get(DRAFT_IDS)
