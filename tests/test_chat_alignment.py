@@ -161,6 +161,9 @@ def test_serving_that_drafts_fewer_depths_than_training_trained_is_named(chat, t
                          "depths (ttt_length 4): depths 2-3 never served, so never compared")
     assert (d.evidence.depths_a, d.evidence.depths_b, d.evidence.never_compared) == (4, 2, [2, 3])
     assert headline(report).startswith("incomplete (") and "2-3: only a recorded" in headline(report)
+    swapped = td.compare(tmp_path / "clamped.h5", root / "training.h5")  # serving as the baseline
+    (e,) = [e for e in swapped.diagnoses if e.kind == "draft_depths"]
+    assert e.message == d.message and (e.evidence.depths_a, e.evidence.depths_b) == (2, 4)
     # a bundle's slices must never compare those depths either, or they do not reproduce the verdict
     bundle = make_bundle(root / "training.h5", tmp_path / "clamped.h5", tmp_path / "bundle")
     assert bundle.verification.reproduced

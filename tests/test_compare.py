@@ -42,7 +42,8 @@ def test_the_real_world_aux_bug_is_named() -> None:
     first = report["first_divergence"]
     assert first["name"] == "target.aux" and first["row"]["position"] == 0 and first["row"]["depth"] == 0
     assert (first["row"]["request_a"], first["row"]["request_b"]) == ("sample0", "req0")
-    diagnosis, stated, _ = report["diagnoses"]  # the slots found, then the contract key that differs
+    diagnosis, stated = report["diagnoses"]  # the slots found, then the contract keys that differ
+    assert "(differing too: aux_sources)" in stated["message"]  # one setting, stated two ways
     assert (diagnosis["kind"], stated["kind"], stated["evidence"]["key"]) == ("aux_layer_set", "config",
                                                                              "aux_layer_ids")
     assert diagnosis["evidence"]["slots_a"] == ["target.embed", "target.layer.1", "target.layer.3"]

@@ -129,6 +129,9 @@ def test_topk_one_clamps_num_draft_tokens(healthy) -> None:
            "--speculative-num-draft-tokens 16"
     assert codes(*healthy, server_args=args) == ["num_draft_tokens_clamped"]
     assert codes(*healthy, server_args=args.replace("16", "2")) == []
+    # counted as compare's draft_depths counts them: the tokens drafted, not those verified
+    (clamp,) = [f for f in doctor(*healthy, args) if f.code == "num_draft_tokens_clamped"]
+    assert "drafts 1 token per verify (and verifies 2 with the last accepted one), not 15" in clamp.message
 
 
 def test_eagle3_head_in_eagle_mode(healthy) -> None:

@@ -162,7 +162,7 @@ def test_a_report_without_profiles_says_they_were_left_out_not_that_nothing_was_
 
 def test_the_slot_matrix_shows_which_slot_of_a_holds_which_state_of_b(diverged: Report) -> None:
     page = Page(render_html(diverged))
-    assert [d.kind for d in diverged.diagnoses] == ["aux_layer_set", "config", "config"]  # + aux_layer_ids
+    assert [d.kind for d in diverged.diagnoses] == ["aux_layer_set", "config"]  # + aux_layer_ids, aux_sources
     # training fed [embed, layer 1, layer 3], serving [layer 1, layer 3, layer 5]: a's slots 1 and 2 are
     # b's slots 0 and 1 (off the diagonal), and no slot holds the same state on both sides
     assert [a["title"] for a in page.having("sm-moved")] == [

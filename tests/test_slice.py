@@ -117,7 +117,7 @@ def test_a_slice_is_a_valid_trace_that_show_and_compare_read(trace_path, tmp_pat
     # every row the slice kept matches; the depth it left out was never compared, and says so
     assert report.first_divergence is None and report.coverage.fraction == 1.0
     assert report.verdict == "incomplete" and report.reasons == [
-        "depth 2: only a recorded rows there (12 / 0 rows): never compared"]
+        "depth 2: only a recorded rows there (48 / 0 rows): never compared"]
     shown = CliRunner().invoke(app, ["show", str(out)])
     assert shown.exit_code == 0 and "target.layer.0" in shown.stdout
 

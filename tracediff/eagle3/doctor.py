@@ -280,7 +280,8 @@ def check_server_args(ck: Checkpoint, server_args: str | None) -> list[Finding]:
                 "num_draft_tokens_clamped",
                 f"with topk 1 SGLang forces "
                 f"num_draft_tokens = num_steps + 1 = {int(steps) + 1} (asked {tokens}): it "
-                f"drafts {int(steps) + 1} tokens per verify, not {tokens}",
+                f"drafts {int(steps)} token{'s' if int(steps) != 1 else ''} per verify (and verifies "
+                f"{int(steps) + 1} with the last accepted one), not {int(tokens) - 1}",
                 f"raise --speculative-num-steps to {int(tokens) - 1} or set the tokens to {int(steps) + 1}",
             )
         )

@@ -247,11 +247,14 @@ class CpuServer:
     draft extends the new row and drafts its chain, and the drafts are recorded, not verified.
     Each batch calls ``tracediff.integrations.sglang.batch_context`` with its ``Req`` objects, the
     same call a server's scheduler patch makes, so rows are keyed the same way on CPU and GPU.
+    ``num_draft_tokens``: what the user asks for (default ``num_steps + 1``); SGLang's own
+    resolution then sets what the server uses (with topk 1: ``num_steps + 1``, a warning only).
     ``recorder``: install tracediff's recording (else nothing is recorded unless the launcher's
     plugin attached itself as the models loaded)."""
 
     def __init__(self, target_dir: str, target_weights: dict, draft_dir: str | None = None,
-                 draft_weights: dict | None = None, *, num_steps: int = 3, port: int | None = None,
+                 draft_weights: dict | None = None, *, num_steps: int = 3,
+                 num_draft_tokens: int | None = None, port: int | None = None,
                  recorder: Any = None, served_model_name: str = "tiny-llama", max_requests: int = 32,
                  max_len: int = 256, **record_options: Any) -> None:
         prepare()
@@ -260,10 +263,14 @@ class CpuServer:
 
         spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft_dir,
                     speculative_num_steps=num_steps, speculative_eagle_topk=1,
-                    speculative_num_draft_tokens=num_steps + 1) if draft_dir else {}
+                    speculative_num_draft_tokens=num_draft_tokens or num_steps + 1) if draft_dir else {}
         self.server_args = ServerArgs(model_path=target_dir, served_model_name=served_model_name,
                                       device="cpu", attention_backend="torch_native", dtype="float32",
                                       skip_tokenizer_init=True, disable_cuda_graph=True, tp_size=1, **spec)
+        if draft_dir:  # resolve the speculative arguments as SGLang's launcher does (topk 1 clamps)
+            from sglang.srt.arg_groups.speculative_hook import _handle_eagle_family
+
+            _handle_eagle_family(self.server_args)
         start(self.server_args, port or free_port())
         from sglang.srt.models.llama import LlamaForCausalLM
         from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3

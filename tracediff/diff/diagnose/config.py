@@ -17,8 +17,8 @@ from tracediff.diff.results import ContractEntry, Profile
 
 GROWS = "grows_with_position"
 FROM_0 = "from_position_0"
-RANK_CORRELATION = 0.5  # error vs position over the cells, for an error that grows with position
-GROWTH = 4.0  # the largest cell error over the first failing cell's, for the same
+RANK_CORRELATION = 0.0  # error vs position over the cells must exceed this, for an error that grows
+GROWTH = 4.0  # from_position_0: an error growing this much from the first cell is not flat
 PROFILE_TEXT = {GROWS: "the error starts after position 0 and grows with position",
                 FROM_0: "the error is there from position 0 on, without growing with position"}
 
@@ -50,7 +50,11 @@ def config_causes(ctx: Context) -> list[Diagnosis]:
     if not candidates:
         return []
     candidates.sort(key=lambda c: {True: 0, None: 1, False: 2}[c.fits])
-    found = [_diagnosis(first.name, c, observed) for c in candidates]
+    by_effect: dict[str, list[Candidate]] = {}  # one setting stated several ways is one cause
+    for c in candidates:
+        by_effect.setdefault(c.effect, []).append(c)
+    found = [_diagnosis(first.name, same[0], observed, [c.entry.key for c in same[1:]])
+             for same in by_effect.values()]
     if bystanders or unknown:
         found.append(Diagnosis(
             "config", _bystanders_text(first.name, bystanders, unknown),
@@ -58,10 +62,14 @@ def config_causes(ctx: Context) -> list[Diagnosis]:
     return found
 
 
-def _diagnosis(tensor: str, c: Candidate, observed: str) -> Diagnosis:
+def _diagnosis(tensor: str, c: Candidate, observed: str, also: list[str]) -> Diagnosis:
+    """One cause: the best-fitting key of an effect; ``also``: the other differing keys of that
+    effect (the same setting as each producer states it: aux ids, resolved ids, sources)."""
     cause, e = cause_of(c.entry.key), c.entry
     text = f"{e.key} differs (a {e.a!r}, b {e.b!r}): {cause.effect} settings change {cause.what}, " \
            f"{tensor} among them"
+    if also:
+        text += f" (differing too: {', '.join(also)})"
     if c.fits is True:
         text += f"; {PROFILE_TEXT[observed]}, as a {cause.effect} difference's does"
     elif c.fits is False:
@@ -82,9 +90,11 @@ def _bystanders_text(tensor: str, bystanders: list[str], unknown: list[str]) -> 
 
 def error_profile(profile: Profile | None) -> str:
     """``GROWS``: at the lowest depth, the position-0 cell (one position wide) is within tolerance,
-    a later one is not, and the error grows with position (a rank correlation of at least
-    ``RANK_CORRELATION``, the largest cell ``GROWTH`` times the first failing one). ``FROM_0``: the
-    first cell fails and the error does not grow so. Empty otherwise, or without a profile."""
+    a later one is not, and the error rises with position (a rank correlation above
+    ``RANK_CORRELATION``): RoPE leaves position 0 unrotated, so a rope difference is nil there and
+    appears after it, not always monotonically (rotations are periodic; a cell's worst row mixes
+    requests). ``FROM_0``: the first cell fails and the error does not grow (the largest cell under
+    ``GROWTH`` times the first). Empty otherwise, or without a profile."""
     if profile is None or not profile.depth:
         return ""
     depth = min(profile.depth)
@@ -94,11 +104,10 @@ def error_profile(profile: Profile | None) -> str:
     if len(cells) < 3 or not failing:
         return ""
     errors = np.array([e for _, _, e in cells])
-    growing = _rank_correlation(np.array([p for p, _, _ in cells]), errors) >= RANK_CORRELATION \
-        and errors.max() >= GROWTH * errors[failing[0]]
-    if failing[0] > 0 and cells[0][0] == 0 and profile.bucket == 1 and growing:
+    rising = _rank_correlation(np.array([p for p, _, _ in cells]), errors) > RANK_CORRELATION
+    if failing[0] > 0 and cells[0][0] == 0 and profile.bucket == 1 and rising:
         return GROWS
-    if failing[0] == 0 and cells[0][0] == 0 and not growing:
+    if failing[0] == 0 and cells[0][0] == 0 and not (rising and errors.max() >= GROWTH * errors[0]):
         return FROM_0
     return ""
 

@@ -18,32 +18,48 @@ def draft_depths(ctx: Context) -> list[Diagnosis]:
     if not recorded.a or not recorded.b or set(recorded.a) == set(recorded.b):
         return []
     only = sorted(set(recorded.a) ^ set(recorded.b))
+    deeper, shallower = ("a", "b") if max(recorded.a) > max(recorded.b) else ("b", "a")
     stated = traces.map(lambda t: t.contract)
-    ttt = _int(stated.a.get("ttt_length")) or _int(stated.b.get("ttt_length"))
-    spec = next((s for s in (stated.b.get("speculative_args"), stated.a.get("speculative_args"))
-                 if isinstance(s, dict)), {})
-    asked = next((s for s in (stated.b.get("speculative_args_requested"),
-                              stated.a.get("speculative_args_requested")) if isinstance(s, dict)), {})
+    deep_says, shallow_says = getattr(stated, deeper), getattr(stated, shallower)
+    ttt = _int(deep_says.get("ttt_length")) or _int(shallow_says.get("ttt_length"))
+    spec = _spec(shallow_says, "speculative_args") or _spec(deep_says, "speculative_args")
+    asked = (_spec(shallow_says, "speculative_args_requested")
+             or _spec(deep_says, "speculative_args_requested"))
     evidence = DraftDepthsEvidence(depths_a=max(recorded.a) + 1, depths_b=max(recorded.b) + 1,
                                    never_compared=only, ttt_length=ttt, num_steps=_int(spec.get("num_steps")),
                                    topk=_int(spec.get("topk")),
                                    num_draft_tokens=_int(spec.get("num_draft_tokens")),
                                    num_draft_tokens_requested=_int(asked.get("num_draft_tokens")))
     labels = ctx.labels
-    deeper, shallower = ("a", "b") if evidence.depths_a > evidence.depths_b else ("b", "a")
     n_deep, n_shallow = getattr(evidence, f"depths_{deeper}"), getattr(evidence, f"depths_{shallower}")
-    text = f"{getattr(labels, shallower)} drafts {n_shallow} token{'s' if n_shallow != 1 else ''} per verify"
-    args = [f"{k} {v}" for k, v in (("num_steps", evidence.num_steps), ("topk", evidence.topk),
-                                     ("num_draft_tokens", evidence.num_draft_tokens)) if v is not None]
-    text += f" ({', '.join(args)})" if args else f" (depths 0-{n_shallow - 1} recorded)"
+    if _spec(shallow_says, "speculative_args"):  # a server: its chains are what it drafts per verify
+        args = [f"{k} {v}" for k, v in (("num_steps", evidence.num_steps), ("topk", evidence.topk),
+                                         ("num_draft_tokens", evidence.num_draft_tokens)) if v is not None]
+        text = (f"{getattr(labels, shallower)} drafts {n_shallow} token{'s' if n_shallow != 1 else ''} "
+                f"per verify ({', '.join(args)})")
+    else:
+        text = f"{getattr(labels, shallower)} recorded draft {_span(n_shallow)}"
     requested, resolved = evidence.num_draft_tokens_requested, evidence.num_draft_tokens
     if requested is not None and resolved is not None and requested != resolved:
         text += f"; {requested} draft tokens were asked for and the server resolved {resolved}"
     text += f"; {getattr(labels, deeper)} "
-    text += f"trained {n_deep} depths (ttt_length {ttt})" if ttt else f"recorded {n_deep} depths"
+    trained = _int(deep_says.get("ttt_length"))
+    text += (f"trained {n_deep} depths (ttt_length {trained})" if trained
+             else f"recorded draft {_span(n_deep)}")
     gap = [d for d in only if d in getattr(recorded, deeper)]
     text += f": {depth_span(gap) if gap else 'depths ' + str(only)} never served, so never compared"
     return [Diagnosis("draft_depths", text, evidence, severity="warning")]
+
+
+def _spec(contract: dict, key: str) -> dict:
+    """A contract's speculative arguments (``key``), {} unless it states some value."""
+    spec = contract.get(key)
+    return spec if isinstance(spec, dict) and any(v is not None for v in spec.values()) else {}
+
+
+def _span(n: int) -> str:
+    """'depth 0' or 'depths 0-3': the first ``n`` draft depths."""
+    return "depth 0" if n == 1 else f"depths 0-{n - 1}"
 
 
 def _int(value: object) -> int | None:

@@ -59,10 +59,12 @@ def _row_shift(ctx: Context, sample: Pair[np.ndarray]) -> list[Diagnosis]:
     assert first is not None
     keys = ctx.tensor(first.name).keys
     index = keys.zip(ctx.comparison.plan.prefixes).starmap(lambda k, p: RowIndex.of(k, p, first.name))
+    decoded = ctx.first_rows if ctx.first_rows is not None else \
+        ctx.traces.zip(keys, sample).starmap(values)  # the failing rows, read once for every shift
     for k in SHIFTS:
         for side in SIDES:
             rows = getattr(sample, side)
-            held = _shift_holds(ctx, index, side, rows, k)
+            held = _shift_holds(ctx, index, side, rows, getattr(decoded, side), k)
             if held:
                 message = (f"{first.name}: {labels.b} at position p{k:+d} equals {labels.a} at position p "
                            f"({held} of {len(rows)} failing rows of {getattr(labels, side)} checked): "
@@ -72,10 +74,12 @@ def _row_shift(ctx: Context, sample: Pair[np.ndarray]) -> list[Diagnosis]:
     return []
 
 
-def _shift_holds(ctx: Context, index: Pair[RowIndex], side: Side, rows: np.ndarray, k: int) -> int:
-    """How many failing ``rows`` of ``side`` equal the other side's rows where b at p + k pairs
-    with a at p (from a's rows: b's k positions on; from b's: a's k positions back), when at least
-    half of them (and at least one) have such a row and every one of those is equal; else 0."""
+def _shift_holds(ctx: Context, index: Pair[RowIndex], side: Side, rows: np.ndarray, decoded: np.ndarray,
+                 k: int) -> int:
+    """How many failing ``rows`` of ``side`` (``decoded``: their values) equal the other side's rows
+    where b at p + k pairs with a at p (from a's rows: b's k positions on; from b's: a's k positions
+    back), when at least half of them (and at least one) have such a row and every one of those is
+    equal; else 0."""
     first, plan, traces = ctx.first, ctx.comparison.plan, ctx.traces
     assert first is not None and first.dtypes is not None
     keys = ctx.tensor(first.name).keys
@@ -88,7 +92,7 @@ def _shift_holds(ctx: Context, index: Pair[RowIndex], side: Side, rows: np.ndarr
     found = np.flatnonzero(theirs >= 0)
     if not len(found) or len(found) < len(rows) // 2:
         return 0
-    own = values(getattr(traces, side), mine, rows[found])
+    own = decoded[found]
     partner = values(getattr(traces, other), their_keys, theirs[found])
     at = Pair(own, partner) if side == "a" else Pair(partner, own)
     metrics = metrics_for(first.name, first.dtypes, at.a, at.b)
