@@ -68,6 +68,9 @@ def test_depth_rows_without_fed_tokens_are_counted_not_a_crash(tmp_path) -> None
     assert report.verdict == "incomplete" and report.exit_code == 3
     assert "fed tokens unknown" in report.reasons[0]
     assert "depth 1: no row comparable" in report.reasons[-1]
+    # where it falls short, found once from the compare's own alignment, travels with the report
+    assert report.shortfall.tensors == ["draft.hidden"] and report.shortfall.position == 3
+    assert td.Report.from_json(report.to_json()).shortfall == report.shortfall
 
 
 def test_padding_is_counted_and_never_compared(tmp_path) -> None:

@@ -24,7 +24,6 @@ from tracediff.bundle.contents import Bundle, Side
 from tracediff.bundle.fingerprint import fingerprint
 from tracediff.bundle.markdown import least_compare, render
 from tracediff.bundle.select import Window, focus_of, ladder, left_out, selections, widened
-from tracediff.bundle.shortfall import shortfall
 from tracediff.bundle.stats import trace_stats
 from tracediff.bundle.trim import Attached, attach, levels
 from tracediff.bundle.verify import Difference, Verification, differences
@@ -153,7 +152,7 @@ class _Maker:
                  zip_file: Path | None) -> None:
         self.report, self.traces, self.out, self.options = report, (a, b), out, options
         self.budget, self.zip_file = budget, zip_file
-        short = shortfall(report, a, b, options.rename) if report.verdict == "incomplete" else None
+        short = report.shortfall  # found from the compare's own plan
         self.focus = focus_of(report, a, b, options.rename, short)
         self.stats = trace_stats(a), trace_stats(b)
         self.prints = fingerprint(a), fingerprint(b)

@@ -12,8 +12,7 @@ import glob
 import re
 from dataclasses import dataclass
 
-from tracediff.bundle.shortfall import Shortfall
-from tracediff.diff.results import Report
+from tracediff.diff.results import Report, Shortfall
 from tracediff.trace.reader import Trace
 from tracediff.trace.slice import Selection, Span
 

@@ -19,8 +19,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tracediff.diff import shortfall
 from tracediff.diff.findings import Diagnosis, Evidence, Reproduce, reproduction
-from tracediff.diff.results import INCOMPLETE_STATUSES, Report, RowRef
+from tracediff.diff.results import Report, RowRef
 
 SPREAD_Z = 4.0  # standard errors two estimates of one mean may differ by (the slices read fewer rows)
 
@@ -51,15 +52,9 @@ class Verification:
 
 
 def short_tensors(report: Report) -> list[str]:
-    """The tensors an ``incomplete`` verdict rests on: present on both sides and compared too little
-    (a mismatch status, no row aligned, or coverage below the report's bound), as its reasons say."""
-    out = []
-    for t in report.tensors:
-        c = t.coverage
-        if t.status in INCOMPLETE_STATUSES[1:] or (c is not None and (
-                not c.aligned or (c.fraction or 0.0) < report.min_coverage)):
-            out.append(t.name)
-    return out
+    """The tensors an ``incomplete`` verdict rests on: present on both sides and compared too little,
+    as its reasons say (``verdict.is_short``)."""
+    return shortfall.short_tensors(report.tensors, report.min_coverage)
 
 
 def short_depths(report: Report) -> list[int]:

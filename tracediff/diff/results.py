@@ -215,6 +215,17 @@ class TokenView:
 
 
 @dataclass
+class Shortfall:
+    """Where an ``incomplete`` verdict falls short: the tensors compared too little, and the request
+    pair holding most of their rows the other side lacks (for a bundle's slices)."""
+
+    tensors: list[str] = field(default_factory=list)  # a's names, as the report orders them
+    requests: tuple[str, str] | None = None  # (a's, b's) request holding the most lacking rows
+    position: int = 0  # the lacking row nearest to a row both sides hold, in that pair
+    spots: list[tuple[int, int]] = field(default_factory=list)  # (first, last) position kept per side
+
+
+@dataclass
 class ContractEntry:
     key: str
     a: Any
@@ -266,6 +277,7 @@ class Report:
     renamed: dict[str, str] = field(default_factory=dict)  # name in b -> name in a (--map), where they differ
     same_file: bool = False  # a and b are the same files (device and inode): a trace compared with itself
     same_target: bool = False  # the user declared the targets the same model (--same-target)
+    shortfall: Shortfall | None = None  # an incomplete verdict's: where it falls short
 
     @property
     def exit_code(self) -> int:

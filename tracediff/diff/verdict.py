@@ -19,6 +19,7 @@ from tracediff.diff.results import (
     TraceInfo,
     Verdict,
 )
+from tracediff.diff.shortfall import find_shortfall, is_short
 from tracediff.diff.tokenview import token_view
 from tracediff.trace.reader import Trace
 
@@ -46,12 +47,12 @@ def _positive(value: object) -> int:
 def shortfalls(tensors: list[TensorResult], min_coverage: float) -> list[str]:
     """One line per tensor present on both sides that was not compared well enough."""
     lines = []
-    for t in tensors:
+    for t in (t for t in tensors if is_short(t, min_coverage)):
         if t.status in INCOMPLETE_STATUSES[1:]:
             lines.append(f"{t.name}: {t.status.replace('_', ' ')}: {t.note}")
         elif t.coverage is not None and not t.coverage.aligned:
             lines.append(f"{t.name}: no row compared: {t.coverage.describe()}")
-        elif t.coverage is not None and (t.coverage.fraction or 0.0) < min_coverage:
+        elif t.coverage is not None:
             lines.append(f"{t.name}: {t.coverage.describe()}")
     return lines
 
@@ -147,4 +148,6 @@ def build_report(comparison: Comparison, diagnoses: list[Diagnosis], traces: Pai
         tokens=token_view(comparison.plan.prefixes, comparison.token_mismatch, row),
         renamed={b: a for b, a in (renamed or {}).items() if b != a}, same_file=same_file,
         same_target=same_target,
+        shortfall=find_shortfall(comparison.tensors, comparison.plan, min_coverage)
+        if verdict == "incomplete" else None,
     )

@@ -1,6 +1,7 @@
-"""Where an ``incomplete`` compare falls short, for a bundle to slice there: the tensors its reasons
-name, and the request pair holding most of their rows that the other side lacks. Read from compare's
-own row alignment (``make_plan``, key columns only): a slice of a fully covered request would match.
+"""Where an ``incomplete`` compare falls short: the tensors compared too little (``is_short``, the
+one rule the verdict and the bundle read), and the request pair holding most of their rows that the
+other side lacks, for a bundle to slice there. Found from the compare's own plan (its row
+alignment), once, and carried in the Report: a slice of a fully covered request would match.
 
 Coverage is judged on the side with fewer comparable rows, so the rows looked for are that side's
 unpaired ones (depth 0, not padding: rows left out by design never count against coverage). A slice
@@ -8,40 +9,38 @@ of positions reproduces the shortfall only when it holds unpaired rows of both s
 sides hold (else the side lacking rows is the smaller one in the slice, and fully covered, or the
 slices share no row): ``spots`` are, per side, the unpaired row nearest to a paired one and that
 paired row, the places a bundle's narrower slices keep.
-
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
 
 import numpy as np
 
-from tracediff.bundle.verify import short_tensors
-from tracediff.diff.pair import Pair
-from tracediff.diff.plan import TensorPlan, make_plan
-from tracediff.diff.results import EXCUSED, Report
-from tracediff.trace.reader import Trace
+from tracediff.diff.plan import Plan, TensorPlan
+from tracediff.diff.results import EXCUSED, INCOMPLETE_STATUSES, Shortfall, TensorResult
 
 
-@dataclass
-class Shortfall:
-    tensors: list[str] = field(default_factory=list)  # a's names, as the report orders them
-    requests: tuple[str, str] | None = None  # (a's, b's) request holding the most lacking rows
-    position: int = 0  # the lacking row nearest to a row both sides hold, in that pair
-    spots: list[tuple[int, int]] = field(default_factory=list)  # (first, last) position kept per side
+def is_short(t: TensorResult, min_coverage: float) -> bool:
+    """A tensor present on both sides compared too little: a mismatch status, no row aligned, or
+    coverage below ``min_coverage``."""
+    c = t.coverage
+    return t.status in INCOMPLETE_STATUSES[1:] or (c is not None and (
+        not c.aligned or (c.fraction or 0.0) < min_coverage))
 
 
-def shortfall(report: Report, a: Trace, b: Trace, rename: dict[str, str] | None = None) -> Shortfall:
-    """The short tensors of ``report`` (compared as it was: same names, same alignment) and where
-    their rows fall short; ``requests`` is None when no row is found unpaired (a shape or dtype
-    mismatch: every row is short alike)."""
-    names = short_tensors(report)
+def short_tensors(tensors: list[TensorResult], min_coverage: float) -> list[str]:
+    """The names of the tensors ``is_short``, in the report's order."""
+    return [t.name for t in tensors if is_short(t, min_coverage)]
+
+
+def find_shortfall(tensors: list[TensorResult], plan: Plan, min_coverage: float) -> Shortfall:
+    """The short tensors and where their rows fall short in ``plan``; ``requests`` is None when no
+    row is found unpaired (a shape or dtype mismatch: every row is short alike)."""
+    names = short_tensors(tensors, min_coverage)
     if not names:
         return Shortfall()
-    plan = make_plan(Pair(a, b), rename, report.align)
-    eligible = {t.name: _eligible(t.coverage) for t in report.tensors if t.coverage is not None}
+    eligible = {t.name: _eligible(t.coverage) for t in tensors if t.coverage is not None}
     for tensor in plan.tensors:
         if tensor.name in names and tensor.problem is None:
             found = _lacking(tensor, eligible.get(tensor.name, (0, 0)), plan.tensors)
