@@ -38,14 +38,14 @@ def draft_depths(ctx: Context) -> list[Diagnosis]:
         text = (f"{getattr(labels, shallower)} drafts {n_shallow} token{'s' if n_shallow != 1 else ''} "
                 f"per verify ({', '.join(args)})")
     else:
-        text = f"{getattr(labels, shallower)} recorded draft {_span(n_shallow)}"
+        text = f"{getattr(labels, shallower)} recorded draft {depth_span(list(range(n_shallow)))}"
     requested, resolved = evidence.num_draft_tokens_requested, evidence.num_draft_tokens
     if requested is not None and resolved is not None and requested != resolved:
         text += f"; {requested} draft tokens were asked for and the server resolved {resolved}"
     text += f"; {getattr(labels, deeper)} "
     trained = _int(deep_says.get("ttt_length"))
     text += (f"trained {n_deep} depths (ttt_length {trained})" if trained
-             else f"recorded draft {_span(n_deep)}")
+             else f"recorded draft {depth_span(list(range(n_deep)))}")
     gap = [d for d in only if d in getattr(recorded, deeper)]
     text += f": {depth_span(gap) if gap else 'depths ' + str(only)} never served, so never compared"
     return [Diagnosis("draft_depths", text, evidence, severity="warning")]
@@ -55,11 +55,6 @@ def _spec(contract: dict, key: str) -> dict:
     """A contract's speculative arguments (``key``), {} unless it states some value."""
     spec = contract.get(key)
     return spec if isinstance(spec, dict) and any(v is not None for v in spec.values()) else {}
-
-
-def _span(n: int) -> str:
-    """'depth 0' or 'depths 0-3': the first ``n`` draft depths."""
-    return "depth 0" if n == 1 else f"depths 0-{n - 1}"
 
 
 def _int(value: object) -> int | None:
