@@ -45,9 +45,10 @@ def _has_fields(cls: type, names: Sequence[str], label: str) -> None:
         _require(name in fields, f"{label}.{name}")
 
 
-def check_internals(target: Any = None, draft: Any = None, worker: Any = None) -> None:
+def check_internals(draft: Any = None, worker: Any = None) -> None:
     """Every SGLang internal the recording reads, checked before anything is attached; raises
-    SglangInternalsError naming the first one missing or changed, and the installed version."""
+    SglangInternalsError naming the first one missing or changed, and the installed version. A
+    target's own parts are checked where they are found (models.target_layout)."""
     from sglang.srt.layers.layer_boundary.residual.stream import ResidualStream
     from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -61,8 +62,6 @@ def check_internals(target: Any = None, draft: Any = None, worker: Any = None) -
     _require("residual" in getattr(ResidualStream, "__slots__", ()), "ResidualStream.residual")
     _require({"rid", "origin_input_ids"} <= set(parameter_names(Req.__init__)), "Req(rid, origin_input_ids)")
     _has_fields(ScheduleBatch, ("reqs",), "ScheduleBatch")
-    if target is not None:
-        _check_target(target)
     if draft is not None:
         _check_draft(draft)
         from sglang.srt.speculative.eagle_worker_v2 import EagleDraftWorker
@@ -78,21 +77,6 @@ def check_internals(target: Any = None, draft: Any = None, worker: Any = None) -
 def _model_forward(module: Any, label: str) -> None:
     _require(parameter_names(module.forward)[:3] == ["input_ids", "positions", "forward_batch"],
              f"{label}.forward(input_ids, positions, forward_batch)")
-
-
-def _check_target(target: Any) -> None:
-    name = type(target).__name__
-    model: Any = getattr(target, "model", None)
-    for attr in ("embed_tokens", "layers", "norm", "layers_to_capture"):
-        _require(hasattr(model, attr), f"{name}.model.{attr}")
-    _model_forward(model, f"{name}.model")
-    for attr in ("logits_processor", "set_eagle3_layers_to_capture", "capture_aux_hidden_states"):
-        _require(hasattr(target, attr), f"{name}.{attr}")
-    for i, layer in enumerate(model.layers):
-        attn = getattr(layer, "self_attn", None)
-        takes = set(parameter_names(attn.forward)) if attn is not None else set()
-        _require({"positions", "hidden_states", "forward_batch"} <= takes,
-                 f"{name}.model.layers[{i}].self_attn.forward(positions, hidden_states, forward_batch)")
 
 
 def _check_draft(draft: Any) -> None:

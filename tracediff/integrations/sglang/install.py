@@ -13,11 +13,14 @@ import numpy as np
 from tracediff.integrations.sglang.contract import draft_contract, server_contract, tp_ranks
 from tracediff.integrations.sglang.guard import (
     SUPPORTED_SGLANG,
+    SglangInternalsError,
     check_internals,
     parameter_names,
     sglang_version,
 )
 from tracediff.integrations.sglang.keys import IDLE_BATCHES, Request, Rows, reference
+from tracediff.integrations.sglang.models import BOUNDARY, TargetLayout, target_layout
+from tracediff.integrations.sglang.probe import SlotProbe
 from tracediff.integrations.target_summary import target_identity
 from tracediff.record.host import is_torch_tensor
 from tracediff.record.launch import RequestGate
@@ -35,9 +38,11 @@ class _Failed(Exception):
 class Installation:
     """Hooks on one SGLang target and/or draft (and draft worker) feeding one recorder."""
 
-    def __init__(self, rec: Recorder, target: Any, draft: Any, worker: Any, server_args: Any,
+    def __init__(self, rec: Recorder, target: TargetLayout | None, draft: Any, worker: Any, server_args: Any,
                  logits_topk: int | None, gate: RequestGate) -> None:
-        self.rec, self.target, self.draft, self.worker = rec, target, draft, worker
+        self.rec, self.draft, self.worker = rec, draft, worker
+        self.target: Any = None if target is None else target.model
+        self.layout = target
         self.server_args = server_args
         self.logits_topk = logits_topk
         self.gate = gate
@@ -53,6 +58,7 @@ class Installation:
         self._handles: list[Any] = []
         self._restore: list[Callable[[], None]] = []
         self._warned: set[str] = set()
+        self.probe = SlotProbe()
 
     # -- the scheduler side -----------------------------------------------------------------------
 
@@ -201,17 +207,26 @@ class Installation:
     # -- target -------------------------------------------------------------------------------------
 
     def attach_target(self) -> None:
-        target = self.target
-        model = target.model
-        self._pre(model, "target forward", self._target_begin)
-        self._post(model, "target.final_hidden", self._target_end)
-        self._post(model.embed_tokens, "target.embed",
-                   lambda m, a, out: self._log("target.embed", out, self.rows))
-        for k in range(1, len(model.layers)):
-            self._pre(model.layers[k].self_attn, f"target.layer.{k - 1}", self._stream_entering(k))
-        self._post(model.norm, f"target.layer.{len(model.layers) - 1}", self._last_layer)
-        self._post(target.logits_processor, "target logits", self._target_logits)
-        setter = target.set_eagle3_layers_to_capture
+        """Hooks on the target's text body (tracediff/integrations/sglang/models.py): the residual
+        stream entering each layer (``target.embed`` for layer 0, ``target.layer.{k-1}`` for layer k),
+        the stream after the last layer, the logits and the aux the logits processor hands the draft."""
+        layout = self.layout
+        assert layout is not None  # attached only for a target
+        body, layers = layout.body, layout.layers
+        self._pre(body, "target forward", self._target_begin)
+        self._post(body, "target.final_hidden", self._target_end)
+        if layout.pattern == BOUNDARY:
+            for k, layer in enumerate(layers):
+                self._wrap_prepare(k, layer.attn_boundary)
+                self._post(layer, f"target layer {k}", self._branch(k, boundary=True))
+            self._post(body.norm, f"target.layer.{len(layers) - 1}", self._last_layer)
+        else:
+            self._pre(layers[0], "target.embed", self._classic_entry)
+            for k, layer in enumerate(layers):
+                self._post(layer, f"target.layer.{k}", self._branch(k, boundary=False))
+        self._post(layout.logits_processor, "target logits", self._target_logits)
+        model = layout.model
+        setter = model.set_eagle3_layers_to_capture
 
         def set_layers(layer_ids: list[int] | None = None) -> None:
             setter(layer_ids)
@@ -220,27 +235,71 @@ class Installation:
             except Exception as exc:
                 self.fail("set_eagle3_layers_to_capture", exc)
 
-        target.set_eagle3_layers_to_capture = set_layers
-        self._restore.append(lambda: target.__dict__.pop("set_eagle3_layers_to_capture", None))
+        model.set_eagle3_layers_to_capture = set_layers
+        self._restore.append(lambda: model.__dict__.pop("set_eagle3_layers_to_capture", None))
         self._aux_contract(None, configured=False)
 
     def _target_begin(self, module: Any, args: tuple, kwargs: dict) -> None:
         self.rows = self._forward_rows(_arg(module, args, kwargs, "forward_batch"))
+        self.probe.begin()
 
     def _target_end(self, module: Any, args: tuple, out: Any) -> None:
         hidden = out[0] if isinstance(out, tuple) else out
         if is_torch_tensor(hidden):  # not on a pipeline stage that hands on proxy tensors
             self._log("target.final_hidden", hidden, self.rows)
 
-    def _stream_entering(self, k: int) -> Callable[..., None]:
-        def hook(module: Any, args: tuple, kwargs: dict) -> None:
-            fb = _arg(module, args, kwargs, "forward_batch")
+    def _stream(self, k: int, stream: Any) -> None:
+        """The residual stream entering layer k (k = number of layers: after the last one)."""
+        if self.rows is None:
+            return
+        name = "target.embed" if k == 0 else f"target.layer.{k - 1}"
+        self._log(name, stream, self.rows)
+        self.probe.keep(name, stream)
+
+    def _wrap_prepare(self, k: int, boundary: Any) -> None:
+        """Boundary layers: the stream is complete once layer k's attention boundary has prepared
+        it (``forward_batch.residual_stream.residual``), where SGLang itself captures aux states."""
+        original = boundary.prepare
+        read = self._guard(f"target stream entering layer {k}", lambda fb: self._entering(k, fb))
+
+        def prepare(*args: Any, **kwargs: Any) -> Any:
+            out = original(*args, **kwargs)
+            read(kwargs["forward_batch"] if "forward_batch" in kwargs else args[1])
+            return out
+
+        try:
+            boundary.prepare = prepare
+        except AttributeError:
+            raise SglangInternalsError(f"{type(boundary).__name__}.prepare cannot be wrapped") from None
+        self._restore.append(lambda: boundary.__dict__.pop("prepare", None))
+
+    def _entering(self, k: int, fb: Any) -> None:
+        if self.rows is None:
+            return
+        stream = fb.residual_stream
+        if stream is None or stream.residual is None:
+            raise _Failed(f"no residual stream written on entering layer {k}")
+        self._stream(k, stream.residual)
+
+    def _classic_entry(self, module: Any, args: tuple, kwargs: dict) -> None:
+        """Classic layers: what enters layer 0 is the embedding output (scaled where the family scales it)."""
+        self._stream(0, _arg(module, args, kwargs, "hidden_states"))
+
+    def _branch(self, k: int, boundary: bool) -> Callable[..., None]:
+        """A layer's output: its branch (kept to tell a branch capture from a stream one); for classic
+        layers also the stream after it, branch + residual."""
+
+        def hook(module: Any, args: tuple, out: Any) -> None:
             if self.rows is None:
                 return
-            stream = fb.residual_stream
-            if stream is None or stream.residual is None:
-                raise _Failed(f"no residual stream written on entering layer {k}")
-            self._log(f"target.layer.{k - 1}", stream.residual, self.rows)
+            branch = out[0] if isinstance(out, tuple) else out
+            if is_torch_tensor(branch):
+                self.probe.keep(f"target.layer.{k}.branch", branch)
+            if boundary:
+                return
+            if not (isinstance(out, tuple) and len(out) == 2 and is_torch_tensor(out[1])):
+                raise _Failed(f"layer {k} did not return (hidden_states, residual)")
+            self._stream(k + 1, out[0] + out[1])
 
         return hook
 
@@ -249,14 +308,19 @@ class Installation:
             return
         if not (isinstance(out, tuple) and len(out) == 2):
             raise _Failed("the final norm did not return (normed, residual)")
-        self._log(f"target.layer.{len(self.target.model.layers) - 1}", out[1], self.rows)
+        assert self.layout is not None
+        self._stream(len(self.layout.layers), out[1])
 
     def _target_logits(self, module: Any, args: tuple, out: Any) -> None:
         rows = self.rows
         if rows is None:
             return
-        if self.target.capture_aux_hidden_states:
-            self._log("target.aux", out.hidden_states, rows)
+        aux = out.hidden_states
+        if is_torch_tensor(aux):
+            self._log("target.aux", aux, rows)
+            measured = self.probe.measure(aux, len(rows.keep), len(rows.last))
+            if measured is not None:
+                self.rec.update_contract(aux_slot_states=measured)
         logits = out.next_token_logits
         if logits is None:
             return
@@ -269,16 +333,22 @@ class Installation:
         self._log("target.token", logits.argmax(-1), rows)
 
     def _aux_contract(self, layer_ids: list[int] | None, configured: bool) -> None:
-        """Which target states the packed aux holds, as SGLang resolved it (layers_to_capture k is
-        the stream entering layer k = output of layer k-1; captured in ascending layer order)."""
+        """Which target states the packed aux holds, as SGLang resolved it: the boundaries that
+        capture (``layers_to_capture``, or the per-layer flags where the family sets them; boundary k
+        is the stream entering layer k = output of layer k-1), in SGLang's capture order. What each
+        slot really holds is measured at the next forward (``aux_slot_states``)."""
         from tracediff.eagle3.capture import OUTPUT_OF_LAYER, AuxSpec
 
-        capture = [int(k) for k in self.target.model.layers_to_capture]
-        values: dict[str, Any] = {"layers_to_capture": capture}
+        layout = self.layout
+        assert layout is not None
+        capture = layout.capture_layers()
+        values: dict[str, Any] = {"layers_to_capture": [int(k) for k in layout.body.layers_to_capture],
+                                  "aux_capture_layers": capture}
         if capture:
             resolved = AuxSpec(tuple(k - 1 for k in capture), convention=OUTPUT_OF_LAYER, ascending=True)
             values.update({**resolved.to_dict(), "aux_layer_ids_resolved": sorted(resolved.layer_ids)})
             del values["aux_layer_ids"]
+            self.probe.expect()
         if configured:
             values["aux_layer_ids"] = None if layer_ids is None else [int(i) for i in layer_ids]
         self.rec.update_contract(**values)
@@ -371,9 +441,10 @@ class Installation:
                                   "their ids in target.logits_topk_ids"}
         values.update(tp_ranks())
         values.update(server_contract(self.server_args))
-        if self.target is not None:
-            values["dtypes"] = {"target": str(next(self.target.parameters()).dtype).replace("torch.", "")}
-            values["target_num_layers"] = len(self.target.model.layers)
+        if self.layout is not None:
+            dtype = next(self.layout.model.parameters()).dtype
+            values["dtypes"] = {"target": str(dtype).replace("torch.", "")}
+            values.update(self.layout.contract())
             values.update(target_identity(self.target))
         if self.draft is not None:
             values.update(draft_contract(self.draft))
@@ -453,14 +524,15 @@ def install(recorder: Recorder, *, target: Any = None, draft: Any = None, worker
     for other in _ACTIVE:
         if any(m is not None and m in (other.target, other.draft) for m in (target, draft)):
             raise ValueError("this model is already recorded: remove() the earlier installation first")
-    check_internals(target, draft, worker)
+    check_internals(draft, worker)
+    layout = None if target is None else target_layout(target)
     if sglang_version() not in SUPPORTED_SGLANG:
         logger.warning("tracediff: sglang %s is not a version tracediff was tested with (%s); its internals "
                        "checked out, recording anyway", sglang_version(), ", ".join(SUPPORTED_SGLANG))
     if server_args is None:
         server_args = published_server_args()
     gate = RequestGate(requests, None if match_prefix is None else tuple(int(t) for t in match_prefix))
-    inst = Installation(recorder, target, draft, worker, server_args, logits_topk, gate)
+    inst = Installation(recorder, layout, draft, worker, server_args, logits_topk, gate)
     _ACTIVE.append(inst)
     try:
         recorder.update_contract(**inst.contract())
