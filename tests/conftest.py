@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,8 +33,50 @@ def run_python(code: str, *args: str, env: dict | None = None, **kw) -> subproce
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    """The real console entry point, as a user runs it."""
+    """The real console entry point, as a user runs it: for promises about the process (exit codes of
+    signals and kills, no traceback where Python itself would print one, a closed pipe)."""
     return run_python("from tracediff.cli import main; main()", *args)
+
+
+@dataclass(frozen=True)
+class CliResult:
+    """What a command left: its exit code, stdout and stderr (the fields of ``run_cli``'s result)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+class _Stderr(logging.Handler):
+    """Python's last-resort handler, which pytest's own handlers stand in for: the message on stderr."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        print(self.format(record), file=sys.stderr)
+
+
+def cli(*args: str) -> CliResult:
+    """The CLI in this process (typer's runner): no interpreter start, so the inner loop stays fast.
+    Its stderr holds what a fresh interpreter's would: the tracediff logger's warnings, and Python's
+    warnings under Python's default filters (after the command's own output). An exception the command
+    lets escape is raised here and fails the test with its traceback, as the real entry point would
+    print it."""
+    from typer.testing import CliRunner
+
+    from tracediff.cli import app
+
+    handler, tracediff_logger = _Stderr(logging.WARNING), logging.getLogger("tracediff")
+    tracediff_logger.addHandler(handler)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.resetwarnings()
+            warnings.simplefilter("default")
+            for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.simplefilter("ignore", category)
+            done = CliRunner().invoke(app, list(args), prog_name="tracediff", catch_exceptions=False)
+    finally:
+        tracediff_logger.removeHandler(handler)
+    shown = [warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught]
+    return CliResult(done.exit_code, done.stdout, done.stderr + "".join(shown))
 
 
 def tiny_llama(seed: int = 0, layers: int = 4):

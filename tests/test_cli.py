@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import tracediff as td
-from tests.conftest import REPO, run_cli, step_tensor
+from tests.conftest import REPO, cli, run_cli, step_tensor
 
 
 @pytest.fixture
@@ -30,12 +30,12 @@ def digest(path) -> str:
 
 
 def test_show_table_and_json(small_trace) -> None:
-    out = run_cli("show", str(small_trace))
+    out = cli("show", str(small_trace))
     assert out.returncode == 0, out.stderr
     lines = [line for line in out.stdout.splitlines() if "draft.fc_in" in line]
     assert len(lines) == 1 and "float32" in lines[0] and "(32,)" in lines[0] and "48" in lines[0]
     assert '"aux_layer_ids": [2, 5]' in out.stdout and "serving" in out.stdout
-    data = json.loads(run_cli("show", str(small_trace), "--json").stdout)
+    data = json.loads(cli("show", str(small_trace), "--json").stdout)
     fc = data["tensors"][0]
     assert (fc["name"], fc["rows"], fc["records"], fc["steps"], fc["requests"], fc["bytes"]) == (
         "draft.fc_in", 48, 3, 3, 1, 3 * 16 * 32 * 4)
@@ -43,19 +43,19 @@ def test_show_table_and_json(small_trace) -> None:
 
 
 def test_show_stats_of_one_tensor(small_trace) -> None:
-    out = run_cli("show", str(small_trace), "--name", "draft.fc_in", "--step", "1", "--json")
+    out = cli("show", str(small_trace), "--name", "draft.fc_in", "--step", "1", "--json")
     stats = json.loads(out.stdout)
     x = step_tensor(1)
     assert stats["rows"] == 16 and stats["nan"] == 0
     assert stats["mean"] == pytest.approx(float(x.mean()), rel=1e-6)
     assert stats["head"] == pytest.approx(x[0, :8].tolist())
-    nan = json.loads(run_cli("show", str(small_trace), "--name", "draft.logits", "--json").stdout)
+    nan = json.loads(cli("show", str(small_trace), "--name", "draft.logits", "--json").stdout)
     assert nan["nan"] == 3 * 16 * 8
 
 
 def test_convert_cli(small_trace, tmp_path) -> None:
     other = tmp_path / ("out.arrow" if small_trace.suffix == ".h5" else "out.h5")
-    done = run_cli("convert", str(small_trace), str(other))
+    done = cli("convert", str(small_trace), str(other))
     assert done.returncode == 0, done.stderr
     with td.open_trace(small_trace) as a, td.open_trace(other) as b:
         assert a.rows("draft.fc_in").data.tobytes() == b.rows("draft.fc_in").data.tobytes()
@@ -89,14 +89,16 @@ def test_foreign_files_give_one_line(tmp_path, make) -> None:
     path = tmp_path / "bad.h5"
     expected = make(path)
     before = digest(path)
-    out = run_cli("show", str(path))
+    out = cli("show", str(path))
     assert out.returncode == 2
     assert out.stderr.strip() == out.stderr.strip().splitlines()[0]
     assert out.stderr.startswith(f"error: {path}: ") and expected in out.stderr
     assert "Traceback" not in out.stderr and digest(path) == before
 
 
+@pytest.mark.subprocess
 def test_missing_file(tmp_path) -> None:
+    """At the real entry point, as a user meets it (tests/test_fuzz.py runs it on files that crashed it)."""
     out = run_cli("show", str(tmp_path / "nope.h5"))
     assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / 'nope.h5'}: no such file"
 
@@ -104,7 +106,7 @@ def test_missing_file(tmp_path) -> None:
 def test_truncated_files(small_trace, tmp_path) -> None:
     cut = tmp_path / f"cut{small_trace.suffix}"
     cut.write_bytes(small_trace.read_bytes()[:200])
-    out = run_cli("show", str(cut))
+    out = cli("show", str(cut))
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1
     assert "truncated or corrupt" in out.stderr and "Traceback" not in out.stderr
 
@@ -120,25 +122,25 @@ def test_newer_format_version_is_refused(small_trace, tmp_path) -> None:
         meta = {**table.schema.metadata, b"tracediff.format_version": b"99"}
         with pa.ipc.new_file(str(newer), table.schema.with_metadata(meta)) as w:
             w.write_table(table)
-    out = run_cli("show", str(newer))
+    out = cli("show", str(newer))
     assert out.returncode == 2 and "format version 99" in out.stderr and "upgrade tracediff" in out.stderr
 
 
 def test_unknown_tensor_name(small_trace) -> None:
-    out = run_cli("show", str(small_trace), "--name", "draft.nope")
+    out = cli("show", str(small_trace), "--name", "draft.nope")
     assert out.returncode == 2 and "no rows of tensor 'draft.nope'" in out.stderr
 
 
 def test_convert_refuses_bad_output(small_trace, tmp_path) -> None:
-    out = run_cli("convert", str(small_trace), str(tmp_path / "x.csv"))
+    out = cli("convert", str(small_trace), str(tmp_path / "x.csv"))
     assert out.returncode == 2 and "cannot tell the trace format" in out.stderr
     before = digest(small_trace)
-    out = run_cli("convert", str(small_trace), str(small_trace))
+    out = cli("convert", str(small_trace), str(small_trace))
     assert out.returncode == 2 and "overwrite the input" in out.stderr and digest(small_trace) == before
 
 
 def test_show_stats_of_a_static_tensor() -> None:
-    out = run_cli("show", str(REPO / "traces" / "eagle3" / "serving.h5"), "--name", "draft.d2t", "--json")
+    out = cli("show", str(REPO / "traces" / "eagle3" / "serving.h5"), "--name", "draft.d2t", "--json")
     assert out.returncode == 0, out.stderr
     stats = json.loads(out.stdout)
     assert stats["shape"] == [768] and stats["rows"] == 0 and len(stats["head"]) == 8
