@@ -21,13 +21,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import tracediff as td
-from tracediff.integrations import sglang_cpu
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/ and tracediff/ from this checkout
+
+import tracediff as td  # noqa: E402
+from testbed import sglang_cpu  # noqa: E402
 
 PROMPTS = [[(7 * r + 3 * t) % 500 + 1 for t in range(24)] for r in range(4)]
 NEW_TOKENS = 8
@@ -67,8 +70,8 @@ def bench_specforge(workdir: Path, repeats: int) -> dict:
     import torch
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
 
+    from testbed.specforge_cpu import CpuTrainer, build_draft, collate
     from tracediff.integrations import specforge
-    from tracediff.integrations.specforge_cpu import CpuTrainer, build_draft, collate
 
     target_dir, target_weights, draft_dir, draft_weights = sglang_cpu.tiny_checkpoint(workdir / "sf")
     config = json.loads((Path(draft_dir) / "config.json").read_text())

@@ -3,7 +3,7 @@ forward; and the pinned copy while the stream keeps writing to the source.
 
 Checks (each PASS, FAIL or SKIP; one line per failure, exit 1 on any):
   bitexact   a target forward and a TTT draft pass (tiny HF Llama + our EAGLE-3 draft, bf16 and fp32) logged
-             with our canonical logging (eagle3.train.record_ttt) to .h5 and .arrow through the device path,
+             with our canonical logging (testbed.train.record_ttt) to .h5 and .arrow through the device path,
              and the very same tensors copied to the CPU and logged again: record by record, every key,
              dtype and raw bit must agree
   overwrite  a large bf16 tensor logged while the stream (and a side stream) overwrites it right after
@@ -36,10 +36,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a bare checkout (PYTHONPATH-free)
 
+from testbed.train import TTTPass, record_ttt  # noqa: E402
 from tracediff.eagle3.capture import AuxSpec, TargetStates, run_target  # noqa: E402
 from tracediff.eagle3.config import DraftConfig  # noqa: E402
 from tracediff.eagle3.draft import Eagle3Draft  # noqa: E402
-from tracediff.eagle3.train import TTTPass, record_ttt  # noqa: E402
 from tracediff.eagle3.vocab import build_vocab_map  # noqa: E402
 from tracediff.record.recorder import Recorder  # noqa: E402
 from tracediff.trace.reader import open_trace  # noqa: E402

@@ -13,9 +13,11 @@ import os
 import sys
 from pathlib import Path
 
-import tracediff as td
-from tracediff.report.browser import find_chromium, load
-from tracediff.report.html import render_html
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/ and tracediff/ from this checkout
+
+import tracediff as td  # noqa: E402
+from testbed.browser import find_chromium, load  # noqa: E402
+from tracediff.report.html import render_html  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLES = REPO / "traces" / "eagle3"

@@ -15,20 +15,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import transformers
 
-import tracediff as td
-from tracediff.eagle3.capture import AuxSpec
-from tracediff.eagle3.checkpoint import save_draft
-from tracediff.eagle3.config import DraftConfig
-from tracediff.eagle3.draft import Eagle3Draft
-from tracediff.eagle3.loop import Conventions, SpeculativeDecoder
-from tracediff.eagle3.train import depth_accuracy, greedy_sequences, record_ttt, train_draft, ttt_pass
-from tracediff.eagle3.vocab import build_vocab_map
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/ and tracediff/ from this checkout
+
+import tracediff as td  # noqa: E402
+from testbed.loop import Conventions, SpeculativeDecoder  # noqa: E402
+from testbed.train import depth_accuracy, greedy_sequences, record_ttt, train_draft, ttt_pass  # noqa: E402
+from tracediff.eagle3.capture import AuxSpec  # noqa: E402
+from tracediff.eagle3.checkpoint import save_draft  # noqa: E402
+from tracediff.eagle3.config import DraftConfig  # noqa: E402
+from tracediff.eagle3.draft import Eagle3Draft  # noqa: E402
+from tracediff.eagle3.vocab import build_vocab_map  # noqa: E402
 
 VOCAB, DRAFT_VOCAB, HIDDEN, LAYERS, TTT_LENGTH, NUM_STEPS = 1024, 768, 64, 6, 4, 4
 TRAINING_AUX = AuxSpec((-1, 1, 3))  # [embed, layer 1, layer 3]

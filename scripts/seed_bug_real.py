@@ -24,15 +24,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import tracediff as td
-from tracediff.diff.results import Report
-from tracediff.integrations import sglang_cpu
-from tracediff.integrations.sglang_cpu import CpuServer, Features, tiny_checkpoint
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/ and tracediff/ from this checkout
+
+import tracediff as td  # noqa: E402
+from testbed import sglang_cpu  # noqa: E402
+from testbed.sglang_cpu import CpuServer, Features, tiny_checkpoint  # noqa: E402
+from tracediff.diff.results import Report  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 301, 12], [60, 61, 9, 400, 33, 8, 150]]
 NEW_TOKENS = 6
@@ -84,8 +87,8 @@ def train(workdir: Path, case: Case, texts: Sequence[Sequence[int]], out: Path) 
     import torch
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
 
+    from testbed.specforge_cpu import CpuTrainer, build_draft, collate
     from tracediff.integrations import specforge
-    from tracediff.integrations.specforge_cpu import CpuTrainer, build_draft, collate
 
     # The capture pass's own logits (its LogitsProcessor's last row) are not training data: SpecForge
     # keeps the hidden states and computes the target's tokens itself (recorded as target.token).

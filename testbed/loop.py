@@ -15,11 +15,10 @@ import torch
 
 from tracediff.eagle3.canonical import RowLogger, log_vocab_map
 from tracediff.eagle3.capture import AuxSpec, run_target
-from tracediff.eagle3.draft import DraftKV, Eagle3Draft
+from tracediff.eagle3.draft import DraftKV, Eagle3Draft, to_target_fn
+from tracediff.eagle3.vocab import OFFSET
 from tracediff.integrations.target_summary import target_identity
 from tracediff.record.recorder import Recorder
-
-OFFSET, DIRECT = "offset", "direct"
 
 
 @dataclass(frozen=True)
@@ -36,14 +35,6 @@ class Conventions:
         return {**self.aux.to_dict(), "d2t_reading": self.d2t_reading,
                 "draft_position_offset": self.position_offset, "fc_norms_applied": self.fc_norms,
                 "draft_input_shift": self.input_shift}
-
-
-def to_target_fn(draft: Eagle3Draft, reading: str):
-    if reading == OFFSET:
-        return draft.to_target
-    if reading == DIRECT:
-        return lambda ids: draft.d2t[ids]
-    raise ValueError(f"unknown d2t reading {reading!r}")
 
 
 def d2t_sha256(draft: Eagle3Draft) -> str:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from tracediff.integrations.sglang_cpu import prepare
+from testbed.sglang_cpu import prepare
 
 DEFAULT_SEED = 0
 

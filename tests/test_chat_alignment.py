@@ -12,12 +12,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
+from testbed.loop import Conventions, SpeculativeDecoder  # noqa: E402
+from testbed.train import greedy_sequences, record_ttt, ttt_pass  # noqa: E402
 from tests.conftest import REPO, tiny_eagle3  # noqa: E402
 from tracediff.bundle.build import make_bundle  # noqa: E402
 from tracediff.eagle3.capture import AuxSpec  # noqa: E402
 from tracediff.eagle3.checkpoint import load_draft  # noqa: E402
-from tracediff.eagle3.loop import Conventions, SpeculativeDecoder  # noqa: E402
-from tracediff.eagle3.train import greedy_sequences, record_ttt, ttt_pass  # noqa: E402
 from tracediff.report.compare import headline, to_markdown  # noqa: E402
 
 SAMPLES = REPO / "traces" / "eagle3"  # the committed sample target and its trained draft

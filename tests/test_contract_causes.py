@@ -15,11 +15,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
+from testbed.loop import Conventions, SpeculativeDecoder  # noqa: E402
 from tests.conftest import tiny_eagle3  # noqa: E402
 from tracediff.diff.contract import cause_of, causes_table  # noqa: E402
 from tracediff.eagle3.capture import AuxSpec  # noqa: E402
 from tracediff.eagle3.draft import Eagle3Draft  # noqa: E402
-from tracediff.eagle3.loop import Conventions, SpeculativeDecoder  # noqa: E402
 
 SPEC = AuxSpec((1, 2, 3))
 PROMPT = [5, 77, 300, 12, 9, 41, 8, 100, 200, 33, 44, 55]

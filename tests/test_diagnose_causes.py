@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
+from testbed.loop import Conventions  # noqa: E402
 from tests.test_diagnoses import SPEC, compare, kinds, models, serve, training  # noqa: E402, F401 (fixtures)
 from tracediff.diff.pair import Pair  # noqa: E402
-from tracediff.eagle3.loop import Conventions  # noqa: E402
 from tracediff.eagle3.vocab import build_vocab_map  # noqa: E402
 
 TOKENS = [3, 17, 250, 9, 88, 41, 7, 300, 12, 5, 99, 64]

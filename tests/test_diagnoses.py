@@ -14,10 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
+from testbed.loop import Conventions, SpeculativeDecoder  # noqa: E402
+from testbed.train import greedy_sequences, record_ttt, ttt_pass  # noqa: E402
 from tests.conftest import tiny_eagle3, tiny_llama  # noqa: E402
 from tracediff.eagle3.capture import INPUT_TO_LAYER, AuxSpec, run_target  # noqa: E402
-from tracediff.eagle3.loop import Conventions, SpeculativeDecoder  # noqa: E402
-from tracediff.eagle3.train import greedy_sequences, record_ttt, ttt_pass  # noqa: E402
 from tracediff.eagle3.vocab import build_vocab_map  # noqa: E402
 
 SPEC = AuxSpec((0, 1, 2))  # training feeds [layer 0, layer 1, layer 2]

@@ -8,11 +8,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
+from testbed.loop import Conventions, SpeculativeDecoder  # noqa: E402
+from testbed.train import greedy_sequences, record_ttt, ttt_pass  # noqa: E402
 from tests.conftest import tiny_eagle3  # noqa: E402
 from tracediff.eagle3.capture import AuxSpec, run_target  # noqa: E402
 from tracediff.eagle3.config import DraftConfig  # noqa: E402
-from tracediff.eagle3.loop import Conventions, SpeculativeDecoder  # noqa: E402
-from tracediff.eagle3.train import greedy_sequences, record_ttt, ttt_pass  # noqa: E402
 
 SPEC = AuxSpec((-1, 1, 2))  # [embed, layer 1, layer 2]
 

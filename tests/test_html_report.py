@@ -16,6 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import tracediff as td
+from testbed.browser import find_chromium, load
 from tracediff.cli import app
 from tracediff.diff.findings import Diagnosis, SlotsEvidence
 from tracediff.diff.results import (
@@ -30,7 +31,6 @@ from tracediff.diff.results import (
     TokenView,
     TraceInfo,
 )
-from tracediff.report.browser import find_chromium, load
 from tracediff.report.compare import skipped_lines
 from tracediff.report.html import render_html
 

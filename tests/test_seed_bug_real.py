@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import tracediff as td
+from testbed.sglang_cpu import sglang_missing
 from tests.conftest import REPO
-from tracediff.integrations.sglang_cpu import sglang_missing
 
 REASON = sglang_missing() or (None if importlib.util.find_spec("specforge") else "specforge is not installed")
 if REASON:

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tracediff.integrations.sglang_cpu import sglang_missing
+from testbed.sglang_cpu import sglang_missing
 
 REASON = sglang_missing()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
@@ -30,7 +30,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def sgl_dumper():
-    from tracediff.integrations.sglang_cpu import prepare
+    from testbed.sglang_cpu import prepare
 
     prepare()
     from sglang.srt.debug_utils.dumper import dumper
@@ -269,7 +269,7 @@ def test_sglang_models_dumped_by_the_non_intrusive_dumper_map_and_group_as_docum
     non-intrusive dumper as SGLang's ModelRunner registers it (and steps it after each forward)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from tracediff.integrations.sglang_cpu import CpuServer, tiny_checkpoint
+    from testbed.sglang_cpu import CpuServer, tiny_checkpoint
 
     target_dir, target_weights, draft_dir, draft_weights = tiny_checkpoint(tmp_path, layers=4,
                                                                                 aux_ids=(0, 1, 2))

@@ -9,14 +9,14 @@ import sys
 
 import pytest
 
-from tracediff.integrations.sglang_cpu import sglang_missing
+from testbed.sglang_cpu import sglang_missing
 
 if sglang_missing():
     pytest.skip(sglang_missing(), allow_module_level=True)
 
 import tracediff as td  # noqa: E402
+from testbed.sglang_cpu import CpuServer, tiny_checkpoint  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
-from tracediff.integrations.sglang_cpu import CpuServer, tiny_checkpoint  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 99], [9, 8, 7], [9, 8, 6, 5]]
 RIDS = ["a", "b", "c"]
@@ -24,7 +24,7 @@ FILTERS = {"requests": 1, "match_prefix": (9, 8)}  # the first request starting 
 
 SCRIPT = """
 import json, sys
-from tracediff.integrations.sglang_cpu import CpuServer, tiny_checkpoint
+from testbed.sglang_cpu import CpuServer, tiny_checkpoint
 
 target_dir, target_weights, draft_dir, draft_weights = tiny_checkpoint(sys.argv[1])
 server = CpuServer(target_dir, target_weights, draft_dir, draft_weights, num_steps=2)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import tracediff as td
+from testbed.sglang_cpu import prepare, sglang_missing
 from tests.conftest import tiny_llama
-from tracediff.integrations.sglang_cpu import prepare, sglang_missing
 
 REASON = sglang_missing() or (None if importlib.util.find_spec("specforge") else "specforge is not installed")
 if REASON:
@@ -24,14 +24,8 @@ prepare()  # SpecForge imports triton: the stub goes in first
 import torch  # noqa: E402
 from specforge.algorithms.eagle3.model import OnlineEagle3Model  # noqa: E402
 
-from tracediff.eagle3 import train as reference  # noqa: E402
-from tracediff.eagle3.capture import AuxSpec  # noqa: E402
-from tracediff.eagle3.checkpoint import save_draft  # noqa: E402
-from tracediff.eagle3.config import DraftConfig  # noqa: E402
-from tracediff.eagle3.draft import Eagle3Draft  # noqa: E402
-from tracediff.eagle3.vocab import build_vocab_map  # noqa: E402
-from tracediff.integrations import specforge as sf  # noqa: E402
-from tracediff.integrations.specforge_cpu import (  # noqa: E402
+from testbed import train as reference  # noqa: E402
+from testbed.specforge_cpu import (  # noqa: E402
     CpuTrainer,
     build_draft,
     collate,
@@ -40,6 +34,12 @@ from tracediff.integrations.specforge_cpu import (  # noqa: E402
     reference_loss,
     target_head,
 )
+from tracediff.eagle3.capture import AuxSpec  # noqa: E402
+from tracediff.eagle3.checkpoint import save_draft  # noqa: E402
+from tracediff.eagle3.config import DraftConfig  # noqa: E402
+from tracediff.eagle3.draft import Eagle3Draft  # noqa: E402
+from tracediff.eagle3.vocab import build_vocab_map  # noqa: E402
+from tracediff.integrations import specforge as sf  # noqa: E402
 
 AUX = (1, 2, 3)
 CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -281,7 +281,7 @@ def test_same_step_matches_and_a_perturbed_fc_diverges_at_fc_out(target, batch, 
 
 
 def test_reference_trainer_computes_and_logs_what_specforge_does(target, tmp_path) -> None:
-    """Our reference TTT (tracediff.eagle3.train) and SpecForge's, on the same weights (ours,
+    """Our reference TTT (testbed.train) and SpecForge's, on the same weights (ours,
     exported as SpecForge exports a draft, loaded into SpecForge's model) and the same features:
     every draft tensor matches, but ours logs draft.positions = t at every depth while both
     rotate at t + d."""

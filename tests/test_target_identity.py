@@ -15,9 +15,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
+from testbed.loop import Conventions, SpeculativeDecoder  # noqa: E402
 from tests.conftest import run_python, tiny_eagle3, tiny_llama  # noqa: E402
 from tracediff.eagle3.capture import AuxSpec  # noqa: E402
-from tracediff.eagle3.loop import Conventions, SpeculativeDecoder  # noqa: E402
 from tracediff.integrations.target_summary import target_identity  # noqa: E402
 
 PROMPT = [5, 77, 300, 12, 9, 41, 8]
@@ -34,11 +34,11 @@ def terminal(report) -> str:
 
 
 def test_an_hf_watch_trace_and_an_sglang_trace_of_one_model_are_comparable(tmp_path) -> None:
-    from tracediff.integrations.sglang_cpu import sglang_missing
+    from testbed.sglang_cpu import sglang_missing
 
     if sglang_missing():
         pytest.skip(sglang_missing())
-    from tracediff.integrations.sglang_cpu import CpuServer, tiny_checkpoint
+    from testbed.sglang_cpu import CpuServer, tiny_checkpoint
 
     target_dir, target_weights, draft_dir, draft_weights = tiny_checkpoint(tmp_path)
     torch.save(target_weights, tmp_path / "target.pt")

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from tracediff.eagle3.config import DraftConfig
+from tracediff.eagle3.vocab import DIRECT, OFFSET
 
 
 class RMSNorm(nn.Module):
@@ -206,3 +207,12 @@ class Eagle3Draft(nn.Module):
     def to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         """Draft vocab ids -> target vocab ids (d2t holds offsets)."""
         return draft_ids + self.d2t[draft_ids]
+
+
+def to_target_fn(draft: Eagle3Draft, reading: str):
+    """Draft ids -> target ids under a d2t reading (OFFSET: what d2t means; DIRECT: the misreading)."""
+    if reading == OFFSET:
+        return draft.to_target
+    if reading == DIRECT:
+        return lambda ids: draft.d2t[ids]
+    raise ValueError(f"unknown d2t reading {reading!r}")

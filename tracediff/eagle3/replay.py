@@ -16,8 +16,7 @@ import torch
 
 from tracediff.eagle3.canonical import RowLogger
 from tracediff.eagle3.capture import AuxSpec
-from tracediff.eagle3.draft import DepthResult, Eagle3Draft
-from tracediff.eagle3.loop import to_target_fn
+from tracediff.eagle3.draft import DepthResult, Eagle3Draft, to_target_fn
 from tracediff.record.recorder import Recorder
 from tracediff.trace.reader import Rows, Trace
 

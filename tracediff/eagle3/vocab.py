@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+OFFSET, DIRECT = "offset", "direct"  # the two readings of d2t: target = draft + d2t[draft], or d2t[draft]
+
 
 def draft_to_target(draft_ids: np.ndarray, d2t: np.ndarray) -> np.ndarray:
     """Target ids of draft ids under the offset reading (SpecForge, SGLang)."""
@@ -93,7 +95,7 @@ def infer_mapping(draft_ids: np.ndarray, target_ids: np.ndarray, d2t: np.ndarray
     offset = draft_to_target(draft_ids, d2t)
     direct = d2t[draft_ids]
     if np.array_equal(offset, target_ids):
-        return "offset"
+        return OFFSET
     if np.array_equal(direct, target_ids):
-        return "direct"
+        return DIRECT
     return "unknown"

@@ -3,7 +3,7 @@
 ``install(recorder, target=..., draft=..., worker=...)`` attaches to SGLang's own objects; the
 scheduler side calls ``batch_context(reqs)`` once per batch so that every row is keyed by content:
 (request, position, the request's token at that position), docs/FORMAT.md. The same function is
-called by the launcher plugin's scheduler patch and by the CPU harness (sglang_cpu.py).
+called by the launcher plugin's scheduler patch and by the CPU harness (testbed/sglang_cpu.py).
 
 Modules: ``guard`` (the version guard), ``keys`` (row keys), ``install`` (the hooks), ``contract``
 (what the trace states about the run), ``plugin`` (the launcher's start-up plugin).
