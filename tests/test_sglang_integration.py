@@ -11,7 +11,7 @@ import logging
 import numpy as np
 import pytest
 
-from tracediff.integrations.sglang_cpu import sglang_missing
+from testbed.sglang_cpu import sglang_missing
 
 if sglang_missing():
     pytest.skip(sglang_missing(), allow_module_level=True)
@@ -19,8 +19,8 @@ if sglang_missing():
 import torch  # noqa: E402
 
 import tracediff as td  # noqa: E402
+from testbed.sglang_cpu import CpuServer, tiny_checkpoint  # noqa: E402
 from tracediff.integrations import sglang as integration  # noqa: E402
-from tracediff.integrations.sglang_cpu import CpuServer, tiny_checkpoint  # noqa: E402
 
 AUX_IDS = (1, 3, 5)  # the draft config's eagle_aux_hidden_state_layer_ids (output of layers 1, 3, 5)
 LAYERS, STEPS, NEW = 8, 3, 5
