@@ -1,0 +1,178 @@
+"""Recording every SGLang EAGLE-3 target family the CPU test bed runs: llama, qwen2/3, the Qwen and
+GLM MoEs, DeepSeek-V3 (MLA), GPT-OSS, MiniMax-M2, Gemma 3 and Apertus, on SGLang's real model code.
+
+``install(rec, target=model)`` on each, ids set through ``set_eagle3_layers_to_capture`` as the
+server sets them, a prefill and a decode: ``target.layer.{i}`` is HF's output of layer i (the last
+one before the final norm), ``target.aux`` slot by slot what that family really feeds the draft
+(each family's id convention and capture quirks), and the contract names the class, the family and
+the states the aux holds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from testbed.sglang_cpu import sglang_missing
+
+if sglang_missing():
+    pytest.skip(sglang_missing(), allow_module_level=True)
+
+import tracediff as td  # noqa: E402
+from testbed.sglang_families import PROMPT, FamilyBed, Reference, family_bed  # noqa: E402
+from testbed.sglang_family_configs import FAMILIES, HIDDEN, LAYERS  # noqa: E402
+from tracediff.integrations.sglang import install  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+ROWS = len(PROMPT) + 1  # the prefill's rows, then the decode's
+RESIDUAL_PLUS_ONE = ("llama", "qwen2", "qwen3", "glm4_moe", "minimax_m2", "apertus", "gpt_oss")
+FIRST_ID_IS_ONE = ("deepseek_v2", "glm4_moe_lite")  # +1 only when the first id is 1
+FLAGS = ("qwen2_moe", "qwen3_moe")  # capture by per-layer flags that are never cleared
+BRANCH = ("gemma3_causal",)  # captures the previous layer's branch output, not the residual stream
+
+
+@dataclass(frozen=True)
+class State:
+    """A target state an aux slot can hold: HF's embedding output, the output of layer i (the
+    residual stream), or layer i's branch (what its last residual add takes)."""
+
+    kind: str  # "embed", "layer" or "branch"
+    layer: int = -1
+
+    @property
+    def name(self) -> str:
+        """The trace's name of this state (a branch output: ``target.layer.{i}.branch``)."""
+        if self.kind == "embed":
+            return "target.embed"
+        return f"target.layer.{self.layer}" + (".branch" if self.kind == "branch" else "")
+
+    def of(self, ref: Reference) -> np.ndarray:
+        if self.kind == "embed":
+            return ref.hidden_states[0].numpy()
+        if self.kind == "branch":
+            return ref.branch[self.layer].numpy()
+        return (ref.pre_norm if self.layer == LAYERS - 1 else ref.hidden_states[self.layer + 1]).numpy()
+
+
+def layers(*ids: int) -> list[State]:
+    return [State("layer", i) for i in ids]
+
+
+def branches(*ids: int) -> list[State]:
+    return [State("branch", i) for i in ids]
+
+
+# What each family feeds the draft for a sequence of set_eagle3_layers_to_capture calls on one
+# model (SGLang 0.5.23, 6 layers), per the probe of issue 18: the spec these tests hold it to.
+FIRST = [[1, 2, 3]]
+SECOND = [[1, 2, 3], [2, 3, 4]]  # a second call on the same model
+FED: dict[str, dict[str, tuple[list[list[int]], list[State]]]] = {name: {} for name in FAMILIES}
+for name in FAMILIES:
+    FED[name]["first"] = FIRST, branches(1, 2, 3) if name in BRANCH else layers(1, 2, 3)
+    if name in BRANCH:
+        FED[name]["second"] = SECOND, branches(2, 3, 4)
+    elif name in FIRST_ID_IS_ONE:
+        FED[name]["second"] = SECOND, layers(1, 2, 3)  # [2, 3, 4] captures the inputs of layers 2, 3, 4
+        FED[name]["embed"] = [[0, 2, 4]], [State("embed"), *layers(1, 3)]  # layer 0's input: the embedding
+    elif name in FLAGS:
+        FED[name]["second"] = SECOND, layers(1, 2, 3, 4)  # the union: 4 slots
+    else:
+        FED[name]["second"] = SECOND, layers(2, 3, 4)
+FED["gpt_oss"]["final"] = [[1, 3, LAYERS]], layers(0, 2, LAYERS - 1)  # no +1 when max(ids) == L
+CASES = [(name, case) for name in FAMILIES for case in FED[name]]
+
+
+@dataclass
+class Recorded:
+    bed: FamilyBed
+    model: object
+    trace: td.Trace
+    ref: Reference
+
+
+@pytest.fixture(scope="module")
+def record(tmp_path_factory):
+    """``record(name, calls)``: a fresh SGLang target of that family, recorded (once per module for
+    the same arguments); ``calls`` are the id lists handed to ``set_eagle3_layers_to_capture`` in
+    order, as the server hands them."""
+    done: dict[tuple, Recorded] = {}
+
+    def run(name: str, calls: list[list[int]]) -> Recorded:
+        key = (name, *map(tuple, calls))
+        if key not in done:
+            bed = family_bed(name)
+            model = bed.load()
+            path = tmp_path_factory.mktemp(name) / "serve.h5"
+            with td.record(path, source="serving") as rec:
+                installed = install(rec, target=model)
+                for ids in calls:
+                    model.set_eagle3_layers_to_capture(ids)
+                served = bed.serve(model)
+                installed.remove()
+            done[key] = Recorded(bed, model, td.open_trace(path), bed.reference(served.tokens))
+        return done[key]
+
+    yield run
+    for recorded in done.values():
+        recorded.trace.close()
+
+
+def rows(trace: td.Trace, name: str) -> np.ndarray:
+    """``name``'s rows by position: the prompt's (prefill), then the decoded token's."""
+    assert name in trace.names(), f"{name} not recorded (recorded: {trace.names()})"
+    got = trace.rows(name)
+    order = np.argsort(got.position, kind="stable")
+    assert got.position[order].tolist() == list(range(ROWS)), name
+    return got.numpy()[order]
+
+
+def assert_state(got: np.ndarray, want: np.ndarray, tolerance: float, what: str) -> None:
+    np.testing.assert_allclose(got, want, rtol=0, atol=tolerance * float(np.abs(want).max()), err_msg=what)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_layers_are_hf_layer_outputs(record, name):
+    """target.embed == HF hidden_states[0], target.layer.i == hidden_states[i+1] (the output of layer
+    i), the last layer's before the final norm (HF's last hidden state is after it: that one is
+    target.final_hidden), at every prefill and decode row."""
+    run = record(name, FIRST)
+    tolerance = run.bed.family.tolerance
+    assert_state(rows(run.trace, "target.embed"), State("embed").of(run.ref), tolerance, "target.embed")
+    for i in range(LAYERS):
+        state = State("layer", i)
+        assert_state(rows(run.trace, state.name), state.of(run.ref), tolerance, state.name)
+    assert_state(rows(run.trace, "target.final_hidden"), run.ref.hidden_states[-1].numpy(), tolerance,
+                 "target.final_hidden")
+
+
+@pytest.mark.parametrize(("name", "case"), CASES, ids=[f"{n}-{c}" for n, c in CASES])
+def test_aux_is_what_the_family_feeds_the_draft(record, name, case):
+    """target.aux, slot by slot, == the states this family really captures for these ids (HF's on the
+    same tokens), and the contract's aux_slot_states / aux_sources name them."""
+    calls, fed = FED[name][case]
+    run = record(name, calls)
+    aux = rows(run.trace, "target.aux")
+    assert aux.shape[1] == len(fed) * HIDDEN, f"{aux.shape[1] // HIDDEN} slots, {len(fed)} fed"
+    for k, (slot, state) in enumerate(zip(np.split(aux, len(fed), axis=1), fed)):
+        assert_state(slot, state.of(run.ref), run.bed.family.tolerance, f"slot {k}: {state}")
+    contract = run.trace.contract
+    assert contract["aux_slot_states"] == [s.name for s in fed]
+    assert len(contract["aux_capture_layers"]) == len(fed), contract["aux_capture_layers"]
+    if name not in BRANCH:  # the layer set as resolved names the same residual-stream states
+        assert contract["aux_sources"] == [s.name for s in fed]
+    for k, (slot, state) in enumerate(zip(np.split(aux, len(fed), axis=1), fed)):
+        if state.name in run.trace.names():  # the state recorded under that name is the slot's
+            np.testing.assert_array_equal(slot, rows(run.trace, state.name), err_msg=f"slot {k}")
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_contract_names_class_and_family(record, name):
+    """The contract names the target's model class and its SGLang family (its model file)."""
+    run = record(name, FIRST)
+    contract = run.trace.contract
+    assert contract["target_model_class"].split(".")[-1] == type(run.model).__name__
+    assert contract["target_family"] == name
+    assert contract["target_num_layers"] == LAYERS
