@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 
 import tracediff as td
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, cli
 from tracediff.diff.results import Report
 from tracediff.diff.tolerance import Tolerances
 
 SAMPLES = REPO / "traces" / "eagle3"
 
 
-def cli(*args: str):
-    """The real command, for what only the command does: exit codes, text, errors."""
-    out = run_cli("compare", *args)
+def command(*args: str):
+    """The command, for what only the command does: exit codes, text, errors."""
+    out = cli("compare", *args)
     return out, (json.loads(out.stdout) if "--json" in args and out.stdout.strip() else None)
 
 
@@ -37,7 +37,7 @@ def test_training_vs_healthy_serving_match() -> None:
 
 
 def test_the_real_world_aux_bug_is_named() -> None:
-    out, report = cli(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"), "--json")
+    out, report = command(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"), "--json")
     assert out.returncode == 1
     first = report["first_divergence"]
     assert first["name"] == "target.aux" and first["row"]["position"] == 0 and first["row"]["depth"] == 0
@@ -53,12 +53,12 @@ def test_the_real_world_aux_bug_is_named() -> None:
     by_name = {t["name"]: t["status"] for t in report["tensors"]}
     assert by_name["target.layer.5"] == "match" and by_name["draft.fc_in"] == "downstream"
     assert any(c["key"] == "aux_layer_ids" for c in report["contract"]["differing"])
-    text, _ = cli(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"))
+    text, _ = command(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"))
     first_line = text.stdout.splitlines()[0]
     assert first_line.startswith("diverged (1263 rows compared, coverage 100%; depth 0: 1254 rows, 1: 7, "
                                  "2-3: none comparable): first diverging tensor target.aux")
     assert "aux layer set differs: serving fed [layer 1, layer 3, layer 5]" in text.stdout
-    md, _ = cli(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"), "--markdown")
+    md, _ = command(str(SAMPLES / "training.h5"), str(SAMPLES / "serving_aux_bug.h5"), "--markdown")
     assert md.stdout.startswith("**tracediff compare**") and "| `target.aux` | diverged |" in md.stdout
     for part in ("Compared: 1263 of 3146 rows in a, 1263 of 2432 in b", "differs: `aux_layer_ids`",
                  "only a states `target_model`", "not comparable at depth > 0", "tracediff 0.1.0"):
@@ -120,24 +120,24 @@ def test_align_by_step_for_same_producer_diffs(tmp_path, layers) -> None:
     write(tmp_path / "b.h5", changed, (0, 1, 2), np.arange(6), request="y")  # other request ids
     report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5", align="step")
     assert report.verdict == "diverged" and first_key(report) == ("target.layer.1", 2, 0)
-    bad, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--align", "tokens")
+    bad, _ = command(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--align", "tokens")
     assert bad.returncode == 2 and "--align" in bad.stderr
 
 
 def test_bad_inputs(tmp_path, layers) -> None:
     write(tmp_path / "a.h5", layers, (0, 1, 2), np.arange(6))
     (tmp_path / "x.h5").write_text("not a trace")
-    out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "x.h5"))
+    out, _ = command(str(tmp_path / "a.h5"), str(tmp_path / "x.h5"))
     assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / 'x.h5'}: not a trace file " \
                                                          "(neither HDF5 nor Arrow IPC)"
-    out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "a.h5"), "--tol", "target.*:cos=>1")
+    out, _ = command(str(tmp_path / "a.h5"), str(tmp_path / "a.h5"), "--tol", "target.*:cos=>1")
     assert out.returncode == 2 and "cannot read 'cos=>1'" in out.stderr
     with td.record(tmp_path / "other.h5") as rec:
         rec.log("something.else", np.zeros((2, 3), np.float32), token_ids=np.arange(2))
-    out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "other.h5"))
+    out, _ = command(str(tmp_path / "a.h5"), str(tmp_path / "other.h5"))
     assert out.returncode == 2 and "not comparable" in out.stderr
     assert "no tensor name is in both" in out.stderr
-    out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "a.h5"), "--min-coverage", "2")
+    out, _ = command(str(tmp_path / "a.h5"), str(tmp_path / "a.h5"), "--min-coverage", "2")
     assert out.returncode == 2 and out.stderr.startswith("error: --min-coverage")
 
 
@@ -241,23 +241,23 @@ def test_name_mapping(tmp_path, layers) -> None:
     assert td.compare(tmp_path / "a.h5", tmp_path / "other.h5").verdict == "incomparable"
     mapping = ["--map", "embed_tokens=target.embed"] + [f"--map=model.layers.{i}=target.layer.{i}"
                                                         for i in range(5)]
-    out, report = cli(str(tmp_path / "a.h5"), str(tmp_path / "other.h5"), "--json", *mapping)
+    out, report = command(str(tmp_path / "a.h5"), str(tmp_path / "other.h5"), "--json", *mapping)
     assert out.returncode == 1 and report["first_divergence"]["name"] == "target.layer.1"
     (tmp_path / "map.txt").write_text("# their name = ours\nembed_tokens = target.embed\n"
                                       + "".join(f"model.layers.{i} = target.layer.{i}\n" for i in range(5)))
     as_json = {f"model.layers.{i}": f"target.layer.{i}" for i in range(5)}
     (tmp_path / "map.json").write_text(json.dumps(as_json))
     for file in ("map.txt", "map.json"):
-        out, report = cli(str(tmp_path / "a.h5"), str(tmp_path / "other.h5"), "--json",
+        out, report = command(str(tmp_path / "a.h5"), str(tmp_path / "other.h5"), "--json",
                           "--map-file", str(tmp_path / file))
         assert out.returncode == 1 and report["first_divergence"]["name"] == "target.layer.1"
     (tmp_path / "bad.txt").write_text("embed_tokens = target.embed\nmodel.layers.0 target.layer.0\n")
     a, other = str(tmp_path / "a.h5"), str(tmp_path / "other.h5")
-    out, _ = cli(a, other, "--map-file", str(tmp_path / "bad.txt"))
+    out, _ = command(a, other, "--map-file", str(tmp_path / "bad.txt"))
     assert out.returncode == 2
     assert out.stderr.strip() == (f"error: {tmp_path / 'bad.txt'}: line 2: expected NAME_IN_B=NAME_IN_A, "
                                   "got 'model.layers.0 target.layer.0'")
-    out, _ = cli(a, other, "--map-file", str(tmp_path / "no.txt"))
+    out, _ = command(a, other, "--map-file", str(tmp_path / "no.txt"))
     assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / 'no.txt'}: no such mapping file"
 
 
@@ -265,7 +265,7 @@ def test_an_empty_trace_is_refused(tmp_path, layers) -> None:
     write(tmp_path / "a.h5", layers, (0, 1, 2), np.arange(6))
     with td.record(tmp_path / "empty.arrow"):
         pass
-    out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "empty.arrow"))
+    out, _ = command(str(tmp_path / "a.h5"), str(tmp_path / "empty.arrow"))
     assert out.returncode == 2
     assert out.stderr.strip() == f"error: {tmp_path / 'empty.arrow'}: the trace holds no tensor rows"
 
@@ -465,7 +465,7 @@ def test_a_map_onto_a_name_b_already_has_is_refused(tmp_path) -> None:
     with td.record(tmp_path / "b.h5") as rec:
         rec.log("t.x", x + 10, token_ids=np.arange(4))
         rec.log("t.y", x, token_ids=np.arange(4))
-    out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--map", "t.y=t.x")
+    out, _ = command(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--map", "t.y=t.x")
     assert out.returncode == 2 and out.stderr.strip() == (
         "error: --map: 't.x' and 't.y' of b would both be compared as 't.x': map one of them to another name")
     with pytest.raises(td.InputError, match="would hide 't.x'"):  # moving b's own t.x away hides it
@@ -494,9 +494,9 @@ def test_a_map_that_would_hide_a_shared_tensor_is_refused(tmp_path) -> None:
         with td.record(tmp_path / f"{name}.h5") as rec:
             rec.log("t", x, token_ids=np.arange(4))
             rec.log("u", x + (name == "b"), token_ids=np.arange(4))
-    out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--map", "u=uu")
+    out, _ = command(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--map", "u=uu")
     assert out.returncode == 2 and "a has no tensor named 'uu'" in out.stderr
-    out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--map", "u=t", "--map", "u=x")
+    out, _ = command(str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--map", "u=t", "--map", "u=x")
     assert out.returncode == 2 and out.stderr.strip() == "error: --map: 'u' is mapped twice"
 
 
@@ -525,7 +525,7 @@ def test_a_name_mapped_twice_in_a_file_and_a_glob_given_twice_are_refused(tmp_pa
     (tmp_path / "twice.txt").write_text("H = target.embed\nH = target.aux\n")
     (tmp_path / "twice.json").write_text('{"H": "target.embed", "H": "target.aux"}')
     for name in ("twice.txt", "twice.json"):
-        out, _ = cli(str(tmp_path / "a.h5"), str(tmp_path / "a.h5"), "--map-file", str(tmp_path / name))
+        out, _ = command(str(tmp_path / "a.h5"), str(tmp_path / "a.h5"), "--map-file", str(tmp_path / name))
         assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / name}: 'H' is mapped twice"
     with pytest.raises(ValueError, match="given twice"):
         Tolerances.parse(["h:max_rel<=1", "h:max_rel<=1e-9"])

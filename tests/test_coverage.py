@@ -217,7 +217,7 @@ def test_progress_hears_every_byte_compared(tmp_path) -> None:
 
 
 def test_the_command_says_incomplete_with_exit_3_and_what_it_left_out(tmp_path) -> None:
-    from tests.conftest import run_cli
+    from tests.conftest import cli
 
     kept = np.r_[0:3, 6:10]
     tokens = np.arange(20, 30)
@@ -225,12 +225,12 @@ def test_the_command_says_incomplete_with_exit_3_and_what_it_left_out(tmp_path) 
         rec.log("h", per_token(tokens), token_ids=tokens, request="r")
     with td.record(tmp_path / "b.h5") as rec:
         rec.log("h", per_token(tokens)[kept], token_ids=tokens[kept], positions=kept, request="r")
-    text = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
+    text = cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
     assert text.returncode == 3, text.stderr
     assert text.stdout.splitlines()[0] == (
         "incomplete (3 rows compared, coverage 43%): h: 3 / 3 of 10 / 7 rows compared (43%); "
         "not compared: a 7 not recorded on the other side, b 4 prefix unknown")
-    md = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--markdown")
+    md = cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), "--markdown")
     assert md.returncode == 3 and "- incomplete: h: 3 / 3 of 10 / 7 rows compared (43%)" in md.stdout
     assert "Not compared, b: 4 prefix unknown." in md.stdout
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 
 import tracediff as td
-from tests.conftest import REPO, run_cli, run_python, step_tensor
+from tests.conftest import REPO, cli, run_python, step_tensor
 
 KILLED_WRITER = """
 import sys, time
@@ -48,7 +48,7 @@ def test_sigkill_mid_run_leaves_a_readable_trace(tmp_path, fmt) -> None:
         assert steps == list(range(len(steps))) and len(steps) > flushed
         for step in steps:
             assert rows.data[rows.step == step].tobytes() == step_tensor(step).tobytes()
-    shown = run_cli("show", str(path))
+    shown = cli("show", str(path))
     assert shown.returncode == 0 and "incomplete" in shown.stdout
     report = td.compare(path, path)  # what it holds compares; the report says it was cut short
     assert report.verdict == "match" and not report.a.closed

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from tests.conftest import run_cli  # noqa: E402
+from tests.conftest import cli  # noqa: E402
 from tests.test_eagle3_draft import random_draft, tiny_config  # noqa: E402
 from tracediff.eagle3.checkpoint import load_draft, save_draft  # noqa: E402
 from tracediff.eagle3.doctor import doctor  # noqa: E402
@@ -57,7 +57,7 @@ def codes(draft, target, server_args=None) -> list[str]:
 
 def test_healthy_checkpoint_has_no_problems(healthy) -> None:
     assert codes(*healthy) == []
-    out = run_cli("doctor", "--draft", str(healthy[0]), "--target", str(healthy[1]))
+    out = cli("doctor", "--draft", str(healthy[0]), "--target", str(healthy[1]))
     assert out.returncode == 0 and "no problems found" in out.stdout
 
 
@@ -140,16 +140,16 @@ def test_eagle3_head_in_eagle_mode(healthy) -> None:
 
 def test_cli_exit_codes(healthy, tmp_path) -> None:
     edit_weights(healthy[0], d2t=torch.zeros(256, dtype=torch.int64))
-    out = run_cli("doctor", "--draft", str(healthy[0]), "--json")
+    out = cli("doctor", "--draft", str(healthy[0]), "--json")
     assert out.returncode == 1 and "d2t_zero" in {f["code"] for f in json.loads(out.stdout)}
-    missing = run_cli("doctor", "--draft", str(tmp_path / "nope"))
+    missing = cli("doctor", "--draft", str(tmp_path / "nope"))
     assert missing.returncode == 2 and missing.stderr.strip() == f"error: {tmp_path / 'nope'}: no config.json"
 
 
 def test_fc_weight_missing(healthy) -> None:
     edit_weights(healthy[0], **{"fc.weight": None})
     assert codes(*healthy) == ["fc_missing"]
-    out = run_cli("doctor", "--draft", str(healthy[0]))
+    out = cli("doctor", "--draft", str(healthy[0]))
     assert out.returncode == 1 and "fc_missing" in out.stdout and "no problems found" not in out.stdout
 
 
@@ -207,7 +207,7 @@ def test_unreadable_configs_are_one_error(healthy, text, problem) -> None:
 
 def test_a_config_with_the_wrong_field_types_gives_one_error_line(healthy) -> None:
     edit_config(healthy[0], eagle_config=[1, 2])
-    out = run_cli("doctor", "--draft", str(healthy[0]))
+    out = cli("doctor", "--draft", str(healthy[0]))
     assert out.returncode == 2 and out.stdout == "" and out.stderr == (
         f"error: {healthy[0] / 'config.json'}: not an EAGLE-3 draft config: eagle_config must be a JSON "
         "object, not a list\n")

@@ -12,7 +12,7 @@ import pytest
 from safetensors.numpy import load_file
 
 import tracediff as td
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, cli
 
 SAMPLES = REPO / "traces" / "eagle3"
 FIGURES = json.loads((SAMPLES / "figures.json").read_text())
@@ -21,7 +21,7 @@ pytest.importorskip("torch")
 
 
 def replay(trace: str, *extra: str) -> dict:
-    out = run_cli("replay", str(SAMPLES / trace), "--draft", str(SAMPLES / "draft"), "--target",
+    out = cli("replay", str(SAMPLES / trace), "--draft", str(SAMPLES / "draft"), "--target",
                   str(SAMPLES / "target"), "--json", *extra)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -54,7 +54,7 @@ def test_replay_bad_inputs(tmp_path) -> None:
         ([str(SAMPLES / "serving.h5")], "no embed_tokens.weight in the checkpoint"),
         ([str(SAMPLES / "serving.h5"), "--aux", "1,embed"], "--aux takes 'embed' (first)"),
     ):
-        out = run_cli("replay", *args, "--draft", str(SAMPLES / "draft"))
+        out = cli("replay", *args, "--draft", str(SAMPLES / "draft"))
         assert out.returncode == 2 and expected in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 

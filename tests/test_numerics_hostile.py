@@ -13,7 +13,7 @@ import pytest
 from rich.console import Console
 
 import tracediff as td
-from tests.conftest import run_cli
+from tests.conftest import cli
 from tracediff.diff.metrics import COMPILED, NUMPY
 from tracediff.diff.rename import read_mapping_file
 from tracediff.report.compare import render
@@ -154,7 +154,7 @@ def test_a_deeply_nested_mapping_file_is_one_error(tmp_path) -> None:
         read_mapping_file(long_line)
     x = np.ones((4, 2), np.float32)
     write(tmp_path / "a.h5", {"h": x})
-    out = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "a.h5"), "--map-file", str(deep))
+    out = cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "a.h5"), "--map-file", str(deep))
     assert out.returncode == 2 and out.stderr.strip() == (
         f"error: {deep}: JSON nested too deeply (a mapping file is one flat object of strings)")
 

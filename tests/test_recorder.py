@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tracediff as td
-from tests.conftest import run_cli, run_python, step_tensor
+from tests.conftest import cli, run_python, step_tensor
 
 
 def names_and_steps(path) -> list[tuple[str, int]]:
@@ -226,7 +226,7 @@ def test_a_trace_killed_before_its_first_write_says_who_started_it(tmp_path, fmt
     does: the file reads as a trace that was never closed and holds no records."""
     path = tmp_path / f"killed.{fmt}"
     assert run_python(KILLED_AT_OPEN, str(path)).returncode == -9
-    shown = run_cli("show", str(path))
+    shown = cli("show", str(path))
     assert shown.returncode == 0, shown.stderr
     assert "incomplete: the writer never closed" in shown.stdout and "source serving" in shown.stdout
     with td.open_trace(path) as trace:
@@ -251,7 +251,7 @@ def test_a_file_killed_before_it_held_a_trace_is_one_error_line(tmp_path) -> Non
     superblock = tmp_path / "superblock.h5"
     assert run_python(H5_KILLED_IN_OPEN, str(superblock)).returncode == -9
     for path, words in ((claimed, "empty file"), (superblock, "killed before its first write")):
-        shown = run_cli("show", str(path))
+        shown = cli("show", str(path))
         assert shown.returncode == 2 and shown.stdout == ""
         assert shown.stderr.startswith(f"error: {path}: ") and shown.stderr.count("\n") == 1, shown.stderr
         assert words in shown.stderr
@@ -301,11 +301,11 @@ def test_hooks_on_a_tiny_llama_and_show(tmp_path, fmt) -> None:
         assert np.array_equal(layer1.data, out.hidden_states[2].reshape(14, 64).numpy())
         assert layer1.token_id.tolist() == ids.reshape(-1).tolist()
         assert layer1.position.tolist() == list(range(7)) * 2
-    shown = run_cli("show", str(path))
+    shown = cli("show", str(path))
     assert shown.returncode == 0, shown.stderr
     for expected in ("target.layer.2", "(64,)", "(512,)", "tiny-llama", "training"):
         assert expected in shown.stdout
-    stats = run_cli("show", str(path), "--name", "target.logits", "--step", "0", "--request", "r1")
+    stats = cli("show", str(path), "--name", "target.logits", "--step", "0", "--request", "r1")
     assert stats.returncode == 0 and "float32 (7, 512)" in stats.stdout and "NaN 0" in stats.stdout
 
 

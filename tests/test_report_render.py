@@ -60,13 +60,13 @@ def test_trace_text_in_markdown_prose_never_mentions_anyone(tmp_path) -> None:
 
 
 def test_an_incomparable_headline_gives_the_reason_not_a_divergence(tmp_path) -> None:
-    from tests.conftest import run_cli
+    from tests.conftest import cli
 
     for name, layers in (("a", 4), ("b", 6)):
         with td.record(tmp_path / f"{name}.h5", meta={"target_config": {"num_hidden_layers": layers}}) as rec:
             values = np.random.default_rng(ord(name)).standard_normal((3, 8))
             rec.log("h", values, token_ids=[1, 2, 3])
-    out = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
+    out = cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
     assert out.returncode == 2
     assert out.stdout.splitlines()[0] == ("incomparable (3 rows compared, coverage 100%): different target "
                                           "models: target_config.num_hidden_layers a 4, b 6 (--same-target "

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tracediff as td
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, cli
 from tracediff.trace.convert import convert
 from tracediff.trace.reader import MixedRecords, TokenTable
 
@@ -132,10 +132,10 @@ def test_reserved_records_are_never_tensors(tmp_path, fmt) -> None:
         assert not any(n.startswith("__") for n in trace.index.name.tolist())
         assert len(trace.select()) == 2 and len(trace.files[0].token_slots) == 1
         assert trace.keys("h").position.tolist() == [0, 1, 2]
-    shown = run_cli("show", str(path))
+    shown = cli("show", str(path))
     assert shown.returncode == 0, shown.stderr
     assert "__tokens__" not in shown.stdout and "token table: 3 tokens of 1 requests" in shown.stdout
-    data = json.loads(run_cli("show", str(path), "--json").stdout)
+    data = json.loads(cli("show", str(path), "--json").stdout)
     assert [t["name"] for t in data["tensors"]] == ["h", "w"]
     assert (data["tokens"], data["token_requests"]) == (3, 1)
 

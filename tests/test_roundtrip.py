@@ -163,12 +163,12 @@ def test_closed_arrow_trace_opens_from_its_index_without_visiting_batches(tmp_pa
 
 
 def test_convert_into_a_missing_directory_is_one_line(tmp_path) -> None:
-    from tests.conftest import run_cli
+    from tests.conftest import cli
 
     with td.record(tmp_path / "a.h5") as rec:
         rec.log("h", np.zeros((2, 2), np.float32), token_ids=np.arange(2))
     target = tmp_path / "missing_dir" / "b.arrow"
-    out = run_cli("convert", str(tmp_path / "a.h5"), str(target))
+    out = cli("convert", str(tmp_path / "a.h5"), str(target))
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip() == f"error: {target}: output directory {target.parent} does not exist"
     assert not target.parent.exists()

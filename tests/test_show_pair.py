@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import tracediff as td
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, cli
 from tracediff.diff.jsonio import to_plain
 from tracediff.diff.rowview import row_view
 from tracediff.errors import InputError
@@ -173,13 +173,13 @@ def test_a_depth_row_fed_other_tokens_is_said() -> None:
 def test_the_next_command_of_the_sample_bug_shows_both_rows_and_their_largest_differences() -> None:
     """The compare report's last line is a command; run as printed, it shows the failing row of
     both traces and the elements that differ most."""
-    compared = run_cli("compare", str(TRAINING), str(BUG))
+    compared = cli("compare", str(TRAINING), str(BUG))
     assert compared.returncode == 1, compared.stderr
     line = compared.stdout.strip().splitlines()[-1]
     argv = shlex.split(line.removeprefix("next: "))
     assert argv == ["tracediff", "show", str(TRAINING), str(BUG), "--name", "target.aux", "--request",
                     "sample0", "--request-b", "req0", "--position", "0"]
-    shown = run_cli(*argv[1:])
+    shown = cli(*argv[1:])
     assert shown.returncode == 0, shown.stderr
     text = shown.stdout
     assert f"a {TRAINING}: request sample0, position 0, depth 0" in text
@@ -188,7 +188,7 @@ def test_the_next_command_of_the_sample_bug_shows_both_rows_and_their_largest_di
     view = row_view(TRAINING, BUG, "target.aux", request="sample0", request_b="req0", position=0)
     largest = next(ln for ln in text.splitlines() if ln.lstrip().startswith(f"({view.top[0].index[0]},)"))
     assert f"{view.top[0].a:.6g}" in largest and f"{view.top[0].b:.6g}" in largest
-    as_json = json.loads(run_cli(*argv[1:], "--json", "--top", "3").stdout)
+    as_json = json.loads(cli(*argv[1:], "--json", "--top", "3").stdout)
     assert as_json == json.loads(json.dumps(to_plain(row_view(TRAINING, BUG, "target.aux", request="sample0",
                                                               request_b="req0", position=0, top=3))))
 
@@ -198,13 +198,13 @@ def test_bad_pair_input_is_one_line_naming_the_side(tmp_path) -> None:
     write(tmp_path / "b.h5", base_rows(), "p")
     with td.record(tmp_path / "c.h5") as rec:
         rec.log("other", base_rows(), token_ids=TOKENS, request="p")
-    out = run_cli("show", str(tmp_path / "a.h5"), str(tmp_path / "c.h5"), "--name", "h")
+    out = cli("show", str(tmp_path / "a.h5"), str(tmp_path / "c.h5"), "--name", "h")
     assert out.returncode == 2 and "Traceback" not in out.stderr
     assert out.stderr.strip() == f"error: {tmp_path / 'c.h5'}: b has no tensor 'h' (list them: tracediff " \
                                  f"show {tmp_path / 'c.h5'})"
-    out = run_cli("show", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
+    out = cli("show", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
     assert out.returncode == 2 and out.stderr.strip().startswith("error: --name: ")
-    out = run_cli("show", str(tmp_path / "a.h5"), str(tmp_path / "nope.h5"), "--name", "h")
+    out = cli("show", str(tmp_path / "a.h5"), str(tmp_path / "nope.h5"), "--name", "h")
     assert out.returncode == 2 and out.stderr.strip() == f"error: {tmp_path / 'nope.h5'}: no such file"
 
 
@@ -224,12 +224,12 @@ def test_the_next_command_of_a_request_at_several_steps_shows_the_diverging_step
     y[2:] += 0.5
     write_epochs(tmp_path / "a.h5", [(0, x), (1, x)])
     write_epochs(tmp_path / "b.h5", [(0, x), (1, y)])
-    compared = run_cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
+    compared = cli("compare", str(tmp_path / "a.h5"), str(tmp_path / "b.h5"))
     assert compared.returncode == 1, compared.stderr
     assert "position 2, depth 0, step 1 / 1" in compared.stdout.splitlines()[0]
     argv = shlex.split(compared.stdout.strip().splitlines()[-1].removeprefix("next: "))
     assert argv[-2:] == ["--step", "1"] and "--step-b" not in argv
-    shown = run_cli(*argv[1:])
+    shown = cli(*argv[1:])
     assert shown.returncode == 0, shown.stderr
     text = shown.stdout
     for side, path in (("a", "a.h5"), ("b", "b.h5")):

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
-from tests.conftest import run_cli, tiny_llama  # noqa: E402
+from tests.conftest import cli, tiny_llama  # noqa: E402
 
 PROMPTS = [[5, 77, 300, 12, 9], [17, 3, 250]]
 AUX = (0, 1, 2)
@@ -45,7 +45,7 @@ def test_imported_training_features_match_a_serving_trace_of_the_same_tokens(mod
     features.mkdir()
     save(sample(model, PROMPTS[0]), features / "data_0.ckpt")
     save(sample(model, PROMPTS[1]), features / "data_1.ckpt.gz", zipped=True)
-    out = run_cli("import", "specforge-ckpt", str(features), "-o", str(tmp_path / "train.h5"),
+    out = cli("import", "specforge-ckpt", str(features), "-o", str(tmp_path / "train.h5"),
                   "--aux-layer-ids", "0,1,2")
     assert out.returncode == 0, out.stderr
     assert f"wrote {tmp_path / 'train.h5'}: 8 rows from 2 files" in out.stdout
@@ -90,7 +90,7 @@ def test_files_that_are_not_feature_files_give_one_line_and_leave_nothing(model,
         folder = tmp_path / name.split(".")[0]
         folder.mkdir()
         save(collections.OrderedDict(data), folder / name)
-        result = run_cli("import", "specforge-ckpt", str(folder), "-o", str(tmp_path / f"{name}.h5"))
+        result = cli("import", "specforge-ckpt", str(folder), "-o", str(tmp_path / f"{name}.h5"))
         lines = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"error: {folder / name}: ")
         assert {"pickled.ckpt": "objects other than tensors", "missing.ckpt": "expected a dict with",
@@ -103,7 +103,7 @@ def test_files_that_are_not_feature_files_give_one_line_and_leave_nothing(model,
     truncated.mkdir()
     save(good, truncated / "data_0.ckpt")
     (truncated / "data_0.ckpt").write_bytes((truncated / "data_0.ckpt").read_bytes()[:100])
-    result = run_cli("import", "specforge-ckpt", str(truncated), "-o", str(tmp_path / "t.h5"))
+    result = cli("import", "specforge-ckpt", str(truncated), "-o", str(tmp_path / "t.h5"))
     assert result.returncode == 2 and "torch.load(weights_only=True) reads" in result.stderr
-    result = run_cli("import", "specforge-ckpt", str(tmp_path / "nowhere"), "-o", str(tmp_path / "x.h5"))
+    result = cli("import", "specforge-ckpt", str(tmp_path / "nowhere"), "-o", str(tmp_path / "x.h5"))
     assert result.returncode == 2 and result.stderr.strip().endswith("no such file or directory")
