@@ -277,8 +277,8 @@ def test_the_next_step_names_the_steps_unless_both_are_0(tmp_path) -> None:
 def test_the_next_step_names_bs_tensor_as_compare_map_renamed_it(tmp_path) -> None:
     """Under --map b calls the tensor otherwise: the command names b's tensor too, and it runs."""
     import shlex
-    import subprocess
-    import sys
+
+    from tests.conftest import cli
 
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     for side, name, scale in (("a", "target.layer.3", 1), ("b", "model.layers.3", 2)):
@@ -290,8 +290,7 @@ def test_the_next_step_names_bs_tensor_as_compare_map_renamed_it(tmp_path) -> No
     line = _next_line(report)
     assert line is not None and "--name target.layer.3 --name-b model.layers.3" in line
     argv = shlex.split(line.removeprefix("next: "))
-    shown = subprocess.run([sys.executable, "-m", "tracediff.cli", *argv[1:]], capture_output=True, text=True,
-                           timeout=120)
+    shown = cli(*argv[1:])
     assert shown.returncode == 0, shown.stderr
     assert "8 of 8 elements differ" in shown.stdout
 
