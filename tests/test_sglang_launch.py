@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pytest
 
 from testbed.sglang_cpu import sglang_missing
 
 if sglang_missing():
     pytest.skip(sglang_missing(), allow_module_level=True)
+
+import torch  # noqa: E402
 
 import tracediff as td  # noqa: E402
 from testbed.sglang_cpu import CpuServer, tiny_checkpoint  # noqa: E402
@@ -64,3 +67,49 @@ def test_launched_script_records_like_install(tmp_path):
     assert report.verdict == "match", report.reasons
     assert report.coverage.fraction == 1.0
     assert not report.contract.differing
+
+
+FAMILY_SCRIPT = """
+import sys
+import torch
+from testbed.sglang_families import family_bed
+
+bed = family_bed(sys.argv[1])
+model = bed.load()  # SGLang's loader: the registry's class, its load_weights (patched by the plugin)
+model.set_eagle3_layers_to_capture([1, 2, 3])  # as SGLang's model runner does for an EAGLE-3 draft
+served = bed.serve(model)
+torch.save({"tokens": served.tokens, "hidden": bed.reference(served.tokens).hidden_states}, sys.argv[2])
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.parametrize("family, model_class, pattern, slots", [
+    ("deepseek_v2", "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM", "boundary",
+     ["target.layer.1", "target.layer.2", "target.layer.3"]),  # ids [1,2,3]: first id 1, so +1
+])  # one launch (~40 s): the classic layer pattern (Gemma 3) is held in-process by test_sglang_families.py
+def test_launcher_records_every_family(tmp_path, family, model_class, pattern, slots):
+    """Through the real CLI, a stand-in where SGLang's launcher sits loads a family's real model class
+    through SGLang's loader: the plugin finds the class from the model file's registry entry (no
+    list of families), the contract names class and family, the states equal HF's hidden states and
+    ``aux_slot_states`` says what each aux slot really holds."""
+    script = tmp_path / "sglang" / "launch_server.py"
+    script.parent.mkdir()
+    script.write_text(FAMILY_SCRIPT)
+    trace_path, reference = tmp_path / "serve.h5", tmp_path / "reference.pt"
+    serve = [sys.executable, str(script), family, str(reference), "--disable-cuda-graph"]
+    done = run_cli("record", "--out", str(trace_path), "--", *serve)
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = torch.load(reference, weights_only=True)
+    with td.open_trace(trace_path) as trace:
+        stated = trace.contract
+        assert stated["target_model_class"] == model_class and stated["target_family"] == family
+        assert stated["target_layer_pattern"] == pattern
+        assert stated["aux_layer_ids"] == [1, 2, 3] and stated["aux_slot_states"] == slots
+        assert "sglang_recording_stopped" not in stated
+        num_layers = stated["target_num_layers"]
+        for i in range(num_layers - 1):  # HF's last hidden state is after the final norm
+            rows = trace.rows(f"target.layer.{i}")
+            assert sorted(rows.position.tolist()) == list(range(len(expected["tokens"])))
+            np.testing.assert_allclose(rows.data, expected["hidden"][i + 1][rows.position].numpy(),
+                                       rtol=1e-4, atol=1e-4, err_msg=f"target.layer.{i}")
