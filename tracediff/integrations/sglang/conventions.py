@@ -1,0 +1,576 @@
+"""Which target states a draft's aux layer ids select, per SGLang target family, and in SpecForge.
+SGLang's own ``set_eagle3_layers_to_capture`` of the family's class is run on a light stand-in;
+``CONVENTIONS`` (sglang 0.5.23, kept true by a test) answers when SGLang cannot be imported.
+
+SGLang's ``layers_to_capture`` k is the residual stream entering layer k (the output of layer k-1;
+k = 0: the embeddings; k = L: the last layer's output before the final norm, captured only by the
+families whose forward looks there). The id rule differs per family (``ids + 1``; DeepSeek-V2/V3 and
+GLM-4 MoE lite: +1 only when the first id is 1; gpt-oss: kept when the largest id is the layer
+count); ``None`` gives ``[2, L//2, L-3]``. A boundary named twice is captured once. Families that
+capture by per-layer flags never clear them (a second call captures the union), and index
+``layers[k]`` directly (k = L raises, a negative k flags a layer from the end). Gemma 3 captures
+each layer's branch output, not the residual stream.
+
+SpecForge 0.2.0 captures training features through the same SGLang target classes: it resolves the
+ids (run override, else the draft config, else ``[1, N//2-1, N-4]``), refuses anything but three
+distinct non-negative ids below the layer count, and hands them to ``set_eagle3_layers_to_capture``.
+Trainers that read HF ``hidden_states[i+1]`` (older SpecForge, hand-written loops) mean the output
+of layer i (-1: the embeddings) whatever the family.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import inspect
+import sys
+import textwrap
+import types
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cache
+from types import SimpleNamespace
+from typing import Any
+
+EMBED = "target.embed"
+SGLANG_TABLE = "0.5.23"  # the sglang release CONVENTIONS describes
+SPECFORGE = "0.2.0"
+SETTER = "set_eagle3_layers_to_capture"
+FLAG = "_is_layer_to_capture"
+
+# id rules (what set_eagle3_layers_to_capture turns explicit ids into)
+PLUS_ONE = "plus_one"
+PLUS_ONE_IF_FIRST_IS_1 = "plus_one_if_first_is_1"
+KEEP_IF_MAX_IS_LAYERS = "keep_if_max_is_layers"
+PLUS_ONE_DEFAULT_TOO = "plus_one_default_too"
+DELEGATED = "delegated"
+RULES = {
+    PLUS_ONE: "ids + 1",
+    PLUS_ONE_IF_FIRST_IS_1: "+1 only when the first id is 1",
+    KEEP_IF_MAX_IS_LAYERS: "ids + 1, kept as given when the largest id equals the layer count",
+    PLUS_ONE_DEFAULT_TOO: "ids + 1, and the default [2, L//2, L-3] + 1 too",
+    DELEGATED: "delegated to a MindSpore model (outside SGLang's model files)",
+}
+
+
+@dataclass(frozen=True)
+class Capture:
+    """How one target class turns ids into captured states: its id rule and what its forward reads."""
+
+    rule: str = PLUS_ONE
+    flags: bool = False  # capture by per-layer flags, never cleared
+    flags_guarded: bool = False  # flags only for 0 <= k < L (else layers[k]: k = L raises, k < 0 wraps)
+    after_loop: bool = False  # k = L captures the last layer's output before the final norm
+    branch: bool = False  # k >= 1 captures layer k-1's branch output, not the residual stream
+    packed: bool = False  # a preallocated packer: fewer captures than layers_to_capture raise
+
+    @property
+    def convention(self) -> str:
+        default = "[3, L//2+1, L-2]" if self.rule == PLUS_ONE_DEFAULT_TOO else "[2, L//2, L-3]"
+        text = f"layers_to_capture = {RULES[self.rule]}"
+        return text if self.rule == DELEGATED else f"{text}; None: {default}"
+
+    def quirks(self, num_layers: str = "L") -> list[str]:
+        out = []
+        if self.branch:
+            out.append("captures each layer's branch output (post_feedforward_layernorm(mlp)), not the "
+                       "residual stream")
+        if self.flags:
+            out.append("per-layer capture flags never cleared: a second set_eagle3_layers_to_capture "
+                       "captures the union")
+            if not self.flags_guarded:
+                out.append(f"id {num_layers}-1 raises IndexError; a negative id flags a layer from the end")
+        if self.after_loop:
+            out.append(f"id {num_layers}-1 (layers_to_capture {num_layers}) captures the last layer's "
+                       "output before the final norm")
+        elif not self.flags or self.flags_guarded:
+            out.append(f"id {num_layers}-1 selects nothing (the layer loop never reaches "
+                       f"{num_layers}): one slot short")
+        if self.packed:
+            out.append("a slot short raises 'captured n of m aux hidden states' in the target forward")
+        return out
+
+
+@dataclass(frozen=True)
+class Family:
+    """One SGLang model file (``sglang.srt.models.<name>``) and its EAGLE-3 target classes."""
+
+    name: str
+    classes: dict[str, Capture]
+    text_model: str | None = None  # a VL wrapper: the family whose text model captures
+
+    @property
+    def captures(self) -> list[Capture]:
+        return list(dict.fromkeys(self.classes.values()))
+
+
+LLAMA = Capture()
+DEEPSEEK = Capture(PLUS_ONE_IF_FIRST_IS_1, packed=True)
+GLM_LITE = Capture(PLUS_ONE_IF_FIRST_IS_1)
+GPT_OSS = Capture(KEEP_IF_MAX_IS_LAYERS, after_loop=True)
+GEMMA3 = Capture(after_loop=True, branch=True)
+GEMMA4 = Capture(after_loop=True)
+QWEN_FLAGS = Capture(flags=True)
+MINIMAX_M3 = Capture(flags=True, flags_guarded=True, after_loop=True)
+MINIMAX_M3_VL = Capture(PLUS_ONE_DEFAULT_TOO, flags=True, flags_guarded=True, after_loop=True)
+MINDSPORE = Capture(DELEGATED)
+
+
+def _family(name: str, capture: Capture, *classes: str, text_model: str | None = None) -> Family:
+    return Family(name, {cls: capture for cls in classes}, text_model)
+
+
+# Every class of sglang 0.5.23's model registry that captures for EAGLE-3 (drafts aside), by family.
+FAMILIES: dict[str, Family] = {f.name: f for f in (
+    _family("llama", LLAMA, "LlamaForCausalLM", "Phi3ForCausalLM", "InternLM3ForCausalLM",
+            "IQuestCoderForCausalLM"),
+    _family("llama4", LLAMA, "Llama4ForCausalLM"),
+    _family("llama_eagle", LLAMA, "LlamaForCausalLMEagle"),
+    _family("mistral", LLAMA, "MistralForCausalLM"),
+    _family("mistral_eagle", LLAMA, "MistralForCausalLMEagle"),
+    _family("ministral3", LLAMA, "Ministral3ForCausalLM"),
+    _family("teleflm", LLAMA, "TeleFLMForCausalLM"),
+    _family("mllama4", LLAMA, "Llama4ForConditionalGeneration", text_model="llama4"),
+    _family("qwen2", LLAMA, "Qwen2ForCausalLM"),
+    _family("qwen2_eagle", LLAMA, "Qwen2ForCausalLMEagle"),
+    _family("qwen2_5_vl", LLAMA, "Qwen2_5_VLForConditionalGeneration", text_model="qwen2"),
+    _family("qwen3", LLAMA, "Qwen3ForCausalLM"),
+    _family("qwen3_vl", LLAMA, "Qwen3VLForConditionalGeneration", text_model="qwen3"),
+    _family("cosmos3", LLAMA, "Cosmos3ForConditionalGeneration", text_model="qwen3"),
+    _family("interns2preview", LLAMA, "InternS2PreviewForConditionalGeneration", text_model="qwen3"),
+    _family("interns1pro", QWEN_FLAGS, "InternS1ProForConditionalGeneration", text_model="qwen3_vl_moe"),
+    _family("interns2_mobius", QWEN_FLAGS, "InternS2MobiusForConditionalGeneration", text_model="qwen3_5"),
+    _family("qwen4_exp", QWEN_FLAGS, "Qwen4ExpForConditionalGeneration", text_model="qwen3_5"),
+    _family("apertus", LLAMA, "ApertusForCausalLM"),
+    _family("exaone_moe", LLAMA, "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM"),
+    _family("exaone_moe_mtp", LLAMA, "ExaoneMoEForCausalLMMTP"),
+    _family("bailing_moe", LLAMA, "BailingMoEForCausalLM", "BailingMoeForCausalLM",
+            "BailingMoeV2ForCausalLM"),
+    _family("sarvam_moe", LLAMA, "SarvamMoEForCausalLM"),
+    _family("longcat_flash", LLAMA, "LongcatFlashForCausalLM"),
+    _family("longcat_flash_nextn", LLAMA, "LongcatFlashForCausalLMNextN"),
+    _family("minimax_m2", LLAMA, "MiniMaxM2ForCausalLM"),
+    _family("glm5_next", LLAMA, "Glm5NextForConditionalGeneration"),
+    _family("glm5_next_nextn", DEEPSEEK, "Glm5NextForConditionalGenerationNextN"),
+    Family("glm4_moe", {"Glm4MoeForCausalLM": LLAMA, "GlmMoeDsaForCausalLM": DEEPSEEK,
+                        "GlmMoeDsaForCausalLMNextN": DEEPSEEK}),
+    _family("glm4_moe_nextn", LLAMA, "Glm4MoeForCausalLMNextN"),
+    _family("glm4_moe_lite", GLM_LITE, "Glm4MoeLiteForCausalLM"),
+    _family("glm4_moe_lite_nextn", GLM_LITE, "Glm4MoeLiteForCausalLMNextN"),
+    _family("deepseek_v2", DEEPSEEK, "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
+            "DeepseekV32ForCausalLM"),
+    _family("deepseek_nextn", DEEPSEEK, "DeepseekV3ForCausalLMNextN"),
+    _family("mistral_large_3", DEEPSEEK, "MistralLarge3ForCausalLM"),
+    _family("mistral_large_3_eagle", DEEPSEEK, "MistralLarge3ForCausalLMEagle"),
+    _family("kimi_k25", DEEPSEEK, "KimiK25ForConditionalGeneration", text_model="deepseek_v2"),
+    _family("gpt_oss", GPT_OSS, "GptOssForCausalLM"),
+    _family("gemma3_causal", GEMMA3, "Gemma3ForCausalLM", "EmbeddingGemmaModel"),
+    _family("gemma3_mm", GEMMA3, "Gemma3ForConditionalGeneration", text_model="gemma3_causal"),
+    _family("gemma4_causal", GEMMA4, "Gemma4ForCausalLM"),
+    _family("gemma4_mtp", GEMMA4, "Gemma4AssistantForCausalLM", "Gemma4UnifiedAssistantForCausalLM"),
+    _family("gemma4_mm", GEMMA4, "Gemma4ForConditionalGeneration", text_model="gemma4_causal"),
+    _family("gemma4_unified", GEMMA4, "Gemma4UnifiedForConditionalGeneration", text_model="gemma4_causal"),
+    _family("qwen2_moe", QWEN_FLAGS, "Qwen2MoeForCausalLM"),
+    _family("qwen3_moe", QWEN_FLAGS, "Qwen3MoeForCausalLM"),
+    _family("qwen3_moe_mtp", QWEN_FLAGS, "Qwen3MoeForCausalLMMTP"),
+    _family("mellum", QWEN_FLAGS, "MellumForCausalLM"),
+    _family("qwen3_vl_moe", QWEN_FLAGS, "Qwen3VLMoeForConditionalGeneration", text_model="qwen3_moe"),
+    _family("qwen3_next", QWEN_FLAGS, "Qwen3NextForCausalLM"),
+    _family("qwen3_next_mtp", QWEN_FLAGS, "Qwen3NextForCausalLMMTP"),
+    _family("qwen3_5_text", QWEN_FLAGS, "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"),
+    _family("qwen3_5", QWEN_FLAGS, "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
+            text_model="qwen3_5_text"),
+    _family("minimax_m3", MINIMAX_M3, "MiniMaxM3SparseForCausalLM"),
+    _family("minimax_m3_vl", MINIMAX_M3_VL, "MiniMaxM3SparseForConditionalGeneration",
+            text_model="minimax_m3"),
+    _family("mindspore", MINDSPORE, "MindSporeForCausalLM"),
+)}
+# the families another suite runs on CPU with SGLang's real model code (tests of the recording)
+TESTED_HERE = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "glm4_moe", "glm4_moe_lite",
+               "deepseek_v2", "gpt_oss", "minimax_m2", "gemma3_causal", "apertus")
+
+
+@dataclass(frozen=True)
+class Target:
+    """An architecture name as SGLang's registry serves it: its family and class."""
+
+    architecture: str
+    family: Family
+
+    @property
+    def capture(self) -> Capture:
+        return self.family.classes[self.architecture]
+
+    @property
+    def convention(self) -> str:
+        """``deepseek_v2: +1 only when the first id is 1``: the family and its id rule."""
+        return f"{self.family.name}: {RULES[self.capture.rule]}"
+
+
+def target_for(architecture: str) -> Target | None:
+    """The family serving ``architecture`` (a config.json ``architectures`` entry), None if none does."""
+    for family in FAMILIES.values():
+        if architecture in family.classes:
+            return Target(architecture, family)
+    return None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What a target class does with a draft's ids: the boundaries it reports and really captures,
+    and the state each slot of the aux then holds, in concatenation (ascending) order."""
+
+    architecture: str
+    num_layers: int
+    ids: tuple[int, ...] | None
+    layers_to_capture: tuple[int, ...]
+    flags: tuple[int, ...]  # layers whose capture flag is set (flag families)
+    captured: tuple[int, ...]
+    states: tuple[str, ...]
+    error: str | None  # what set_eagle3_layers_to_capture raised
+    source: str  # where the answer comes from: SGLang's own code or tracediff's table
+    body: type | None = None  # the class of the part whose capture SGLang set (its own code only)
+
+    @property
+    def repeated(self) -> list[int]:
+        """Boundaries layers_to_capture names more than once (each captured once)."""
+        seen = [k for k in self.layers_to_capture]
+        return sorted({k for k in seen if seen.count(k) > 1})
+
+    @property
+    def uncaptured(self) -> list[int]:
+        """Boundaries layers_to_capture names that nothing captures."""
+        return sorted({k for k in self.layers_to_capture if k not in self.captured})
+
+    @property
+    def stale(self) -> list[int]:
+        """Boundaries captured that layers_to_capture does not name (flags left by an earlier call)."""
+        return [k for k in self.captured if k not in self.layers_to_capture]
+
+
+def state_name(k: int, branch: bool = False) -> str:
+    """The canonical target state at boundary k (the stream entering layer k)."""
+    if k == 0:
+        return EMBED
+    return f"target.layer.{k - 1}" + (".branch" if branch else "")
+
+
+def label(state: str | None) -> str:
+    """For people: ``embed``, ``layer 3``, ``layer 3 branch``, ``?``."""
+    if state is None:
+        return "?"
+    if state == EMBED:
+        return "embed"
+    if state.startswith("norm(") and state.endswith(")"):
+        return f"norm({label(state[5:-1])})"
+    rest = state.removeprefix("target.layer.")
+    number, _, kind = rest.partition(".")
+    return f"layer {number}" + (f" {kind}" if kind else "") if number.isdigit() else state
+
+
+def labels(states: Sequence[str | None]) -> str:
+    return "[" + ", ".join(label(s) for s in states) + "]"
+
+
+# -- the table's answer -------------------------------------------------------------------------
+
+
+def table_layers_to_capture(capture: Capture, ids: Sequence[int] | None, num_layers: int) -> list[int]:
+    """``layers_to_capture`` as ``capture``'s rule sets it."""
+    if capture.rule == DELEGATED:
+        raise LookupError("the ids go to a MindSpore model")
+    if ids is None:
+        default = [2, num_layers // 2, num_layers - 3]
+        return [k + 1 for k in default] if capture.rule == PLUS_ONE_DEFAULT_TOO else default
+    ids = list(ids)
+    keep = (capture.rule == PLUS_ONE_IF_FIRST_IS_1 and not (ids and ids[0] == 1)) or \
+        (capture.rule == KEEP_IF_MAX_IS_LAYERS and bool(ids) and max(ids) == num_layers)
+    return ids if keep else [i + 1 for i in ids]
+
+
+def _table_flags(capture: Capture, ltc: list[int], num_layers: int, flags: set[int]) -> str | None:
+    """Set the flags as the family's setter does (in place); the error it raises, if any."""
+    for k in ltc:
+        if capture.flags_guarded:
+            if 0 <= k < num_layers:
+                flags.add(k)
+        elif -num_layers <= k < num_layers:
+            flags.add(k % num_layers)
+        else:
+            return "IndexError: list index out of range"
+    return None
+
+
+def table_selection(architecture: str, ids: Sequence[int] | None, num_layers: int,
+                    earlier: Sequence[Sequence[int] | None] = ()) -> Selection:
+    """The selection as ``CONVENTIONS`` states sglang 0.5.23's (``earlier``: ids of earlier calls)."""
+    target = target_for(architecture)
+    if target is None:
+        raise LookupError(f"{architecture} is not an EAGLE-3 target of sglang {SGLANG_TABLE}")
+    capture = target.capture
+    flags: set[int] = set()
+    ltc: list[int] = []
+    error = None
+    for call in [*earlier, ids]:
+        ltc = table_layers_to_capture(capture, call, num_layers)
+        if capture.flags:
+            error = _table_flags(capture, ltc, num_layers, flags)
+    return _selection(architecture, capture, num_layers, ids, ltc, sorted(flags), error,
+                      f"tracediff's table of sglang {SGLANG_TABLE}")
+
+
+def _selection(architecture: str, capture: Capture, num_layers: int, ids: Sequence[int] | None,
+               ltc: Sequence[int], flags: Sequence[int], error: str | None, source: str) -> Selection:
+    inside = sorted(flags) if flags or capture.flags else sorted({k for k in ltc if 0 <= k < num_layers})
+    captured = [*inside, *([num_layers] if capture.after_loop and num_layers in ltc else [])]
+    if error is not None:
+        captured = []
+    return Selection(architecture, num_layers, None if ids is None else tuple(ids), tuple(ltc), tuple(flags),
+                     tuple(captured), tuple(state_name(k, capture.branch) for k in captured), error, source)
+
+
+# -- SGLang's own answer ------------------------------------------------------------------------
+
+
+def sglang_class(target: Target) -> type:
+    """The class SGLang serves ``target`` with (imports its model file: SGLang must import)."""
+    module = importlib.import_module(f"sglang.srt.models.{target.family.name}")
+    return getattr(module, target.architecture)
+
+
+def resolved_selection(cls: type, ids: Sequence[int] | None, num_layers: int,
+                       earlier: Sequence[Sequence[int] | None] = ()) -> Selection:
+    """Run ``cls``'s real ``set_eagle3_layers_to_capture`` (after ``earlier`` calls) on a stand-in
+    with ``num_layers`` layers and read what it set."""
+    from tracediff.integrations.sglang.guard import sglang_version
+
+    root = _StandIn(cls, num_layers)
+    error = None
+    for call in [*earlier, ids]:
+        try:
+            getattr(root, SETTER)(None if call is None else list(call))
+        except Exception as exc:  # the real code refuses these ids: that is the answer
+            error = f"{type(exc).__name__}: {exc}"
+    body = root.body()
+    ltc = [int(k) for k in body.layers_to_capture]
+    flags = [k for k, layer in enumerate(body.layers) if getattr(layer, FLAG, False)]
+    target = target_for(cls.__name__)
+    capture = target.capture if target is not None else Capture()
+    found = _selection(cls.__name__, capture, num_layers, ids, ltc, flags, error,
+                       f"sglang {sglang_version()}'s {cls.__name__}.{SETTER}")
+    return dataclasses.replace(found, body=body.__dict__["_cls"])
+
+
+def sglang_selection(architecture: str, ids: Sequence[int] | None, num_layers: int) -> Selection:
+    """What SGLang selects for ``ids``: its own code where it imports, else the table."""
+    target = target_for(architecture)
+    if target is None:
+        raise LookupError(f"{architecture} is not an EAGLE-3 target of sglang {SGLANG_TABLE}")
+    if target.capture.rule != DELEGATED and _sglang_imports():
+        try:
+            cls = sglang_class(target)
+        except Exception:  # this model file does not import here: the table answers
+            cls = None
+        if cls is not None:
+            return resolved_selection(cls, ids, num_layers)
+    return table_selection(architecture, ids, num_layers)
+
+
+def _sglang_imports() -> bool:
+    """Whether SGLang's model files can be imported in this process (they need triton)."""
+    if "sglang.srt.models" in sys.modules:
+        return True
+    import importlib.util
+
+    return importlib.util.find_spec("sglang") is not None and importlib.util.find_spec("triton") is not None
+
+
+class _StandIn:
+    """What ``set_eagle3_layers_to_capture`` reads and writes on an SGLang model, and nothing else:
+    ``config.num_hidden_layers`` (``text_config`` too), ``pp_group.is_last_rank``, ``layers`` (one
+    plain object each, for the flags), ``layers_to_capture``, and the parts it hands the ids to
+    (``model``, ``language_model``) as stand-ins of their own classes, made on first use."""
+
+    def __init__(self, cls: type | None, num_layers: int) -> None:
+        config = SimpleNamespace(num_hidden_layers=num_layers)
+        config.text_config = config
+        self.__dict__.update(_cls=cls, _layers=num_layers, config=config, layers_to_capture=[],
+                             pp_group=SimpleNamespace(is_last_rank=True, world_size=1, rank_in_group=0),
+                             layers=[SimpleNamespace() for _ in range(num_layers)],
+                             capture_aux_hidden_states=False)
+
+    def __getattr__(self, name: str) -> Any:
+        cls = self.__dict__["_cls"]
+        if name == SETTER and cls is not None and callable(getattr(cls, SETTER, None)):
+            return types.MethodType(_isolated(getattr(cls, SETTER)), self)
+        if name in ("model", "language_model"):
+            part = _StandIn(_part_class(cls, name) if cls is not None else None, self.__dict__["_layers"])
+            self.__dict__[name] = part
+            return part
+        raise AttributeError(name)
+
+    def body(self) -> _StandIn:
+        """The part whose capture was set, nearest the top (a VL wrapper's text model)."""
+        todo = [self]
+        while todo:
+            part = todo.pop(0)
+            if part.layers_to_capture or any(getattr(layer, FLAG, False) for layer in part.layers):
+                return part
+            todo += [part.__dict__[n] for n in ("model", "language_model") if n in part.__dict__]
+        return self
+
+
+def _isolated(function: Any) -> Any:
+    """``function`` with SGLang's published-context getter answered by a stand-in: the setter asks
+    it only whether this is the last pipeline stage."""
+    code = function.__code__
+    if "get_parallel" not in code.co_names:
+        return function
+    parallel = SimpleNamespace(pp_group=SimpleNamespace(is_last_rank=True, world_size=1))
+    return types.FunctionType(code, {**function.__globals__, "get_parallel": lambda: parallel},
+                              function.__name__, function.__defaults__, function.__closure__)
+
+
+def _part_class(cls: type, attr: str) -> type | None:
+    """The class of ``cls``'s part ``attr`` (``self.model = X(...)`` in an ``__init__`` of its MRO);
+    where the code builds it from a name it was given, the one class of ``cls``'s model file whose
+    setter takes ``layers_to_capture`` (a text body's per-layer flags), else None."""
+    for klass in cls.__mro__:
+        found = _assigned_class(klass, attr)
+        if found is not None:
+            return found
+    module = sys.modules.get(cls.__module__)
+    setters = {getattr(v, SETTER) for v in vars(module).values() if isinstance(v, type)
+               and callable(getattr(v, SETTER, None))
+               and list(inspect.signature(getattr(v, SETTER)).parameters)[1:2] == ["layers_to_capture"]} \
+        if module is not None else set()
+    if len(setters) == 1:
+        setter = setters.pop()
+        return next(v for v in vars(module).values()
+                    if isinstance(v, type) and getattr(v, SETTER, None) is setter)
+    return None
+
+
+@cache
+def _assigned_class(klass: type, attr: str) -> type | None:
+    init = vars(klass).get("__init__")
+    if init is None or not klass.__module__.startswith("sglang."):
+        return None
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(init)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    space = {**vars(sys.modules[klass.__module__]), **{k: getattr(klass, k) for k in dir(klass)
+                                                        if isinstance(getattr(klass, k, None), type)}}
+    imported = {a.asname or a.name: (node.module, a.name) for node in ast.walk(tree)
+                if isinstance(node, ast.ImportFrom) and node.module for a in node.names}  # inside __init__
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)):
+            continue
+        if not any(isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name)
+                   and t.value.id == "self" for t in node.targets):
+            continue
+        func = node.value.func
+        name = func.id if isinstance(func, ast.Name) else \
+            func.attr if isinstance(func, ast.Attribute) else None
+        found = space.get(name) if name else None
+        if name in imported:
+            found = _imported(*imported[name])
+        if isinstance(found, type):
+            return found
+    return None
+
+
+def _imported(module: str, name: str) -> Any:
+    try:
+        return getattr(importlib.import_module(module), name, None)
+    except Exception:  # a module this process cannot import: that part stays unknown
+        return None
+
+
+# -- SpecForge -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpecForgeIds:
+    """The ids SpecForge hands to the target's ``set_eagle3_layers_to_capture``, or its refusal."""
+
+    ids: tuple[int, ...] | None
+    refusal: str | None = None
+    defaulted: bool = False  # no ids configured: SpecForge's own [1, N//2-1, N-4]
+
+
+def specforge_ids(ids: Sequence[int] | None, num_layers: int) -> SpecForgeIds:
+    """SpecForge 0.2.0's resolution (``resolve_eagle_capture_layers``, then the checks of offline
+    capture and of the server-capture contract)."""
+    layers = list(ids) if ids is not None else [1, num_layers // 2 - 1, num_layers - 4]
+    defaulted = ids is None
+    if len(layers) != 3 or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers):
+        return SpecForgeIds(None, "resolved EAGLE capture layers must contain exactly three non-negative "
+                            f"integers, got {layers!r}", defaulted)
+    if len(set(layers)) != len(layers):
+        return SpecForgeIds(None, "resolved offline capture layers must be distinct non-negative integers, "
+                            f"got {layers!r}", defaulted)
+    if any(i >= num_layers for i in layers):
+        return SpecForgeIds(None, f"resolved offline capture layers exceed target model depth {num_layers}: "
+                            f"{layers!r}", defaulted)
+    return SpecForgeIds(tuple(layers), None, defaulted)
+
+
+@dataclass(frozen=True)
+class SpecForgeSelection:
+    ids: SpecForgeIds
+    selection: Selection | None  # None: SpecForge refuses the ids
+
+
+def specforge_selection(architecture: str, ids: Sequence[int] | None, num_layers: int) -> SpecForgeSelection:
+    """What SpecForge 0.2.0 trains the draft on for ``ids``: its ids, through SGLang's own target class."""
+    resolved = specforge_ids(ids, num_layers)
+    if resolved.ids is None:
+        return SpecForgeSelection(resolved, None)
+    return SpecForgeSelection(resolved, sglang_selection(architecture, resolved.ids, num_layers))
+
+
+def hf_states(ids: Sequence[int]) -> list[str]:
+    """What a trainer reading HF ``hidden_states[i+1]`` feeds for ids: the output of layer i."""
+    return [EMBED if i == -1 else f"target.layer.{i}" for i in ids]
+
+
+# -- docs/INTEGRATIONS.md --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Row:
+    family: str
+    tested: str
+    convention: str
+    quirks: str
+    classes: list[str] = field(default_factory=list)
+
+
+def family_rows() -> list[Row]:
+    rows = []
+    for family in FAMILIES.values():
+        captures = family.captures
+        tested = "yes (CPU, SGLang's real code)" if family.name in TESTED_HERE else \
+            "untested (attaches through the same path)"
+        if len(captures) == 1:
+            convention = captures[0].convention
+            quirks = "; ".join(captures[0].quirks())
+        else:
+            parts = [(", ".join(c for c, cap in family.classes.items() if cap == capture), capture)
+                     for capture in captures]
+            convention = "; ".join(f"{names}: {capture.convention}" for names, capture in parts)
+            quirks = "; ".join(f"{names}: {', '.join(capture.quirks())}" for names, capture in parts)
+        if family.text_model:
+            convention += f" (through its text model, {family.text_model})"
+        rows.append(Row(family.name, tested, convention, quirks, list(family.classes)))
+    return sorted(rows, key=lambda r: (r.family not in TESTED_HERE, r.family))
+
+
+def family_table() -> str:
+    """docs/INTEGRATIONS.md's family table (a test keeps the doc equal to it)."""
+    lines = ["| family | tested here | id convention | known quirks |", "|---|---|---|---|"]
+    lines += [f"| {r.family} | {r.tested} | {r.convention} | {r.quirks} |" for r in family_rows()]
+    return "\n".join(lines)
