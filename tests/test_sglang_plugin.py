@@ -1,0 +1,74 @@
+"""The SGLang launcher plugin's choices, in-process: which classes it records as what, and that a
+target missing an internal costs one warning naming the class and the internal, never the server."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from testbed.sglang_cpu import sglang_missing
+
+if sglang_missing():
+    pytest.skip(sglang_missing(), allow_module_level=True)
+
+import torch  # noqa: E402
+
+import tracediff as td  # noqa: E402
+from testbed.sglang_families import family_bed  # noqa: E402
+from tracediff.integrations.sglang.models import model_role, target_layout  # noqa: E402
+from tracediff.integrations.sglang.plugin import _Plugin  # noqa: E402
+from tracediff.record.launch import LaunchConfig  # noqa: E402
+
+
+def test_every_eagle3_class_has_its_role():
+    """Targets are the classes that capture aux states for EAGLE-3 (VL wrappers included), drafts
+    the EAGLE-3 classes (which subclass targets), anything else is left alone."""
+    family_bed("llama")  # SGLang's CPU recipe, before its model files import
+    from sglang.srt.models import deepseek_v2, gemma3_causal, llama, llama_eagle3, qwen3_moe
+
+    assert model_role(llama.LlamaForCausalLM) == "target"
+    assert model_role(deepseek_v2.DeepseekV3ForCausalLM) == "target"
+    assert model_role(qwen3_moe.Qwen3MoeForCausalLM) == "target"
+    assert model_role(gemma3_causal.Gemma3ForCausalLM) == "target"
+    assert model_role(llama_eagle3.LlamaForCausalLMEagle3) == "draft"
+    assert model_role(torch.nn.Linear) is None
+
+
+def test_a_missing_internal_is_one_warning_naming_class_and_internal(tmp_path, caplog):
+    """A target whose text body lost an internal the recording reads is not recorded: the plugin
+    warns once, naming the class and the internal; the model serves as if nothing were attached."""
+    bed = family_bed("qwen3")
+    model = bed.load()
+    model.set_eagle3_layers_to_capture([1, 2, 3])
+    expected = bed.serve(model).tokens
+    del model.model.norm  # an SGLang whose text model keeps its final norm elsewhere
+    config = LaunchConfig(out=str(tmp_path / "serve.h5"), plugins=())
+    opened = []
+
+    def factory(rank=None, world_size=None, **options):
+        opened.append(td.record(tmp_path / "serve.h5", **options))
+        return opened[-1]
+
+    plugin = _Plugin(config, factory)
+    with caplog.at_level(logging.WARNING, logger="tracediff"):
+        plugin.attach(model)
+        plugin.attach(model)  # the same model again (a subclass's and its base's loader): no second try
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tracediff"]
+    assert len(warnings) == 1, warnings
+    assert "Qwen3ForCausalLM" in warnings[0] and "Qwen3Model.norm" in warnings[0]
+    assert not model.model._forward_pre_hooks and not model.model._forward_hooks
+    model.model.norm = bed.load().model.norm  # put it back: the model serves as before
+    assert bed.serve(model).tokens == expected
+    for rec in opened:
+        rec.close()
+
+
+def test_layout_names_where_each_family_keeps_its_parts():
+    """The text body is the module owning layers_to_capture; the layer pattern says where the
+    residual stream is read (boundary layers: at the attention boundary; classic: branch + residual)."""
+    for family, pattern in (("llama", "boundary"), ("deepseek_v2", "boundary"), ("gemma3_causal", "classic")):
+        layout = target_layout(family_bed(family).load())
+        assert layout.pattern == pattern and layout.family == family
+        assert layout.body is layout.model.model
+        assert len(layout.layers) == layout.contract()["target_num_layers"]
