@@ -5,8 +5,10 @@ scheduler side calls ``batch_context(reqs)`` once per batch so that every row is
 (request, position, the request's token at that position), docs/FORMAT.md. The same function is
 called by the launcher plugin's scheduler patch and by the CPU harness (testbed/sglang_cpu.py).
 
-Modules: ``guard`` (the version guard), ``keys`` (row keys), ``install`` (the hooks), ``contract``
-(what the trace states about the run), ``plugin`` (the launcher's start-up plugin).
+Modules: ``guard`` (the version guard), ``keys`` (row keys), ``models`` (where each family keeps what
+is read), ``install`` (the hooks), ``probe`` (what each aux slot holds), ``contract``
+(what the trace states about the run), ``plugin`` (the launcher's start-up plugin), ``importer``
+(``tracediff import sglang-dump``), ``producer`` (what the launcher and the CLI know of SGLang).
 
 A request is one ``Req`` object: it keeps its name from its first batch to its last. The name is
 its ``rid``; clients may reuse a rid once a request finished, so a later ``Req`` under a rid already
@@ -15,12 +17,17 @@ the same sequence of requests names the same way in every run.
 
 Where each tensor comes from (SGLang 0.5.23):
 
-- ``target.layer.{i}``: SGLang defers the residual add (a layer's forward returns the MLP branch), so
-  the stream is read where SGLang itself reads it for aux capture: the residual the attention boundary
-  wrote on entering layer i+1 (``forward_batch.residual_stream.residual`` as ``self_attn`` starts),
-  and for the last layer the residual the final norm returns. Read only: nothing the model computes
-  or packs for the draft changes.
+- ``target.embed`` / ``target.layer.{i}``: the residual stream entering layer 0 / after layer i, for
+  every target family (``models.target_layout``: the text body is the module owning
+  ``layers_to_capture``, VL wrappers included). "Boundary" layers (most families) defer the residual
+  add, so the stream is read where SGLang itself reads it for aux capture: once layer i+1's attention
+  boundary has prepared it (``forward_batch.residual_stream.residual``), and for the last layer the
+  residual the final norm returns. "Classic" layers (Gemma 3) return (branch, residual): the stream is
+  their sum. Read only: nothing the model computes or packs for the draft changes.
 - ``target.aux``: ``LogitsProcessorOutput.hidden_states`` of the target (what the draft is handed).
+  The contract states the boundaries SGLang resolved (``layers_to_capture``, or the per-layer flags
+  where the family sets them: ``aux_capture_layers``) and what each slot was measured to hold at the
+  first forward (``aux_slot_states``, probe.py): a layer's branch output is named as such.
 - draft depth 0 (draft extend) and depth d >= 1 (``EagleDraftWorker.draft_forward``, topk = 1): a
   depth-0 row at position t is fed x[t+1] and keyed (rid, t, x[t]); chain rows carry the key of the
   request's last depth-0 row (its anchor); ``draft.input_ids`` holds what was fed.
