@@ -250,13 +250,15 @@ class CpuServer:
     ``num_draft_tokens``: what the user asks for (default ``num_steps + 1``); SGLang's own
     resolution then sets what the server uses (with topk 1: ``num_steps + 1``, a warning only).
     ``recorder``: install tracediff's recording (else nothing is recorded unless the launcher's
-    plugin attached itself as the models loaded)."""
+    plugin attached itself as the models loaded). ``family``: a target family of the test bed
+    (``testbed.sglang_family_configs``, e.g. ``deepseek_v2``) whose checkpoint ``target_dir``
+    holds, loaded through SGLang's loader with that family's KV pool and server arguments."""
 
     def __init__(self, target_dir: str, target_weights: dict, draft_dir: str | None = None,
                  draft_weights: dict | None = None, *, num_steps: int = 3,
                  num_draft_tokens: int | None = None, port: int | None = None,
                  recorder: Any = None, served_model_name: str = "tiny-llama", max_requests: int = 32,
-                 max_len: int = 256, **record_options: Any) -> None:
+                 max_len: int = 256, family: str | None = None, **record_options: Any) -> None:
         prepare()
         from sglang.srt.server_args import ServerArgs
         from transformers import AutoConfig
@@ -264,9 +266,11 @@ class CpuServer:
         spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft_dir,
                     speculative_num_steps=num_steps, speculative_eagle_topk=1,
                     speculative_num_draft_tokens=num_draft_tokens or num_steps + 1) if draft_dir else {}
-        self.server_args = ServerArgs(model_path=target_dir, served_model_name=served_model_name,
-                                      device="cpu", attention_backend="torch_native", dtype="float32",
-                                      skip_tokenizer_init=True, disable_cuda_graph=True, tp_size=1, **spec)
+        self.family = None if family is None else _family(family)
+        args = dict(model_path=target_dir, served_model_name=served_model_name, device="cpu",
+                    attention_backend="torch_native", dtype="float32", skip_tokenizer_init=True,
+                    disable_cuda_graph=True, tp_size=1, **spec)
+        self.server_args = ServerArgs(**{**args, **(self.family.server_args if self.family else {})})
         if draft_dir:  # resolve the speculative arguments as SGLang's launcher does (topk 1 clamps)
             from sglang.srt.arg_groups.speculative_hook import _handle_eagle_family
 
@@ -275,8 +279,13 @@ class CpuServer:
         from sglang.srt.models.llama import LlamaForCausalLM
         from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
 
-        self.target = LlamaForCausalLM(AutoConfig.from_pretrained(target_dir)).eval()
-        self.target.load_weights(list(target_weights.items()))
+        if self.family is None:
+            self.target = LlamaForCausalLM(AutoConfig.from_pretrained(target_dir)).eval()
+            self.target.load_weights(list(target_weights.items()))
+        else:  # the family's checkpoint in target_dir, through SGLang's loader (target_weights unused)
+            from testbed.sglang_families import load_target
+
+            self.target = load_target(self.server_args)
         self.draft: Any = None
         self.num_steps = num_steps
         self.max_len, self.max_requests = max_len, max_requests
@@ -333,7 +342,13 @@ class CpuServer:
             runner = SimpleNamespace(device="cpu", req_to_token_pool=self.req_to_token, token_to_kv_pool=kv)
             return TorchNativeAttnBackend(runner)
 
-        self.target_backend = backend(self.target.config)
+        if self.family is None:
+            self.target_backend = backend(self.target.config)
+        else:
+            from testbed.sglang_families import attention_backend, kv_pool
+
+            kv = kv_pool(self.family, self.target.config, self.size)
+            self.target_backend = attention_backend(self.family, self.req_to_token, kv)
         self.draft_backend: Any = backend(self.draft.config) if self.draft is not None else None
 
     def _bind_draft_embedding(self) -> None:
@@ -628,6 +643,15 @@ class CpuServer:
             if self.draft is not None:
                 self.target.set_eagle3_layers_to_capture(self.aux_ids)
         return features
+
+
+def _family(name: str) -> Any:
+    """A target family of the test bed (testbed/sglang_family_configs.py), its CPU stand-ins in place."""
+    from testbed import sglang_cpu_standins
+    from testbed.sglang_family_configs import FAMILIES
+
+    sglang_cpu_standins.install()
+    return FAMILIES[name]
 
 
 def _last_positions(positions: list[int], lens: list[int]) -> list[int]:

@@ -78,14 +78,8 @@ class FamilyBed:
 
     def load(self) -> Any:
         """A fresh SGLang target of this family, its weights through SGLang's loader."""
-        from sglang.srt.configs.device_config import DeviceConfig
-        from sglang.srt.configs.load_config import LoadConfig
-        from sglang.srt.configs.model_config import ModelConfig
-        from sglang.srt.model_loader import get_model
-
         self.activate()
-        return get_model(model_config=ModelConfig.from_server_args(self.server_args),
-                         load_config=LoadConfig(load_format="auto"), device_config=DeviceConfig("cpu")).eval()
+        return load_target(self.server_args)
 
     def serve(self, model: Any, prompt: list[int] = PROMPT, rid: str = "req0") -> Served:
         """A prefill of ``prompt`` and one decode of the token it chose, on fresh KV pools."""
@@ -135,26 +129,47 @@ class FamilyBed:
         return Reference([h[0] for h in out.hidden_states], pre_norm[0][0], branches, out.logits[0])
 
     def _pools(self) -> tuple[Any, Any]:
-        """A request table and this family's KV pool (MHA, or MLA's latent pool) under an attention
-        backend over a stand-in runner (what the backend reads of SGLang's ModelRunner)."""
-        from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 
-        config = self.hf.config
-        common = dict(size=_POOL_SLOTS, page_size=1, dtype=torch.float32, layer_num=config.num_hidden_layers,
-                      device="cpu", enable_memory_saver=False)
         table = ReqToTokenPool(size=1, max_context_len=_MAX_LEN, device="cpu", enable_memory_saver=False)
-        if self.family.kv == "mla":
-            kv = MLATokenToKVPool(kv_lora_rank=config.kv_lora_rank, qk_rope_head_dim=config.qk_rope_head_dim,
-                                  **common)
-        else:
-            head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-            kv = MHATokenToKVPool(head_num=config.num_key_value_heads, head_dim=head_dim,
-                                  enable_alt_stream=False, **common)
-        runner = SimpleNamespace(device="cpu", req_to_token_pool=table, token_to_kv_pool=kv)
-        if self.family.kv == "sinks":
-            return table, sglang_cpu_standins.sinks_backend(runner)
-        return table, TorchNativeAttnBackend(runner)
+        return table, attention_backend(self.family, table, kv_pool(self.family, self.hf.config, _POOL_SLOTS))
+
+
+def load_target(server_args: Any) -> Any:
+    """The target ``server_args.model_path`` holds, built by SGLang's loader (its model registry, the
+    model's own ``load_weights``), as the model runner builds it. Publish ``server_args`` first."""
+    from sglang.srt.configs.device_config import DeviceConfig
+    from sglang.srt.configs.load_config import LoadConfig
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader import get_model
+
+    return get_model(model_config=ModelConfig.from_server_args(server_args),
+                     load_config=LoadConfig(load_format="auto"), device_config=DeviceConfig("cpu")).eval()
+
+
+def kv_pool(family: Family, config: Any, size: int) -> Any:
+    """The family's KV pool of ``size`` float32 slots: MHA, or MLA's latent pool (DeepSeek-style)."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
+
+    common = dict(size=size, page_size=1, dtype=torch.float32, layer_num=config.num_hidden_layers,
+                  device="cpu", enable_memory_saver=False)
+    if family.kv == "mla":
+        return MLATokenToKVPool(kv_lora_rank=config.kv_lora_rank, qk_rope_head_dim=config.qk_rope_head_dim,
+                                **common)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return MHATokenToKVPool(head_num=config.num_key_value_heads, head_dim=head_dim, enable_alt_stream=False,
+                            **common)
+
+
+def attention_backend(family: Family, table: Any, kv: Any) -> Any:
+    """TorchNativeAttnBackend (with attention sinks where the family has them) over a stand-in for
+    what it reads of SGLang's ModelRunner: the request table and the KV pool."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    runner = SimpleNamespace(device="cpu", req_to_token_pool=table, token_to_kv_pool=kv)
+    if family.kv == "sinks":
+        return sglang_cpu_standins.sinks_backend(runner)
+    return TorchNativeAttnBackend(runner)
 
 
 def _add_config_fields(path: str, config: Any) -> None:
