@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load_file, save_file  # noqa: E402
 
-from tests.conftest import cli  # noqa: E402
+from tests.conftest import REPO, cli  # noqa: E402
 from tests.test_eagle3_draft import random_draft, tiny_config  # noqa: E402
 from tracediff.eagle3.checkpoint import load_draft, save_draft  # noqa: E402
 from tracediff.eagle3.doctor import doctor  # noqa: E402
@@ -109,8 +109,9 @@ def test_aux_ids_not_ascending(healthy) -> None:
 
 def test_aux_ids_missing(healthy) -> None:
     edit_config(healthy[0], eagle_config=None)
-    assert codes(*healthy) == ["aux_ids_missing"]
-    (finding,) = doctor(*healthy)
+    # on 4 layers both defaults name one state twice: SGLang [2, 2, 1], SpecForge [1, 1, 0] (refused)
+    assert codes(*healthy) == ["aux_duplicate", "aux_ids_missing", "aux_specforge_refuses"]
+    (finding,) = [f for f in doctor(*healthy) if f.code == "aux_ids_missing"]
     assert "outputs of layers [1, 1, 0]" in finding.message and "inputs of [2, 2, 1]" in finding.message
 
 
@@ -242,3 +243,93 @@ def test_checkpoint_text_is_printed_as_data(healthy) -> None:
     render_findings(console, findings)
     shown = console.file.getvalue()
     assert "--speculative-algorithm [/]x\\x1b[2J[bold] runs an EAGLE-3 head" in shown and "\x1b" not in shown
+
+
+# -- the target's family: which states the ids select in SGLang and in SpecForge --------------------
+
+
+def family_target(path, architecture: str, layers: int):
+    path.mkdir(exist_ok=True)
+    (path / "config.json").write_text(json.dumps({**TARGET, "architectures": [architecture],
+                                                  "num_hidden_layers": layers}))
+    return path
+
+
+def found(draft, target) -> dict[str, str]:
+    return {f.code: f.message for f in doctor(draft, target)}
+
+
+def test_the_sample_draft_on_its_6_layer_target_names_sglang_s_crash() -> None:
+    """traces/eagle3: ids [1, 3, 5] on a 6-layer Llama. layers_to_capture [2, 4, 6]: the loop never
+    reaches 6, the aux has 2 slots, and the draft's fc raises (measured with SGLang's real code on
+    CPU: 'mat1 and mat2 shapes cannot be multiplied (5x128 and 192x64)' for a 5-token prompt)."""
+    out = cli("doctor", "--draft", str(REPO / "traces/eagle3/draft"), "--target",
+              str(REPO / "traces/eagle3/target"), "--json")
+    assert out.returncode == 1
+    (problem,) = [f for f in json.loads(out.stdout) if f["code"] == "aux_out_of_range"]
+    assert problem["message"] == (
+        "id 5 selects the input of layer 6, which this 6-layer llama target never captures "
+        "(layers_to_capture [2, 4, 6]): 2 of the 3 slots the draft's fc takes; the draft's fc raises "
+        "'RuntimeError: mat1 and mat2 shapes cannot be multiplied (Tx128 and 192x64)' at the first prefill "
+        "(llama_eagle3.py, LlamaModel.forward)")
+    text = cli("doctor", "--draft", str(REPO / "traces/eagle3/draft"), "--target",
+               str(REPO / "traces/eagle3/target"))
+    assert "aux_out_of_range" in text.stdout and "SGLang (llama: ids + 1)" in text.stdout
+
+
+def test_default_ids_on_6_layers_select_one_state_twice(healthy, tmp_path) -> None:
+    edit_config(healthy[0], eagle_config=None)
+    said = found(healthy[0], family_target(tmp_path / "t6", "LlamaForCausalLM", 6))
+    assert said["aux_duplicate"].startswith(
+        "layers_to_capture [2, 3, 3] (SGLang's default [2, L//2, L-3] on 6 layers) names the input of "
+        "layer 3 twice; SGLang captures it once: 2 of the 3 slots the draft's fc takes")
+    assert "refuses no ids (the default): resolved offline capture layers must be distinct" in \
+        said["aux_specforge_refuses"]
+
+
+def test_deepseek_ids_select_other_states_than_hf_readers_think(healthy, tmp_path) -> None:
+    edit_config(healthy[0], eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 3, 4]})
+    said = found(healthy[0], family_target(tmp_path / "ds", "DeepseekV3ForCausalLM", 8))
+    assert said["aux_meaning"].startswith(
+        "ids [2, 3, 4] on this 8-layer DeepseekV3ForCausalLM: SGLang (deepseek_v2: +1 only when the first "
+        "id is 1) sets layers_to_capture [2, 3, 4] and feeds [layer 1, layer 2, layer 3]; SpecForge 0.2.0 "
+        "trains on [layer 1, layer 2, layer 3]; trainers reading HF hidden_states[i+1] feed [layer 2, "
+        "layer 3, layer 4]")
+    assert codes(healthy[0], tmp_path / "ds") == []
+
+
+def test_deepseek_short_aux_raises_in_the_target_forward(healthy, tmp_path) -> None:
+    edit_config(healthy[0], eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 5]})
+    said = found(healthy[0], family_target(tmp_path / "ds6", "DeepseekV3ForCausalLM", 6))
+    assert said["aux_out_of_range"].endswith(
+        "the target's forward raises 'RuntimeError: captured 2 of 3 aux hidden states' at the first prefill")
+
+
+def test_gpt_oss_id_equal_to_the_layer_count_is_the_last_pre_norm_state(healthy, tmp_path) -> None:
+    edit_config(healthy[0], eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 8]})
+    target = family_target(tmp_path / "oss", "GptOssForCausalLM", 8)
+    assert "feeds [layer 0, layer 2, layer 7]" in found(healthy[0], target)["aux_meaning"]
+    assert "aux_out_of_range" not in codes(healthy[0], target)  # SpecForge refuses 8 (a warning)
+
+
+def test_flag_family_last_layer_id_stops_the_server(healthy, tmp_path) -> None:
+    edit_config(healthy[0], eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 3, 7]})
+    said = found(healthy[0], family_target(tmp_path / "next", "Qwen3NextForCausalLM", 8))
+    assert said["aux_out_of_range"] == (
+        "ids [1, 3, 7]: Qwen3NextForCausalLM.set_eagle3_layers_to_capture raises IndexError: list index out "
+        "of range for layers_to_capture [2, 4, 8] on 8 layers: the server does not start")
+
+
+def test_sglang_and_specforge_selecting_different_states(healthy, tmp_path) -> None:
+    """MiniMax-M3 VL adds +1 to SGLang's default too; SpecForge's default goes through the same +1."""
+    edit_config(healthy[0], eagle_config=None)
+    said = found(healthy[0], family_target(tmp_path / "m3", "MiniMaxM3SparseForConditionalGeneration", 8))
+    assert said["aux_engines_differ"] == (
+        "for no ids (the default) SGLang feeds [layer 2, layer 4, layer 5], SpecForge 0.2.0 trained on "
+        "[layer 1, layer 3, layer 4]: the draft is served other states than it learned")
+
+
+def test_an_unknown_architecture_keeps_the_generic_reading(healthy, tmp_path) -> None:
+    edit_config(healthy[0], eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 4]})
+    said = found(healthy[0], family_target(tmp_path / "x", "SomethingElseForCausalLM", 4))
+    assert said["aux_out_of_range"] == "aux ids [4] are outside the target's 4 layers"

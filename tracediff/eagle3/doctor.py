@@ -21,6 +21,16 @@ from tracediff.eagle3.config import DraftConfig, read_json_object
 from tracediff.eagle3.draft import Eagle3Draft
 from tracediff.eagle3.vocab import Finding, check_vocab_map
 from tracediff.errors import CheckpointError, InputError
+from tracediff.integrations.sglang.conventions import (
+    SPECFORGE,
+    Selection,
+    Target,
+    hf_states,
+    labels,
+    sglang_selection,
+    specforge_selection,
+    target_for,
+)
 
 TARGET_FIELDS = ("hidden_size", "num_hidden_layers")  # what the checks read of the target's config
 # Weights whose absence other checks report (or that may be absent): not listed as missing again.
@@ -208,54 +218,122 @@ def check_fc(ck: Checkpoint) -> list[Finding]:
 
 def check_aux(ck: Checkpoint) -> list[Finding]:
     ids, layers = ck.config.aux_layer_ids, ck.target_layers
+    findings = []
     if not ids:
         spec = list(default_aux_ids(layers)) if layers else "[1, N//2-1, N-4]"
         sglang = [i + 1 for i in default_aux_ids(layers)] if layers else "[2, N//2, N-3]"
-        return [
-            Finding(
-                "warning",
-                "aux_ids_missing",
-                "config.json has no eagle_aux_hidden_state_layer_ids: "
-                f"SpecForge falls back to outputs of layers {spec}, SGLang to inputs of {sglang} "
-                "(the same states); other engines may differ",
-                "write the layer ids training used into eagle_config",
-            )
-        ]
+        findings.append(Finding("warning", "aux_ids_missing", "config.json has no "
+                                "eagle_aux_hidden_state_layer_ids: SpecForge falls back to outputs of layers "
+                                f"{spec}, SGLang to inputs of {sglang} (the same states); other engines may "
+                                "differ", "write the layer ids training used into eagle_config"))
+    elif list(ids) != sorted(ids):
+        findings.append(Finding("warning", "aux_order", f"aux ids {list(ids)} are not ascending: SGLang "
+                                "concatenates in ascending order, an old SpecForge path in list order",
+                                "list the ids in ascending order, as the fc weights were trained"))
+    if layers is None:
+        return findings
+    target = _target(ck)
+    if target is None:
+        return findings + _generic_aux(ids, layers)
+    return findings + check_family(ck, target)
+
+
+def _target(ck: Checkpoint) -> Target | None:
+    """The SGLang target class the target's config.json names (its first architecture)."""
+    architectures = (ck.target or {}).get("architectures")
+    if not isinstance(architectures, list) or not architectures or not isinstance(architectures[0], str):
+        return None
+    return target_for(architectures[0])
+
+
+def _generic_aux(ids: tuple[int, ...] | None, layers: int) -> list[Finding]:
+    """Without a known SGLang family: the Llama reading, and ids outside the layers."""
+    if not ids:
+        return []
     findings = []
-    if list(ids) != sorted(ids):
-        findings.append(
-            Finding(
-                "warning",
-                "aux_order",
-                f"aux ids {list(ids)} are not ascending: SGLang "
-                "concatenates in ascending order, an old SpecForge path in list order",
-                "list the ids in ascending order, as the fc weights were trained",
-            )
-        )
-    if layers is not None:
-        bad = [i for i in ids if not 0 <= i < layers]
-        if bad:
-            findings.append(
-                Finding(
-                    "error",
-                    "aux_out_of_range",
-                    f"aux ids {bad} are outside the target's {layers} layers",
-                    "use ids in [0, num_hidden_layers)",
-                )
-            )
-        sglang = [i + 1 for i in ids]
-        findings.append(
-            Finding(
-                "info",
-                "aux_meaning",
-                f"aux ids {list(ids)} = outputs of layers {list(ids)} "
-                f"(SpecForge/HF); SGLang captures the inputs of layers {sglang} (the same "
-                f"states); vLLM passes ids unchanged (inputs of layers {list(ids)}: one layer "
-                "earlier)",
-                "record both sides and compare if in doubt",
-            )
-        )
+    bad = [i for i in ids if not 0 <= i < layers]
+    if bad:
+        findings.append(Finding("error", "aux_out_of_range", f"aux ids {bad} are outside the target's "
+                                f"{layers} layers", "use ids in [0, num_hidden_layers)"))
+    findings.append(Finding("info", "aux_meaning", f"aux ids {list(ids)} = outputs of layers {list(ids)} "
+                            f"(SpecForge/HF); SGLang's Llama-like families capture the inputs of layers "
+                            f"{[i + 1 for i in ids]} (the same states); vLLM passes ids unchanged (inputs of "
+                            f"layers {list(ids)}: one layer earlier)",
+                            "record both sides and compare if in doubt"))
     return findings
+
+
+def check_family(ck: Checkpoint, target: Target) -> list[Finding]:
+    """What the draft's ids select for the target's SGLang family, in SGLang and in SpecForge, and
+    what of it cannot work: an id the target cannot supply, a state selected twice, the two
+    selecting different states."""
+    cfg, layers = ck.config, int(ck.target_layers or 0)
+    ids = cfg.aux_layer_ids
+    served = sglang_selection(target.architecture, ids, layers)
+    trained = specforge_selection(target.architecture, ids, layers)
+    asked = "no ids (the default)" if ids is None else f"ids {list(ids)}"
+    specforge = f"trains on {labels(trained.selection.states)}" if trained.selection else "refuses them"
+    hf = f"; trainers reading HF hidden_states[i+1] feed {labels(hf_states(ids))}" if ids else ""
+    capture = list(served.layers_to_capture)
+    findings = [Finding("info", "aux_meaning", f"{asked} on this {layers}-layer {target.architecture}: "
+                        f"SGLang ({target.convention}) sets layers_to_capture {capture} "
+                        f"and feeds {labels(served.states)}; SpecForge {SPECFORGE} {specforge}{hf} "
+                        f"({served.source})", "record both sides and compare if in doubt")]
+    short = _shortfall(cfg, served)
+    if served.error is not None:
+        findings.append(Finding("error", "aux_out_of_range", f"{asked}: {target.architecture}."
+                                f"set_eagle3_layers_to_capture raises {served.error} for layers_to_capture "
+                                f"{list(served.layers_to_capture)} on {layers} layers: the server does not "
+                                "start",
+                                f"use ids below {layers - 1}"))
+    elif served.uncaptured:
+        named = ", ".join(_named_by(ids, served, k) for k in served.uncaptured)
+        findings.append(Finding("error", "aux_out_of_range", f"{named}, which this {layers}-layer "
+                                f"{target.family.name} target never captures (layers_to_capture "
+                                f"{list(served.layers_to_capture)}): {short}",
+                                f"use ids the target can supply (below {layers - 1} for "
+                                f"{target.family.name})"))
+    if served.error is None and served.repeated:
+        twice = ", ".join(f"the input of layer {k}" for k in served.repeated)
+        why = f" (SGLang's default [2, L//2, L-3] on {layers} layers)" if ids is None else ""
+        findings.append(Finding("error", "aux_duplicate", "layers_to_capture "
+                                f"{list(served.layers_to_capture)}{why} names {twice} twice; SGLang "
+                                f"captures it once: {short}",
+                                "give three distinct ids in eagle_config.eagle_aux_hidden_state_layer_ids"))
+    if trained.selection is None:
+        findings.append(Finding("warning", "aux_specforge_refuses", f"SpecForge {SPECFORGE} refuses {asked}"
+                                f": {trained.ids.refusal}: this draft was not trained by it as configured",
+                                "check which ids training really used"))
+    elif served.error is None and trained.selection.states != served.states:
+        findings.append(Finding("error", "aux_engines_differ", f"for {asked} SGLang feeds "
+                                f"{labels(served.states)}, SpecForge {SPECFORGE} trained on "
+                                f"{labels(trained.selection.states)}: the draft is served other states than "
+                                "it learned", "write the ids training used into eagle_config"))
+    return findings
+
+
+def _named_by(ids: tuple[int, ...] | None, served: Selection, k: int) -> str:
+    """``id 5 selects the input of layer 6``: the id (if any) that put boundary k in the list."""
+    source = [i for i, got in zip(ids or (), served.layers_to_capture) if got == k]
+    return (f"id {source[0]} selects " if source else "SGLang's default selects ") + f"the input of layer {k}"
+
+
+def _shortfall(cfg: DraftConfig, served: Selection) -> str:
+    """What a serving aux of fewer slots than the draft's fc takes does, as SGLang 0.5.23's code does it."""
+    want, have, width = cfg.num_aux, len(served.states), cfg.target_hidden
+    if have >= want:
+        return "the aux still has the slots the draft's fc takes"
+    capture = target_for(served.architecture)
+    if capture is not None and capture.capture.packed and have:
+        return (f"{have} of the {want} slots the draft's fc takes; the target's forward raises "
+                f"'RuntimeError: captured {have} of {want} aux hidden states' at the first prefill")
+    if have * width == cfg.hidden_size:
+        return (f"{have} of the {want} slots the draft's fc takes, as wide as the draft's hidden state: the "
+                "draft skips fc and reads that slot as its hidden state (no error, wrong drafts)")
+    shapes = f"Tx{have * width} and {want * width}x{cfg.hidden_size}"
+    return (f"{have} of the {want} slots the draft's fc takes; the draft's fc raises 'RuntimeError: mat1 and "
+            f"mat2 shapes cannot be multiplied ({shapes})' at the first prefill (llama_eagle3.py, "
+            "LlamaModel.forward)")
 
 
 def check_server_args(ck: Checkpoint, server_args: str | None) -> list[Finding]:
