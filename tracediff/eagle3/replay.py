@@ -17,6 +17,7 @@ import torch
 from tracediff.eagle3.canonical import RowLogger
 from tracediff.eagle3.capture import AuxSpec
 from tracediff.eagle3.draft import DepthResult, Eagle3Draft, to_target_fn
+from tracediff.errors import InputError
 from tracediff.record.recorder import Recorder
 from tracediff.trace.reader import Rows, Trace
 
@@ -83,6 +84,16 @@ def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
                           target_at={p: int(targets.data[i]) for p, i in target_at.items()})
 
 
+def _check_width(width: int, draft: Eagle3Draft, sources: str) -> None:
+    """The fc input must be as wide as the draft's fc takes (a slot more or less is not replayable)."""
+    takes = draft.fc.in_features
+    if width != takes:
+        hidden = draft.config.target_hidden
+        raise InputError("--aux" if sources != RECORDED else "draft.fc_in",
+                         f"the fc input ({sources}) is {width} wide ({width / hidden:g} slots of {hidden}); "
+                         f"the draft's fc takes {takes} ({takes // hidden} slots)")
+
+
 def replay(trace: Trace, draft: Eagle3Draft, depths: int, aux: AuxSpec | None = None,
            d2t_reading: str = "offset", rec: Recorder | None = None) -> ReplayReport:
     """Teacher-forced accuracy per depth and expected accept length of a chain of ``depths`` drafts."""
@@ -92,6 +103,7 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int, aux: AuxSpec | None = 
     leading: list[int] = []
     report = ReplayReport(aux=", ".join(aux.sources()) if aux else RECORDED, requests=0)
     for req in request_rows(trace, aux):
+        _check_width(req.fc_in.shape[1], draft, report.aux)
         report.requests += 1
         contiguous = np.concatenate([[True], np.diff(req.positions) == 1])
         n = int(np.argmin(contiguous)) if not contiguous.all() else len(req.positions)
