@@ -18,6 +18,10 @@ from typer.testing import CliRunner
 import tracediff as td
 from tests.conftest import REPO, run_python
 from tracediff.cli import app
+from tracediff.integrations.registry import PRODUCERS
+from tracediff.integrations.sglang.producer import PRODUCER as SGLANG
+from tracediff.integrations.specforge.producer import PRODUCER as SPECFORGE
+from tracediff.integrations.torch_watch.producer import PRODUCER as TORCH_WATCH
 from tracediff.record import launch
 from tracediff.record.launch import LaunchConfig, RequestGate
 
@@ -31,6 +35,11 @@ config = transformers.LlamaConfig(vocab_size=512, hidden_size=64, intermediate_s
                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
 model = transformers.LlamaForCausalLM(config).eval()
 """
+
+
+def plugins_for(command: list[str], **options) -> tuple[str, ...]:
+    """The plugins ``tracediff record`` loads for ``command``, as the registry's producers claim it."""
+    return launch.plugins_for(LaunchConfig(out="run.h5", plugins=(), **options), command, (), PRODUCERS)
 
 
 def host(tmp_path, body: str, head: str = "") -> str:
@@ -163,17 +172,18 @@ def test_sglang_server_with_cuda_graphs_is_refused_with_what_to_do(tmp_path) -> 
     assert result.exit_code == 2 and len(result.stderr.splitlines()) == 1
     assert "add --disable-cuda-graph, or record only the eager path" in result.stderr
     for command in (serve, ["sglang", "serve", "--model-path", "m"]):
-        assert launch.SGLANG_PLUGIN in launch.plugins_for(command, (), ())
-        config = LaunchConfig(out=str(tmp_path / "serve.h5"), plugins=(launch.SGLANG_PLUGIN,))
+        assert plugins_for(command) == (SGLANG.plugin,)
         for accepted, eager_only in (([*command, "--disable-cuda-graph"], False), (command, True)):
-            launch.check(config, accepted, eager_only=eager_only)
-    assert launch.plugins_for(["python", "train.py"], (), ()) == ()
+            config = LaunchConfig(out=str(tmp_path / "serve.h5"), plugins=(SGLANG.plugin,),
+                                  eager_only=eager_only)
+            launch.check(config, accepted, PRODUCERS)
+    assert plugins_for(["python", "train.py"]) == ()
 
 
 def test_an_attached_module_flag_is_read_too() -> None:
     serve = ["python", "-msglang.launch_server", "--port", "1"]
-    assert launch.SGLANG_PLUGIN in launch.plugins_for(serve, (), ())
-    assert launch.SPECFORGE_PLUGIN in launch.plugins_for(["python", "-mspecforge.cli", "train"], (), ())
+    assert plugins_for(serve) == (SGLANG.plugin,)
+    assert plugins_for(["python", "-mspecforge.cli", "train"]) == (SPECFORGE.plugin,)
 
 
 def test_an_empty_watch_glob_is_refused(tmp_path) -> None:
@@ -186,11 +196,11 @@ def test_an_empty_watch_glob_is_refused(tmp_path) -> None:
                                      ["/opt/venv/bin/specforge", "train"],
                                      ["python", "-m", "specforge.cli", "train"]])
 def test_a_specforge_training_command_gets_the_specforge_plugin(command) -> None:
-    assert launch.plugins_for(command, (), ()) == (launch.SPECFORGE_PLUGIN,)
+    assert plugins_for(command) == (SPECFORGE.plugin,)
 
 
 def test_a_script_that_merely_mentions_specforge_gets_no_plugin() -> None:
-    assert launch.plugins_for(["python", "train.py", "--config", "specforge.yaml"], (), ()) == ()
+    assert plugins_for(["python", "train.py", "--config", "specforge.yaml"]) == ()
 
 
 def test_launch_config_travels_through_the_environment() -> None:
@@ -226,7 +236,7 @@ def test_request_gate_admits_the_first_requests_with_the_prefix() -> None:
 
 def test_watch_with_requests_and_match_prefix_records_only_the_admitted_requests(tmp_path) -> None:
     from tests.conftest import tiny_llama
-    from tracediff.record.watch_plugin import Watcher
+    from tracediff.integrations.torch_watch.watcher import Watcher
 
     model = tiny_llama(seed=0, layers=2)
     prompts = [[5, 77, 300], [17, 3, 250, 4], [17, 3, 9], [17, 3, 1]]
@@ -414,7 +424,7 @@ def llama():
 
 def watch_run(path, calls, **options):
     """``calls()`` under a --watch Watcher in this process, into ``path``; returns the watcher."""
-    from tracediff.record.watch_plugin import Watcher
+    from tracediff.integrations.torch_watch.watcher import Watcher
 
     config = LaunchConfig(out=str(path), plugins=(), **options)
     factory = launch._ProcessRecorder(config)
@@ -505,7 +515,7 @@ def test_lm_head_under_generate_is_keyed_at_every_step_from_the_prefills_last_to
 
 def test_the_contract_names_the_hf_model_so_other_models_are_incomparable(tmp_path) -> None:
     from tests.conftest import tiny_llama
-    from tracediff.record.watch_plugin import model_identity
+    from tracediff.integrations.torch_watch.names import model_identity
 
     prompt = torch.tensor([[5, 77, 300]])
     for name, model in (("a", tiny_llama(seed=0, layers=2)), ("other_weights", tiny_llama(seed=1, layers=2)),
@@ -535,5 +545,6 @@ def test_filters_that_keep_nothing_write_nothing_and_say_so_by_name(tmp_path, ll
     with caplog.at_level("WARNING", logger="tracediff"):
         watcher.report_left_out()
     assert f"its watched modules ran, but {named} left out everything" in caplog.text
-    config = LaunchConfig(out="run.h5", plugins=(launch.WATCH_PLUGIN,), watch=("model.layers.*",), **options)
-    assert launch.nothing_recorded(config).startswith(f"nothing was recorded: {named} may have left out")
+    config = LaunchConfig(out="run.h5", plugins=(TORCH_WATCH.plugin,), watch=("model.layers.*",), **options)
+    said = launch.nothing_recorded(config, PRODUCERS)
+    assert said.startswith(f"nothing was recorded: {named} may have left out")

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
 from tests.conftest import run_cli, tiny_llama  # noqa: E402
-from tracediff.integrations.sglang_dump import import_sglang_dump, is_draft_step  # noqa: E402
+from tracediff.integrations.sglang.importer import import_sglang_dump, is_draft_step  # noqa: E402
 
 PROMPTS = {"req-a": [5, 77, 300, 12, 9], "req-b": [17, 3, 250]}
 E = "non_intrusive__model.embed_tokens.output"

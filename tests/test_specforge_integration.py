@@ -5,6 +5,7 @@ recordings of the same step compare as the same while a perturbed fc is named wh
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import logging
 from types import SimpleNamespace
@@ -315,7 +316,8 @@ def test_the_launcher_plugin_records_models_built_after_startup(target, batch, t
 
     monkeypatch.setattr(OnlineEagle3Model, "__init__", OnlineEagle3Model.__init__)  # restored afterwards
     monkeypatch.setattr(providers, "resolve_eagle_capture_layers", providers.resolve_eagle_capture_layers)
-    monkeypatch.setattr(sf, "_resolved_aux", None)
+    stated = importlib.import_module("tracediff.integrations.specforge.contract")
+    monkeypatch.setattr(stated, "resolved_aux", None)  # what an earlier test's resolver call noted
     config = launch.LaunchConfig(out=str(tmp_path / "run.h5"), plugins=("tracediff.integrations.specforge",),
                                  requests=1)
     factory = launch._ProcessRecorder(config)

@@ -28,7 +28,7 @@ from tracediff.record.launch import LaunchConfig
 torch = pytest.importorskip("torch")
 from torch.nn.modules import module as torch_module  # noqa: E402
 
-from tracediff.record.watch_plugin import Watcher  # noqa: E402
+from tracediff.integrations.torch_watch.watcher import Watcher  # noqa: E402
 
 
 @contextmanager

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 from rich.console import Console
 from rich.text import Text
 
 from tracediff.errors import InputError, did_you_mean
+from tracediff.integrations.producer import Importer
+from tracediff.integrations.registry import PRODUCERS
 
 if TYPE_CHECKING:
     from tracediff.diff.tolerance import Tolerances
@@ -461,14 +464,16 @@ def record_command(
     requests: int | None = typer.Option(None, "--requests", help="record only the first N requests"),
     match_prefix: str | None = typer.Option(None, "--match-prefix", help="record only requests whose "
                                             "tokens start so, e.g. '128000,9906'"),
-    plugin: list[str] = typer.Option([], "--plugin", help="another recording plugin module, e.g. "
-                                     "tracediff.integrations.specforge"),
-    eager_only: bool = typer.Option(False, "--eager-only", help="SGLang with CUDA graphs: accept a trace "
-                                    "of the eager forwards only"),
+    plugin: list[str] = typer.Option([], "--plugin", help="another recording plugin module (one with "
+                                     "at_startup(config, recorder))"),
+    eager_only: bool = typer.Option(False, "--eager-only", help="a server that replays CUDA graphs: accept "
+                                    "a trace of its eager forwards only"),
 ) -> None:
     """Run CMD and record its tensors: tracediff record --out run.h5 OPTIONS -- CMD ARGS...
 
     Exits with CMD's exit code (2 for bad input, before anything starts)."""
+    from dataclasses import replace
+
     from tracediff.record.launch import LaunchConfig, nothing_recorded, plugins_for
     from tracediff.record.launch import run as run_launch
 
@@ -477,11 +482,12 @@ def record_command(
         prefix = tuple(int(t) for t in match_prefix.split(",") if t.strip()) if match_prefix else None
     except ValueError:
         fail("--match-prefix", f"expected comma-separated token ids, got {match_prefix!r}")
-    config = LaunchConfig(out=str(out), plugins=plugins_for(argv, watch, plugin), watch=tuple(watch),
-                          names=tuple(names), exclude=tuple(exclude), every=every, requests=requests,
-                          match_prefix=prefix)
+    config = LaunchConfig(out=str(out), plugins=(), watch=tuple(watch), names=tuple(names),
+                          exclude=tuple(exclude), every=every, requests=requests, match_prefix=prefix,
+                          eager_only=eager_only)
+    config = replace(config, plugins=plugins_for(config, argv, plugin, PRODUCERS))
     results = []
-    guarded(out, lambda: results.append(run_launch(config, argv, eager_only=eager_only)))
+    guarded(out, lambda: results.append(run_launch(config, argv, PRODUCERS)))
     result = results[0]
     for f in result.files:
         state = "" if f.closed else (" (not closed: its process was killed, ended with os._exit, or its "
@@ -493,7 +499,7 @@ def record_command(
               "and position only (placeholder token -1 - step): they align with another run of the same "
               "program, never with a trace of real tokens", file=sys.stderr)
     if not result.files:
-        print(f"tracediff: {nothing_recorded(config)}", file=sys.stderr)
+        print(f"tracediff: {nothing_recorded(config, PRODUCERS)}", file=sys.stderr)
     raise typer.Exit(result.exit_code)
 
 
@@ -501,55 +507,24 @@ import_app = typer.Typer(no_args_is_help=True, help="Other producers' dumps into
 app.add_typer(import_app, name="import")
 
 
-@import_app.command("specforge-ckpt")
-def import_specforge_ckpt(
-    source: Path = typer.Argument(..., help="a directory of SpecForge offline feature files "
-                                  "(data_*.ckpt), or one file"),
-    out: Path = typer.Option(..., "--out", "-o", help="the trace to write (.h5 or .arrow)"),
-    aux_layer_ids: str | None = typer.Option(None, "--aux-layer-ids", help="the training config's aux "
-                                             "layer ids (e.g. '1,15,28'), for the trace's contract"),
-    target_model: str | None = typer.Option(None, "--target-model", help="the target model, for the "
-                                            "contract"),
-) -> None:
-    """SpecForge's offline hidden states into a training trace (loaded with torch.load(weights_only=True))."""
-    need_torch()
-    from tracediff.integrations.specforge_ckpt import ids
-    from tracediff.integrations.specforge_ckpt import import_specforge_ckpt as run_import
+def add_importer(importer: Importer) -> None:
+    """``tracediff import COMMAND``: the producer's function, its options, and its lines printed."""
 
-    try:
-        layers = ids(aux_layer_ids) if aux_layer_ids is not None else None
-    except ValueError:
-        fail("--aux-layer-ids", f"expected comma-separated integers, got {aux_layer_ids!r}")
-    done = []
-    guarded(source, lambda: done.append(run_import(source, out, aux_layer_ids=layers,
-                                                   target_model=target_model)))
-    console.print(Text(f"wrote {done[0].path}: {done[0].rows} rows from {done[0].files} files"))
+    @functools.wraps(importer.run)
+    def command(**options: Any) -> None:
+        if importer.needs_torch:
+            need_torch()
+        lines: list[str] = []
+        guarded(importer.command, lambda: lines.extend(importer.run(**options)))
+        for line in lines:
+            console.print(Text(line))
+
+    import_app.command(importer.command)(command)
 
 
-@import_app.command("sglang-dump")
-def import_sglang_dump(
-    source: Path = typer.Argument(..., help="a directory of SGLang dumper files (DUMPER_DIR, or one run's "
-                                  "folder in it)"),
-    out: Path = typer.Option(..., "--out", "-o", help="the trace to write (.h5 or .arrow)"),
-) -> None:
-    """SGLang's own dumper files into a serving trace (loaded with torch.load(weights_only=True))."""
-    need_torch()
-    from tracediff.integrations.sglang_dump import import_sglang_dump as run_import
-
-    done = []
-    guarded(source, lambda: done.append(run_import(source, out)))
-    result = done[0]
-    wrote = ", ".join(map(str, result.paths))
-    console.print(Text(f"wrote {wrote}: {result.records} records from {result.files} files "
-                       f"({result.steps} steps)"))
-    if result.skipped:
-        console.print(Text(f"left out {result.skipped} values that are not tensors tracediff records"))
-    if result.left_out:
-        console.print(Text(f"left out {result.left_out} non-intrusive dumps: module inputs and modules "
-                           "nested in a layer's blocks (docs/INTEGRATIONS.md)"))
-    if result.steps_without_tokens:
-        console.print(Text(f"note: {result.steps_without_tokens} of {result.steps} steps carry no input_ids: "
-                           "their rows align only by step and position (tracediff compare --align step)"))
+for _producer in PRODUCERS:
+    for _importer in _producer.importers:
+        add_importer(_importer)
 
 
 def main() -> None:

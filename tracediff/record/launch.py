@@ -46,7 +46,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tracediff.errors import InputError
 
@@ -58,12 +58,28 @@ logger = logging.getLogger("tracediff")
 ENV = "TRACEDIFF_LAUNCH"
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 CLOSE_TIMEOUT = 15.0  # seconds a recorder may take to close at exit or on SIGTERM
-WATCH_PLUGIN = "tracediff.record.watch_plugin"
-SGLANG_PLUGIN = "tracediff.integrations.sglang"
-SPECFORGE_PLUGIN = "tracediff.integrations.specforge"
 TRACE_SUFFIXES = (".h5", ".hdf5", ".arrow", ".ipc", ".feather")
 
 RecorderFactory = Callable[..., "Recorder"]
+
+
+class Plugin(Protocol):
+    """What the launcher asks of a producer (``tracediff.integrations.registry`` lists them)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def plugin(self) -> str: ...  # the module whose at_startup(config, recorder) runs in every process
+
+    @property
+    def claims(self) -> Callable[[LaunchConfig, Sequence[str]], bool]: ...  # its plugin is needed
+
+    @property
+    def refuse(self) -> Callable[[LaunchConfig, Sequence[str]], str | None]: ...  # why not start at all
+
+    @property
+    def silent_hint(self) -> str | None: ...  # a likely cause when a run with its plugin wrote nothing
 
 
 @dataclass(frozen=True)
@@ -78,6 +94,7 @@ class LaunchConfig:
     every: int = 1
     requests: int | None = None  # --requests N: record only the first N requests seen
     match_prefix: tuple[int, ...] | None = None  # --match-prefix 1,2,3: only requests whose tokens start so
+    eager_only: bool = False  # --eager-only: a trace of the eager forwards alone is what is wanted
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -90,7 +107,8 @@ class LaunchConfig:
                    names=tuple(data.get("names", ())), exclude=tuple(data.get("exclude", ())),
                    every=int(data.get("every", 1)),
                    requests=None if data.get("requests") is None else int(data["requests"]),
-                   match_prefix=None if prefix is None else tuple(int(t) for t in prefix))
+                   match_prefix=None if prefix is None else tuple(int(t) for t in prefix),
+                   eager_only=bool(data.get("eager_only", False)))
 
 
 @dataclass
@@ -438,41 +456,14 @@ class LaunchResult:
     files: list[WrittenFile]
 
 
-def plugins_for(command: Sequence[str], watch: Sequence[str], extra: Sequence[str]) -> tuple[str, ...]:
-    """The plugins a command needs: --watch, SGLang's server, SpecForge's trainer, and the --plugin ones."""
-    found = [WATCH_PLUGIN] if watch else []
-    if runs_sglang_server(command):
-        found.append(SGLANG_PLUGIN)
-    if runs_specforge(command):
-        found.append(SPECFORGE_PLUGIN)
+def plugins_for(config: LaunchConfig, command: Sequence[str], extra: Sequence[str],
+                producers: Sequence[Plugin]) -> tuple[str, ...]:
+    """The plugins a run needs: those of the producers that claim it, then the --plugin ones."""
+    found = [p.plugin for p in producers if p.claims(config, command)]
     return tuple(dict.fromkeys([*found, *extra]))
 
 
-def modules_run(command: Sequence[str]) -> list[str]:
-    """The modules a command runs with ``-m MODULE`` or ``-mMODULE``."""
-    spaced = [arg for flag, arg in zip(command, command[1:]) if flag == "-m"]
-    return spaced + [arg[2:] for arg in command if arg.startswith("-m") and len(arg) > 2]
-
-
-def runs_specforge(command: Sequence[str]) -> bool:
-    """The ``specforge`` console script (``specforge train ...``) or ``python -m specforge.cli``."""
-    return (any(os.path.basename(arg) == "specforge" for arg in command)
-            or any(m == "specforge" or m.startswith("specforge.") for m in modules_run(command)))
-
-
-def runs_sglang_server(command: Sequence[str]) -> bool:
-    """``python -m sglang.launch_server ...``, its file, or the ``sglang serve`` script."""
-    if "sglang.launch_server" in modules_run(command):
-        return True
-    for i, arg in enumerate(command):
-        if arg == "sglang.launch_server" or arg.replace(os.sep, "/").endswith("sglang/launch_server.py"):
-            return True
-        if os.path.basename(arg) == "sglang" and "serve" in command[i + 1:]:
-            return True
-    return False
-
-
-def check(config: LaunchConfig, command: Sequence[str], eager_only: bool = False) -> None:
+def check(config: LaunchConfig, command: Sequence[str], producers: Sequence[Plugin] = ()) -> None:
     """Everything that makes a launch pointless, as one InputError, before anything starts."""
     if not command:
         raise InputError("--", "no command to run: tracediff record --out run.h5 -- CMD ARGS...")
@@ -489,10 +480,9 @@ def check(config: LaunchConfig, command: Sequence[str], eager_only: bool = False
         raise InputError("--watch", "an empty module glob matches nothing: give e.g. 'model.layers.*'")
     if config.requests is not None and config.requests < 1:
         raise InputError("--requests", f"must be >= 1, got {config.requests}")
-    if SGLANG_PLUGIN in config.plugins and runs_sglang_server(command) and not eager_only \
-            and "--disable-cuda-graph" not in command:
-        raise InputError(command[0], "SGLang replays decode steps as CUDA graphs, where hooks never fire: "
-                         "add --disable-cuda-graph, or record only the eager path (--eager-only)")
+    for producer in producers:
+        if producer.plugin in config.plugins and (refusal := producer.refuse(config, command)):
+            raise InputError(command[0], refusal)
     for name in config.plugins:
         try:
             found = importlib.util.find_spec(name) is not None
@@ -501,8 +491,9 @@ def check(config: LaunchConfig, command: Sequence[str], eager_only: bool = False
         if not found:
             raise InputError(name, "no such plugin module (--plugin takes an importable module name)")
     if not config.plugins:
-        raise InputError("--", "nothing would record: add --watch GLOB or --plugin MODULE "
-                         "(SGLang servers are found by themselves)")
+        known = ", ".join(p.name for p in producers) or "none given"
+        raise InputError("--", "nothing would record: add --watch GLOB or --plugin MODULE (producers join "
+                         f"by themselves when their command or option is given: {known})")
 
 
 def existing_outputs(out: Path) -> list[Path]:
@@ -525,12 +516,12 @@ def child_env(config: LaunchConfig, base: dict[str, str] | None = None) -> dict[
 _FORWARDED = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGINT")
 
 
-def run(config: LaunchConfig, command: Sequence[str], eager_only: bool = False) -> LaunchResult:
+def run(config: LaunchConfig, command: Sequence[str], producers: Sequence[Plugin] = ()) -> LaunchResult:
     """Run CMD under ``config``; its exit status (128 + N when killed by signal N) and the trace
     files it wrote. ``--out`` is taken relative to the launcher's directory, whatever CMD's is.
     Signals reach the child once: a terminal's Ctrl-C already reaches it directly."""
     config = replace(config, out=os.path.abspath(config.out))
-    check(config, command, eager_only)
+    check(config, command, producers)
     terminals = _terminal_fds()
     try:
         try:
@@ -628,7 +619,7 @@ def written(out: Path) -> list[WrittenFile]:
     return files
 
 
-def nothing_recorded(config: LaunchConfig) -> str:
+def nothing_recorded(config: LaunchConfig, producers: Sequence[Plugin] = ()) -> str:
     """Why a run may have written no file, most likely first: the filters it was given, by name."""
     filters = [*(f"--names {g}" for g in config.names), *(f"--exclude {g}" for g in config.exclude)]
     if config.requests is not None:
@@ -636,15 +627,12 @@ def nothing_recorded(config: LaunchConfig) -> str:
     if config.match_prefix is not None:
         filters.append("--match-prefix " + ",".join(map(str, config.match_prefix)))
     causes = [f"{' '.join(filters)} may have left out everything"] if filters else []
-    if config.watch:
-        causes.append("no module matched the --watch globs, or none ran")
-    if SGLANG_PLUGIN in config.plugins:
-        causes.append("SGLang's CUDA graphs hide tensors from hooks")
+    causes += [p.silent_hint for p in producers if p.plugin in config.plugins and p.silent_hint]
     causes.append("no plugin recorded a tensor, or the command's Python cannot import tracediff or ignores "
                   "PYTHONPATH (-E / -I)")
     return "nothing was recorded: " + "; or ".join(causes)
 
 
-__all__ = ["CLOSE_TIMEOUT", "ENV", "LaunchConfig", "LaunchResult", "RecorderFactory", "RequestGate",
-           "WrittenFile", "check", "child_env", "nothing_recorded", "plugins_for", "run",
-           "runs_sglang_server", "startup", "when_imported", "written"]
+__all__ = ["CLOSE_TIMEOUT", "ENV", "LaunchConfig", "LaunchResult", "Plugin", "RecorderFactory", "RequestGate",
+           "WrittenFile", "check", "child_env", "nothing_recorded", "plugins_for", "run", "startup",
+           "when_imported", "written"]

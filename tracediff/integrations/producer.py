@@ -1,0 +1,51 @@
+"""The one interface every producer of traces offers: what it claims, refuses and attaches.
+
+A producer is one folder under ``tracediff/integrations/`` (its install API, launcher plugin,
+importer and contract) and one ``Producer`` line in ``registry.py``; the launcher and the CLI ask
+the registry and name no producer themselves. Standard library only: the CLI imports this at start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tracediff.record.launch import LaunchConfig
+
+
+def never(config: LaunchConfig, command: Sequence[str]) -> str | None:
+    """A producer that refuses nothing before start."""
+    return None
+
+
+@dataclass(frozen=True)
+class Importer:
+    """``tracediff import COMMAND``: ``run(**options)`` writes a trace and returns the lines to print;
+    bad input is an ``InputError``. Its parameters (typer options) are the command's options."""
+
+    command: str
+    run: Callable[..., list[str]]
+    needs_torch: bool = True
+
+
+@dataclass(frozen=True)
+class Producer:
+    """What ``tracediff record`` and ``tracediff import`` need to know of one producer."""
+
+    name: str
+    plugin: str  # the module whose ``at_startup(config, recorder)`` runs in every process of the child
+    claims: Callable[[LaunchConfig, Sequence[str]], bool]  # whether its plugin is needed for this run
+    refuse: Callable[[LaunchConfig, Sequence[str]], str | None] = never  # why the run would be pointless
+    silent_hint: str | None = None  # a likely cause when a run with its plugin wrote no file
+    importers: tuple[Importer, ...] = ()
+
+
+def modules_run(command: Sequence[str]) -> list[str]:
+    """The modules a command runs with ``-m MODULE`` or ``-mMODULE``."""
+    spaced = [arg for flag, arg in zip(command, command[1:]) if flag == "-m"]
+    return spaced + [arg[2:] for arg in command if arg.startswith("-m") and len(arg) > 2]
+
+
+__all__ = ["Importer", "Producer", "modules_run", "never"]
