@@ -201,7 +201,7 @@ def tiny_records(n: int) -> list:
 
 def tiny_writer_rate(path: Path, n: int) -> float:
     """Records/s of the format's writer alone, in writes of WRITE_BATCH records (the writer thread's)."""
-    from tracediff.record.recorder import WRITE_BATCH
+    from tracediff.record.writer_thread import WRITE_BATCH
     from tracediff.trace.writer import open_writer
 
     records = tiny_records(n)

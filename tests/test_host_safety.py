@@ -19,7 +19,8 @@ import pytest
 
 import tracediff as td
 from tests.conftest import REPO
-from tracediff.record.recorder import ABANDON_GRACE, EXIT_FENCE
+from tracediff.record.exit_fence import EXIT_FENCE, Writers
+from tracediff.record.recorder import ABANDON_GRACE
 
 MiB = 1 << 20
 CLOSE_TIMEOUT = 0.3  # what the busy-writer scripts give close()
@@ -308,18 +309,17 @@ def test_the_run_metadata_names_the_versions_of_the_libraries_loaded(tmp_path) -
     assert versions["numpy"] == np.__version__ and versions["transformers"] == transformers.__version__
 
 
-def test_the_exit_fence_takes_a_writers_lock_even_when_its_thread_looks_ended(monkeypatch) -> None:
+def test_the_exit_fence_takes_a_writers_lock_even_when_its_thread_looks_ended() -> None:
     """A Ctrl-C that interrupts close()'s join leaves CPython 3.11 reporting the busy writer thread as
     ended; the fence skipped such threads, and interpreter exit hung on h5py's lock (9 runs in 10
     of a host pressing Ctrl-C while close() drained 1 GiB). A thread never started reports the same."""
-    from tracediff.record import recorder
-
     lock = threading.Lock()
     lock.acquire()  # the writer is inside a call into its file
     writer = threading.Thread(target=lambda: None)
     assert not writer.is_alive()
-    monkeypatch.setattr(recorder, "_WRITERS", {writer: lock})
-    fence = threading.Thread(target=recorder._fence_writers_at_exit, daemon=True)
+    writers = Writers()
+    writers.add(writer, lock)
+    fence = threading.Thread(target=writers.fence, daemon=True)
     fence.start()
     fence.join(EXIT_FENCE + 0.5)
     assert fence.is_alive()  # waits for the writer's call to end
@@ -331,7 +331,7 @@ def test_the_exit_fence_takes_a_writers_lock_even_when_its_thread_looks_ended(mo
 def test_a_call_with_more_row_keys_than_the_token_share_is_not_queued_past_the_bound(tmp_path) -> None:
     """One log of 12M rows of 0 elements: the tensor was refused as larger than queue_bytes, but its
     keys went to the token book's queue past its share (+1.5 GB of host memory)."""
-    from tracediff.record.recorder import LEARN_OVERHEAD, TOKEN_ROW_BYTES
+    from tracediff.record.queue import LEARN_OVERHEAD, TOKEN_ROW_BYTES
 
     with td.record(tmp_path / "t.h5", queue_bytes=16 << 20) as rec:
         rows = (16 << 20) // 16 // TOKEN_ROW_BYTES + 1  # its keys alone exceed the book's share

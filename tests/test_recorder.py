@@ -62,7 +62,7 @@ def test_full_queue_drops_and_counts(tmp_path, fmt) -> None:
         assert dropped > 0
         assert len(trace.index) + dropped == 200
         assert trace.finals[0]["dropped"] == {"h": dropped}
-    assert rec._queued == 0
+    assert rec.queued_bytes == 0
 
 
 def test_full_queue_blocks_when_asked(tmp_path, fmt) -> None:
@@ -79,7 +79,7 @@ def test_disabled_recorder_writes_nothing(tmp_path) -> None:
     rec = td.record(tmp_path / "off.h5", enabled=False)
     rec.log("h", step_tensor(0), token_ids=np.arange(16))
     rec.close()
-    assert rec._thread is None and not (tmp_path / "off.h5").exists()
+    assert rec.writer_thread is None and not (tmp_path / "off.h5").exists()
 
 
 def test_bad_log_call_warns_once_stops_and_never_raises(tmp_path, fmt, caplog) -> None:

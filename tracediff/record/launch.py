@@ -163,10 +163,11 @@ class _ProcessRecorder:
         return self.rec
 
     def _open(self, rank: int | None, world_size: int | None, options: dict) -> Recorder:
+        from tracediff.record.meta import rank_and_world
         from tracediff.record.recorder import Recorder
 
         cfg = self.config
-        rank, world = _rank_and_world(rank, world_size)
+        rank, world = rank_and_world(rank, world_size)
         base = Path(cfg.out)
         per_rank = world > 1
         meta = {"launch_plugins": list(cfg.plugins), **options.pop("meta", {})}
@@ -210,7 +211,7 @@ class _ProcessRecorder:
         with _sigint_held(restore=not keep_sigint_held):
             try:
                 rec.close(timeout)  # returns at once when a close is already under way: wait for that one
-                writer = getattr(rec, "_thread", None)
+                writer = rec.writer_thread
                 if writer is not None and writer is not threading.current_thread():
                     writer.join(max(0.0, deadline - time.monotonic()))
             except KeyboardInterrupt:  # a SIGINT handler we could not hold off: leave quietly
@@ -276,17 +277,6 @@ def _close_before_os_exit(factory: _ProcessRecorder) -> None:
     util = sys.modules.get("multiprocessing.util")
     if util is not None:
         util.Finalize(None, factory.close, exitpriority=-100)
-
-
-def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    """Explicit values, else an initialized torch.distributed, else RANK / WORLD_SIZE."""
-    dist = sys.modules.get("torch.distributed")
-    live = dist is not None and dist.is_available() and dist.is_initialized()
-    if rank is None:
-        rank = dist.get_rank() if live and dist else int(os.environ.get("RANK") or 0)
-    if world_size is None:
-        world_size = dist.get_world_size() if live and dist else int(os.environ.get("WORLD_SIZE") or 1)
-    return int(rank), int(world_size)
 
 
 def _unlink_if_empty(path: Path) -> None:

@@ -18,6 +18,10 @@ Rules it keeps for the host (training job or server), whatever the caller logs:
 
 Every ``log`` call, recorded or filtered out, also teaches the writer its (request, position,
 token_id) keys: the trace's token table (``__tokens__`` records) knows every request's tokens.
+
+This module is the host API (``Recorder``, ``record``); its other parts: ``queue.py`` (the bounded
+queue, drop accounting), ``writer_thread.py`` (the writer thread), ``exit_fence.py`` (interpreter
+exit and forks), ``meta.py`` (run metadata, rank and world size).
 """
 
 from __future__ import annotations
@@ -26,93 +30,44 @@ import atexit
 import itertools
 import logging
 import os
-import platform
-import socket
-import sys
 import threading
 import time
-import weakref
 from collections import Counter, deque
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from datetime import datetime, timezone
+from dataclasses import replace
 from pathlib import Path
-from types import ModuleType
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from tracediff.record.exit_fence import RECORDERS, WRITERS
 from tracediff.record.filters import RecordFilter
 from tracediff.record.host import HostCopy, host_bytes, is_torch_tensor, tag_of_tensor, unrecordable
+from tracediff.record.meta import rank_and_world, rank_path, run_meta, storable
+from tracediff.record.queue import (
+    ABANDONED,
+    CLOSED,
+    RECORD_OVERHEAD,
+    ROW_BYTES,
+    Learn,
+    Pending,
+    QueueAccounting,
+)
 from tracediff.record.rowkeys import RowContext, RowKeys, resolve_keys, resolve_rows, sequence_keys
 from tracediff.record.tokens import TokenBook
-from tracediff.trace.schema import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    RESERVED_PREFIX,
-    Record,
-    dumps_meta,
-    tokens_record,
-)
+from tracediff.record.writer_thread import WriterThread
+from tracediff.trace.schema import RESERVED_PREFIX, dumps_meta
 from tracediff.trace.writer import TraceWriter, format_for, open_writer
-
-resource: ModuleType | None
-try:
-    import resource
-except ImportError:  # not on Windows
-    resource = None
 
 logger = logging.getLogger("tracediff")
 
 MiB = 1 << 20
-ROOM_MARGIN = 8 * MiB  # room kept free for the format's own metadata and a clean close
 CLOSE_TIMEOUT = 15.0  # seconds close() and interpreter exit wait for a busy writer, by default
 ABANDON_GRACE = 2.0  # seconds an abandoned writer has to stop at its next write
-EXIT_FENCE = 1.0  # seconds the exit handler waits for a writer's call into its file before it says so
-WRITE_BATCH = 1024  # records one write takes at most: bounds its memory and how soon it can stop
-# Host memory a queued record holds beside its tensor's bytes, what queue_bytes counts: its objects
-# (queue entry, host copy, row keys, their arrays, and once the writer has learned them the keys
-# expanded one per row) and, per row, the caller's keys copied (token ids, positions, mask) and
-# their expansion (request, position, token). Measured (CPython 3.11, numpy and torch CPU tensors
-# of 1 and 16 rows): 1.1-1.9 KB a record, 30-46 bytes a row; these keep a margin above that.
-RECORD_OVERHEAD = 2048
-ROW_BYTES = 64
-LEARN_OVERHEAD = 256  # a call's keys queued for the token book (their arrays counted above)
-TOKEN_ROW_BYTES = 24  # per row of those keys: expanded while the book learns them
 STRICT_ENV = "TRACEDIFF_STRICT"
-QUEUE_FULL, CLOSED, ABANDONED, STOPPED = "queue full", "closed", "abandoned", "stopped"
-TOO_LARGE = "larger than queue_bytes"  # one record the queue could never hold within its bound
-
-# Writer threads still running, each with the lock it holds while in a call into its file: the
-# exit handler takes these.
-_WRITERS: dict[threading.Thread, threading.Lock] = {}
-_RECORDERS: weakref.WeakSet[Recorder] = weakref.WeakSet()  # recorders whose writer thread runs, for forks
 
 
-@dataclass(slots=True)
-class _Pending:
-    """A logged tensor waiting for the writer thread."""
-
-    name: str
-    seq_no: int
-    step: int
-    depth: int
-    data: HostCopy
-    nbytes: int  # what it is charged against queue_bytes
-    keys: RowKeys | None  # None for a static record
-    row_mask: np.ndarray | None
-
-
-@dataclass(slots=True)
-class _Learn:
-    """Row keys for the writer's token book (from a log call, or declared by request_tokens)."""
-
-    keys: RowKeys
-    declared: bool
-    nbytes: int
-
-
-class Recorder:
+class Recorder(QueueAccounting, WriterThread):
     """Records tensors into one trace file (one per rank). Use ``tracediff.record(...)``."""
 
     def __init__(
@@ -142,8 +97,8 @@ class Recorder:
         if on_full not in ("drop", "block"):
             raise ValueError(f"on_full must be 'drop' or 'block', got {on_full!r}")
         self.filter = RecordFilter.build(names, exclude, every, requests)
-        self.rank, self.world_size = _rank_and_world(rank, world_size)
-        self.path = _rank_path(Path(path), self.rank, per_rank=rank is not None or self.world_size > 1)
+        self.rank, self.world_size = rank_and_world(rank, world_size)
+        self.path = rank_path(Path(path), self.rank, per_rank=rank is not None or self.world_size > 1)
         self.max_bytes = max_bytes
         self.queue_bytes = queue_bytes
         self.on_full = on_full
@@ -162,7 +117,7 @@ class Recorder:
         self._seq = itertools.count()
         self._admitted = 0
         self._queued = 0
-        self._queue: deque[_Pending | _Learn] = deque()
+        self._queue: deque[Pending | Learn] = deque()
         self._cv = threading.Condition()
         self._closing = False
         self._sealed = False  # the writer takes nothing more from the queue: log counts what comes
@@ -190,9 +145,10 @@ class Recorder:
             format_for(self.path, format)
             if not self.path.parent.is_dir():
                 raise FileNotFoundError(f"output directory {self.path.parent} does not exist")
-            run_meta = _run_meta(source, self._storable(meta or {}), self.rank, self.world_size, self.filter)
-            dumps_meta(run_meta)
-            self._writer = open_writer(self.path, run_meta, format, compression)
+            contract = storable(meta or {}, self.strict, self.path)
+            opening = run_meta(source, contract, self.rank, self.world_size, self.filter)
+            dumps_meta(opening)
+            self._writer = open_writer(self.path, opening, format, compression)
         except Exception as exc:  # a recorder that cannot start must not stop the host
             if self.strict:
                 raise
@@ -200,18 +156,18 @@ class Recorder:
             return
         self._active = True
         thread = threading.Thread(target=self._write_loop, name="tracediff-writer", daemon=True)
-        _WRITERS[thread] = self._io
+        WRITERS.add(thread, self._io)
         try:
             thread.start()
         except Exception as exc:  # no thread to be had (limits, shutdown): a trace that says why
-            del _WRITERS[thread]
+            WRITERS.remove(thread)
             self._fail("start", exc)
             self._finish()
             if self.strict:
                 raise
             return
         self._thread = thread
-        _RECORDERS.add(self)
+        RECORDERS.add(self)
         atexit.register(self.close)
 
     # ---- the host-facing API -------------------------------------------------------------
@@ -220,6 +176,11 @@ class Recorder:
     def active(self) -> bool:
         """True while records are being written (False once disabled, failed, stopped or closed)."""
         return self._active
+
+    @property
+    def writer_thread(self) -> threading.Thread | None:
+        """The thread that writes the file (None when the recorder never started one)."""
+        return self._thread
 
     def log(self, name: str, tensor: Any, *, step: int | None = None, request: Any = None,
             positions: Any = None, token_ids: Any = None, depth: int | None = None,
@@ -289,23 +250,7 @@ class Recorder:
         """Add contract metadata learned during the run (e.g. resolved aux ids); written at close.
         Arrays and tensors become lists; a value JSON cannot hold (NaN, an object) is left out with
         a warning (raised in strict mode), so that it cannot cost the trace its final metadata."""
-        self._contract_updates.update(self._storable(values))
-
-    def _storable(self, values: dict) -> dict:
-        """The contract values JSON can hold (arrays and tensors as lists); the others are left out
-        with a warning, or raise in strict mode."""
-        out = {}
-        for key, value in values.items():
-            try:
-                plain = json_ready(value)
-                dumps_meta({key: plain})
-            except (TypeError, ValueError) as exc:
-                if self.strict:
-                    raise ValueError(f"contract value {key!r} cannot be stored as JSON: {exc}") from None
-                logger.warning("tracediff: contract value %r left out of %s: %s", key, self.path, exc)
-                continue
-            out[key] = plain
-        return out
+        self._contract_updates.update(storable(values, self.strict, self.path))
 
     def watch(self, module: Any, output: str | None = None, *, input: str | None = None) -> Any:
         """Record a torch module's output (and/or first input) on every forward."""
@@ -405,18 +350,8 @@ class Recorder:
         (where a conflict must raise in the caller)."""
         if self.strict:
             self._book.learn(*keys.expand(), declared=declared, strict=True)
-        else:
-            nbytes = LEARN_OVERHEAD + keys.n_rows * TOKEN_ROW_BYTES
-            with self._cv:
-                full = self._token_queued + nbytes > self._token_limit  # one call too: never past it
-                if self._sealed or full:
-                    self.token_calls_dropped += 1
-                    return
-                self._token_queued += nbytes
-                self._queued += nbytes
-                self._queue.append(_Learn(keys, declared, nbytes))
-                if self._token_queued > self._token_limit // 2:  # else they wait for the next wake-up
-                    self._cv.notify_all()
+        elif not self._queue_keys(keys, declared):
+            return
         if seen is not None:
             self._last_learned = seen
 
@@ -460,7 +395,7 @@ class Recorder:
         if refused is not None:
             self._drop(name, refused)
             return
-        item = _Pending(name, next(self._seq), int(step), int(depth), HostCopy(tensor), cost, keys, mask)
+        item = Pending(name, next(self._seq), int(step), int(depth), HostCopy(tensor), cost, keys, mask)
         with self._cv:
             if self._sealed:  # close() began and the writer took its last items meanwhile
                 self._queued -= cost
@@ -471,34 +406,6 @@ class Recorder:
             if self._queued - self._token_queued >= self.flush_bytes:  # else it waits for the interval:
                 self._cv.notify_all()  # waking the writer for each record costs the host its GIL
 
-    def _reserve(self, nbytes: int) -> str | None:
-        """Room in the bounded queue for nbytes, waiting up to block_timeout if so configured;
-        None when admitted, else why not."""
-        if nbytes > self._record_limit:  # never fits: waiting for room would only stall the host
-            return TOO_LARGE
-        with self._cv:
-            full = self._record_limit + self._token_queued  # the book's share is kept apart
-            if self._queued + nbytes > full and self.on_full == "block":
-                deadline = time.monotonic() + self.block_timeout
-                self._cv.notify_all()  # the writer may be waiting for its interval
-                while self._queued + nbytes > full and not self._sealed and self.stopped is None:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cv.wait(left)
-                    full = self._record_limit + self._token_queued
-            if self._sealed:
-                return CLOSED
-            if self._queued + nbytes > full and self._queued > self._token_queued:
-                return QUEUE_FULL
-            self._queued += nbytes
-            return None
-
-    def _drop(self, name: str, reason: str) -> None:
-        with self._cv:
-            self.dropped[name] += 1
-            self.dropped_reasons[reason] += 1
-
     def _refuse(self, name: str, why: str) -> None:
         """A tensor no trace can hold: dropped and counted; the first one is warned about."""
         self._drop(name, f"unrecordable: {why}")
@@ -507,7 +414,7 @@ class Recorder:
             logger.warning("tracediff: %s not recorded to %s: a trace cannot hold a tensor with %s "
                            "(counted in dropped; recording goes on)", name, self.path, why)
 
-    def _forked(self) -> None:
+    def forked(self) -> None:
         """In a forked child, which has none of its parent's threads: this recorder's writer stayed
         in the parent. Here it records nothing (a log call returns at once, instead of filling a
         queue no thread empties, then blocking on it), closes nothing at exit, and nothing this
@@ -541,248 +448,6 @@ class Recorder:
             self._cv.notify_all()
         logger.warning("tracediff: recording to %s stopped (%s); the host keeps running", self.path,
                        self.stopped)
-
-    def _write_loop(self) -> None:
-        backlog: deque[_Pending] = deque()  # taken from the queue, not yet written
-        held = 0  # queue bytes the backlog holds
-        deadline = time.monotonic() + self.flush_interval
-        try:
-            while True:
-                with self._cv:
-                    while not (self._queue or self._closing or self._flush_requests > self._flush_done
-                               or self.stopped):
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            break
-                        self._cv.wait(left)
-                    items = list(self._queue)
-                    self._queue.clear()
-                    done = self._sealed = self._closing or self.stopped is not None
-                    flush_to = self._flush_requests
-                held += self._take(items, backlog)
-                now = time.monotonic()
-                if done or flush_to > self._flush_done or now >= deadline or held >= self.flush_bytes:
-                    held -= self._write_backlog(backlog)
-                with self._cv:
-                    self._flush_done = max(self._flush_done, flush_to)
-                    self._cv.notify_all()
-                if now >= deadline:
-                    deadline = now + self.flush_interval
-                if done or self.stopped is not None:
-                    break
-        except Exception as exc:
-            self._fail("writer", exc)
-        finally:
-            self._discard(backlog)
-            self._finish()
-            _WRITERS.pop(threading.current_thread(), None)
-            _RECORDERS.discard(self)
-
-    def _take(self, items: list[_Pending | _Learn], backlog: deque[_Pending]) -> int:
-        """Teach the book queued keys (their queue bytes are then free) and move queued tensors to
-        the backlog; returns the queue bytes those hold."""
-        held, learn = 0, []
-        for item in items:
-            if isinstance(item, _Learn):
-                learn.append(item)
-            else:
-                held += item.nbytes
-                backlog.append(item)
-        if learn:
-            self._learn_all(learn)
-            self._release(sum(item.nbytes for item in learn), tokens=True)
-        return held
-
-    def _learn_all(self, items: list[_Learn]) -> None:
-        """One book update per run of declared / logged items (in order: first seen wins), not one
-        per item: a wake-up may bring hundreds of small ones."""
-        start = 0
-        for end in range(1, len(items) + 1):
-            if end == len(items) or items[end].declared != items[start].declared:
-                keys = [item.keys.expand() for item in items[start:end]]
-                request, position, token_id = (np.concatenate(column) for column in zip(*keys))
-                self._book.learn(request, position, token_id, declared=items[start].declared)
-                start = end
-
-    def _write_backlog(self, backlog: deque[_Pending]) -> int:
-        """Write the backlog, then the token table's new entries, in writes of at most WRITE_BATCH
-        records and flush_bytes: a write's memory stays bounded, and an abandoned writer stops at
-        the next one. Returns the queue bytes written."""
-        written = 0
-        while not self._abandoned:
-            chunk: list[_Pending] = []
-            cost = 0
-            while backlog and len(chunk) < WRITE_BATCH and (not chunk or cost + backlog[0].nbytes
-                                                             <= self.flush_bytes):
-                chunk.append(backlog.popleft())
-                cost += chunk[-1].nbytes
-            if not chunk and not self._book.has_new():
-                break
-            if not self._room_for(cost):
-                self._stop(f"disk nearly full: less than {cost + ROOM_MARGIN} bytes left", logging.WARNING)
-                backlog.extendleft(reversed(chunk))
-                break
-            self._write([self._materialize(item) for item in chunk], tokens=not backlog)
-            self._release(cost)
-            written += cost
-            if not backlog:
-                break
-        return written
-
-    def _write(self, records: list[Record], tokens: bool) -> None:
-        """Write tensors, then (with ``tokens``) the token table's new entries as one ``__tokens__``
-        record."""
-        new = self._book.take_new() if tokens else None
-        if new is not None:
-            records = [*records, tokens_record(*new, rank=self.rank)]
-        if records:
-            assert self._writer is not None  # the writer thread starts only once the file is open
-            with self._io:
-                self._writer.write(records)
-        written = records if new is None else records[:-1]
-        self.records_written += len(written)
-        self.bytes_written += sum(r.nbytes for r in written)
-
-    def _room_for(self, nbytes: int) -> bool:
-        """Whether the disk and the process's file size limit leave room for nbytes and a margin.
-
-        Checked before every write: HDF5 cannot survive a failed write, so we stop cleanly first.
-        """
-        needed = nbytes + ROOM_MARGIN
-        stat = os.statvfs(self.path.parent)
-        if stat.f_bavail * stat.f_frsize < needed:
-            return False
-        if resource is not None:
-            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-            if limit != resource.RLIM_INFINITY and limit - os.path.getsize(self.path) < needed:
-                return False
-        return True
-
-    def _discard(self, backlog: deque[_Pending]) -> None:
-        """Count what will never be written (the writer stopped, failed or was abandoned) as dropped,
-        and free its queue bytes; nothing queued later is taken (``_sealed``)."""
-        with self._cv:
-            self._sealed = True
-            items = [*backlog, *self._queue]
-            backlog.clear()
-            self._queue.clear()
-        reason = ABANDONED if self._abandoned else STOPPED if self.stopped else CLOSED
-        learn = [item for item in items if isinstance(item, _Learn)]
-        names = Counter(item.name for item in items if isinstance(item, _Pending))
-        with self._cv:
-            self.token_calls_dropped += len(learn)
-            self.dropped.update(names)
-            if names:
-                self.dropped_reasons[reason] += sum(names.values())
-        self._release(sum(item.nbytes for item in learn), tokens=True)
-        self._release(sum(item.nbytes for item in items if isinstance(item, _Pending)))
-
-    def _release(self, nbytes: int, tokens: bool = False) -> None:
-        with self._cv:
-            self._queued -= nbytes
-            if tokens:
-                self._token_queued -= nbytes
-            self._cv.notify_all()
-
-    def _finish(self) -> None:
-        """Close the file with the end-of-run metadata; after a write error or when abandoned, leave
-        it as flushed."""
-        if self._writer is None:
-            return
-        if self._abandoned or (self.stopped or "").startswith("error in writer"):
-            with self._io:
-                self._writer.abort()
-            return
-        with self._cv:
-            dropped, reasons = dict(self.dropped), dict(self.dropped_reasons)
-        final = {
-            "closed": True,
-            "records": self.records_written,
-            "bytes": self.bytes_written,
-            "dropped_records": sum(dropped.values()),
-            "dropped": dropped,
-            "dropped_reasons": reasons,
-            "stopped": self.stopped,
-            "contract": self._contract_updates,
-            "tokens": self._book.written,
-            "token_conflicts": self._book.conflicts,
-            "token_calls_dropped": self.token_calls_dropped,
-            "token_positions_ignored": self._book.out_of_range,
-            "mixed_records": sorted(self._mixed),
-        }
-        try:
-            with self._io:
-                self._writer.close(final)
-        except Exception as exc:
-            self._fail("close", exc)
-
-    def _materialize(self, item: _Pending) -> Record:
-        data = item.data.numpy()
-        if item.keys is None:
-            self._note_layout(item.name, (True, item.data.tag, None))
-            return Record(name=item.name, data=data, dtype=item.data.tag, seq_no=item.seq_no,
-                          step=item.step, rank=self.rank, depth=item.depth, static=True)
-        keys = item.keys
-        data = data.reshape((keys.n_rows, *data.shape[keys.lead_ndim:]))
-        self._note_layout(item.name, (False, item.data.tag, data.shape[1:]))
-        request, position, token_id = keys.expand()
-        if item.row_mask is not None:
-            data, request = data[item.row_mask], request[item.row_mask]
-            position, token_id = position[item.row_mask], token_id[item.row_mask]
-        return Record(name=item.name, data=data, dtype=item.data.tag, seq_no=item.seq_no, step=item.step,
-                      rank=self.rank, depth=item.depth, request=request, position=position,
-                      token_id=token_id)
-
-    def _note_layout(self, name: str, layout: tuple) -> None:
-        """Names whose records differ in dtype or row shape, for the final metadata."""
-        if self._layouts.setdefault(name, layout) != layout:
-            self._mixed.add(name)
-
-
-def _fence_writers_at_exit() -> None:
-    """The last exit handler (registered on import, before any recorder's close). The shutdown that
-    follows freezes a writer thread still running wherever it is: frozen inside h5py, it would hold
-    h5py's lock, and the shutdown's own cleanup of h5py objects would wait on it forever. A writer
-    makes every call into its file holding its recorder's I/O lock; this takes the lock of each
-    writer still running and keeps it: at once when the writer is between two calls, else when its
-    current call (one write: at most WRITE_BATCH records and flush_bytes) ends. The writer then
-    waits on it, inside no library. Our own locks, not h5py's: nothing here depends on h5py's
-    internals, and Arrow writers end on a whole batch too. (A forked child's copies of its parent's
-    writer threads are not running: the fork handler forgets them.) A writer counts as running until
-    it removes itself, never by ``Thread.is_alive``: a Ctrl-C that interrupts ``join`` leaves
-    CPython 3.11 reporting a running thread as ended, and skipping it hung exit."""
-    locks = list(_WRITERS.values())
-    deadline = time.monotonic() + EXIT_FENCE
-    for lock in locks:
-        if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
-            logger.warning("tracediff: waiting for a trace writer's current write to end before exit")
-            lock.acquire()  # without the GIL, for that one call
-
-
-atexit.register(_fence_writers_at_exit)
-
-
-def _after_fork_in_child() -> None:
-    """A forked child has none of its parent's threads: the parent's recorders stay the parent's."""
-    _WRITERS.clear()
-    for rec in list(_RECORDERS):
-        rec._forked()
-    _RECORDERS.clear()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def json_ready(value: Any) -> Any:
-    """Arrays, tensors and numpy scalars in metadata as the lists and numbers JSON holds."""
-    if isinstance(value, dict):
-        return {k: json_ready(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [json_ready(v) for v in value]
-    if isinstance(value, np.ndarray) or isinstance(value, np.generic) or is_torch_tensor(value):
-        return value.tolist()
-    return value
 
 
 def _check_name(name: str) -> None:
@@ -821,51 +486,3 @@ def _same_keys(seen: tuple, last: tuple | None) -> bool:
 def _describe(layout: tuple) -> str:
     static, dtype, row_shape = layout
     return f"static {dtype}" if static else f"{dtype} rows of shape {row_shape}"
-
-
-def _rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
-    env_rank, env_world = os.environ.get("RANK"), os.environ.get("WORLD_SIZE")
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and not (dist.is_available() and dist.is_initialized()):
-        dist = None  # imported but not initialized: the environment says
-    if rank is None:
-        rank = dist.get_rank() if dist is not None else int(env_rank or 0)
-    if world_size is None:
-        world_size = dist.get_world_size() if dist is not None else int(env_world or 1)
-    return rank, world_size
-
-
-def _rank_path(path: Path, rank: int, per_rank: bool) -> Path:
-    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}") if per_rank else path
-
-
-def _run_meta(source: str, contract: dict, rank: int, world_size: int, filt: RecordFilter) -> dict:
-    from tracediff import __version__
-
-    torch_info = None
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        cuda = torch.cuda.is_available()
-        torch_info = {
-            "version": torch.__version__,
-            "cuda": torch.version.cuda,
-            "device": torch.cuda.get_device_name() if cuda else "cpu",
-        }
-    return {
-        "format": FORMAT_NAME,
-        "format_version": FORMAT_VERSION,
-        "source": source,
-        "producer": "tracediff",
-        "producer_version": __version__,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "host": {"hostname": socket.gethostname(), "pid": os.getpid(), "python": platform.python_version(),
-                 "platform": platform.platform()},
-        "torch": torch_info,
-        "versions": {name: str(getattr(sys.modules[name], "__version__", "")) for name in
-                     ("numpy", "transformers", "sglang", "specforge") if name in sys.modules},
-        "rank": rank,
-        "world_size": world_size,
-        "filters": {"names": list(filt.names), "exclude": list(filt.exclude), "every": filt.every,
-                    "requests": sorted(filt.requests) if filt.requests is not None else None},
-        "contract": contract,
-    }

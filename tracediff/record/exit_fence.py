@@ -1,0 +1,72 @@
+"""The exit fence: at interpreter exit, keep every running trace writer out of its file's library.
+
+Writers register the lock they hold inside each call into their file; the fence, the last exit
+handler, takes each one and keeps it. A forked child forgets its parent's writers and recorders.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+logger = logging.getLogger("tracediff")
+
+EXIT_FENCE = 1.0  # seconds the exit handler waits for a writer's call into its file before it says so
+
+
+class Writers:
+    """Writer threads still running, each with the lock it holds while in a call into its file."""
+
+    def __init__(self) -> None:
+        self.locks: dict[threading.Thread, threading.Lock] = {}
+
+    def add(self, thread: threading.Thread, lock: threading.Lock) -> None:
+        self.locks[thread] = lock
+
+    def remove(self, thread: threading.Thread) -> None:
+        self.locks.pop(thread, None)
+
+    def fence(self) -> None:
+        """Take and keep the lock of each writer still running: at once when the writer is between
+        two calls into its file, else when its current call (one write: at most WRITE_BATCH records
+        and flush_bytes) ends. The writer then waits on it, inside no library.
+
+        Why at exit: the shutdown that follows freezes a writer thread still running wherever it is;
+        frozen inside h5py, it would hold h5py's lock, and the shutdown's own cleanup of h5py objects
+        would wait on it forever. Our own locks, not h5py's: nothing here depends on h5py's
+        internals, and Arrow writers end on a whole batch too. A writer counts as running until it
+        removes itself, never by ``Thread.is_alive``: a Ctrl-C that interrupts ``join`` leaves
+        CPython 3.11 reporting a running thread as ended, and skipping it hung exit."""
+        locks = list(self.locks.values())
+        deadline = time.monotonic() + EXIT_FENCE
+        for lock in locks:
+            if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                logger.warning("tracediff: waiting for a trace writer's current write to end before exit")
+                lock.acquire()  # without the GIL, for that one call
+
+
+WRITERS = Writers()  # this process's; fenced by the last exit handler (registered on import)
+RECORDERS: weakref.WeakSet[Any] = weakref.WeakSet()  # recorders whose writer thread runs, for forks
+
+atexit.register(WRITERS.fence)
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's threads (their copies are not running): the parent's
+    writers and recorders stay the parent's."""
+    WRITERS.locks.clear()
+    for rec in list(RECORDERS):
+        rec.forked()
+    RECORDERS.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+__all__ = ["EXIT_FENCE", "RECORDERS", "WRITERS", "Writers"]

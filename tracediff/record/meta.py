@@ -1,0 +1,104 @@
+"""Run metadata: what a trace says about the run that wrote it (host, versions, rank, filters).
+
+Also this process's rank and world size (one lookup for the recorder and the launcher), per-rank
+file names, and contract values made storable as JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tracediff.record.filters import RecordFilter
+from tracediff.record.host import is_torch_tensor
+from tracediff.trace.schema import FORMAT_NAME, FORMAT_VERSION, dumps_meta
+
+logger = logging.getLogger("tracediff")
+
+
+def rank_and_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """Explicit values, else an initialized torch.distributed, else RANK / WORLD_SIZE."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and not (dist.is_available() and dist.is_initialized()):
+        dist = None  # imported but not initialized: the environment says
+    if rank is None:
+        rank = dist.get_rank() if dist is not None else int(os.environ.get("RANK") or 0)
+    if world_size is None:
+        world_size = dist.get_world_size() if dist is not None else int(os.environ.get("WORLD_SIZE") or 1)
+    return int(rank), int(world_size)
+
+
+def rank_path(path: Path, rank: int, per_rank: bool) -> Path:
+    return path.with_name(f"{path.stem}.rank{rank}{path.suffix}") if per_rank else path
+
+
+def json_ready(value: Any) -> Any:
+    """Arrays, tensors and numpy scalars in metadata as the lists and numbers JSON holds."""
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, np.ndarray) or isinstance(value, np.generic) or is_torch_tensor(value):
+        return value.tolist()
+    return value
+
+
+def storable(values: dict, strict: bool, path: Path) -> dict:
+    """The contract values JSON can hold (arrays and tensors as lists); the others are left out
+    with a warning naming the trace at ``path``, or raise in strict mode."""
+    out = {}
+    for key, value in values.items():
+        try:
+            plain = json_ready(value)
+            dumps_meta({key: plain})
+        except (TypeError, ValueError) as exc:
+            if strict:
+                raise ValueError(f"contract value {key!r} cannot be stored as JSON: {exc}") from None
+            logger.warning("tracediff: contract value %r left out of %s: %s", key, path, exc)
+            continue
+        out[key] = plain
+    return out
+
+
+def run_meta(source: str, contract: dict, rank: int, world_size: int, filt: RecordFilter) -> dict:
+    """The metadata a trace opens with."""
+    from tracediff import __version__
+
+    torch_info = None
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        cuda = torch.cuda.is_available()
+        torch_info = {
+            "version": torch.__version__,
+            "cuda": torch.version.cuda,
+            "device": torch.cuda.get_device_name() if cuda else "cpu",
+        }
+    return {
+        "format": FORMAT_NAME,
+        "format_version": FORMAT_VERSION,
+        "source": source,
+        "producer": "tracediff",
+        "producer_version": __version__,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "host": {"hostname": socket.gethostname(), "pid": os.getpid(), "python": platform.python_version(),
+                 "platform": platform.platform()},
+        "torch": torch_info,
+        "versions": {name: str(getattr(sys.modules[name], "__version__", "")) for name in
+                     ("numpy", "transformers", "sglang", "specforge") if name in sys.modules},
+        "rank": rank,
+        "world_size": world_size,
+        "filters": {"names": list(filt.names), "exclude": list(filt.exclude), "every": filt.every,
+                    "requests": sorted(filt.requests) if filt.requests is not None else None},
+        "contract": contract,
+    }
+
+
+__all__ = ["json_ready", "rank_and_world", "rank_path", "run_meta", "storable"]

@@ -1,0 +1,242 @@
+"""The recorder's writer thread: takes the queue, teaches the token book, writes the file.
+
+All file work happens here, in writes of at most ``WRITE_BATCH`` records and ``flush_bytes``, each
+checked for disk room first; at the end the file is closed with the end-of-run metadata (or left as
+last flushed after a write error or when abandoned). ``WriterThread`` is the Recorder's part that runs it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import Counter, deque
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tracediff.record.exit_fence import RECORDERS, WRITERS
+from tracediff.record.queue import Learn, Pending
+from tracediff.record.tokens import TokenBook
+from tracediff.trace.schema import Record, tokens_record
+from tracediff.trace.writer import TraceWriter
+
+resource: ModuleType | None
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
+
+MiB = 1 << 20
+ROOM_MARGIN = 8 * MiB  # room kept free for the format's own metadata and a clean close
+WRITE_BATCH = 1024  # records one write takes at most: bounds its memory and how soon it can stop
+
+
+class WriterThread:
+    """The writer thread's loop and its file work (state set up by ``Recorder.__init__``)."""
+
+    _cv: threading.Condition
+    _queue: deque[Pending | Learn]
+    _closing: bool
+    _sealed: bool
+    _abandoned: bool
+    _flush_requests: int
+    _flush_done: int
+    _book: TokenBook
+    _writer: TraceWriter | None
+    _io: threading.Lock  # held by the writer thread inside each call into the file
+    _layouts: dict[str, tuple]
+    _mixed: set[str]
+    _contract_updates: dict
+    path: Path
+    rank: int
+    flush_interval: float
+    flush_bytes: int
+    stopped: str | None
+    records_written: int
+    bytes_written: int
+    dropped: Counter[str]
+    dropped_reasons: Counter[str]
+    token_calls_dropped: int
+
+    if TYPE_CHECKING:  # the Recorder's other parts
+        def _release(self, nbytes: int, tokens: bool = False) -> None: ...
+        def _discard(self, backlog: deque[Pending]) -> None: ...
+        def _stop(self, reason: str, level: int = logging.INFO) -> None: ...
+        def _fail(self, where: str, exc: BaseException) -> None: ...
+
+    def _write_loop(self) -> None:
+        backlog: deque[Pending] = deque()  # taken from the queue, not yet written
+        held = 0  # queue bytes the backlog holds
+        deadline = time.monotonic() + self.flush_interval
+        try:
+            while True:
+                with self._cv:
+                    while not (self._queue or self._closing or self._flush_requests > self._flush_done
+                               or self.stopped):
+                        left = deadline - time.monotonic()
+                        if left <= 0:
+                            break
+                        self._cv.wait(left)
+                    items = list(self._queue)
+                    self._queue.clear()
+                    done = self._sealed = self._closing or self.stopped is not None
+                    flush_to = self._flush_requests
+                held += self._take(items, backlog)
+                now = time.monotonic()
+                if done or flush_to > self._flush_done or now >= deadline or held >= self.flush_bytes:
+                    held -= self._write_backlog(backlog)
+                with self._cv:
+                    self._flush_done = max(self._flush_done, flush_to)
+                    self._cv.notify_all()
+                if now >= deadline:
+                    deadline = now + self.flush_interval
+                if done or self.stopped is not None:
+                    break
+        except Exception as exc:
+            self._fail("writer", exc)
+        finally:
+            self._discard(backlog)
+            self._finish()
+            WRITERS.remove(threading.current_thread())
+            RECORDERS.discard(self)
+
+    def _take(self, items: list[Pending | Learn], backlog: deque[Pending]) -> int:
+        """Teach the book queued keys (their queue bytes are then free) and move queued tensors to
+        the backlog; returns the queue bytes those hold."""
+        held, learn = 0, []
+        for item in items:
+            if isinstance(item, Learn):
+                learn.append(item)
+            else:
+                held += item.nbytes
+                backlog.append(item)
+        if learn:
+            self._learn_all(learn)
+            self._release(sum(item.nbytes for item in learn), tokens=True)
+        return held
+
+    def _learn_all(self, items: list[Learn]) -> None:
+        """One book update per run of declared / logged items (in order: first seen wins), not one
+        per item: a wake-up may bring hundreds of small ones."""
+        start = 0
+        for end in range(1, len(items) + 1):
+            if end == len(items) or items[end].declared != items[start].declared:
+                keys = [item.keys.expand() for item in items[start:end]]
+                request, position, token_id = (np.concatenate(column) for column in zip(*keys))
+                self._book.learn(request, position, token_id, declared=items[start].declared)
+                start = end
+
+    def _write_backlog(self, backlog: deque[Pending]) -> int:
+        """Write the backlog, then the token table's new entries, in writes of at most WRITE_BATCH
+        records and flush_bytes: a write's memory stays bounded, and an abandoned writer stops at
+        the next one. Returns the queue bytes written."""
+        written = 0
+        while not self._abandoned:
+            chunk: list[Pending] = []
+            cost = 0
+            while backlog and len(chunk) < WRITE_BATCH and (not chunk or cost + backlog[0].nbytes
+                                                             <= self.flush_bytes):
+                chunk.append(backlog.popleft())
+                cost += chunk[-1].nbytes
+            if not chunk and not self._book.has_new():
+                break
+            if not self._room_for(cost):
+                self._stop(f"disk nearly full: less than {cost + ROOM_MARGIN} bytes left", logging.WARNING)
+                backlog.extendleft(reversed(chunk))
+                break
+            self._write([self._materialize(item) for item in chunk], tokens=not backlog)
+            self._release(cost)
+            written += cost
+            if not backlog:
+                break
+        return written
+
+    def _write(self, records: list[Record], tokens: bool) -> None:
+        """Write tensors, then (with ``tokens``) the token table's new entries as one ``__tokens__``
+        record."""
+        new = self._book.take_new() if tokens else None
+        if new is not None:
+            records = [*records, tokens_record(*new, rank=self.rank)]
+        if records:
+            assert self._writer is not None  # the writer thread starts only once the file is open
+            with self._io:
+                self._writer.write(records)
+        written = records if new is None else records[:-1]
+        self.records_written += len(written)
+        self.bytes_written += sum(r.nbytes for r in written)
+
+    def _room_for(self, nbytes: int) -> bool:
+        """Whether the disk and the process's file size limit leave room for nbytes and a margin.
+
+        Checked before every write: HDF5 cannot survive a failed write, so we stop cleanly first.
+        """
+        needed = nbytes + ROOM_MARGIN
+        stat = os.statvfs(self.path.parent)
+        if stat.f_bavail * stat.f_frsize < needed:
+            return False
+        if resource is not None:
+            limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+            if limit != resource.RLIM_INFINITY and limit - os.path.getsize(self.path) < needed:
+                return False
+        return True
+
+    def _finish(self) -> None:
+        """Close the file with the end-of-run metadata; after a write error or when abandoned, leave
+        it as flushed."""
+        if self._writer is None:
+            return
+        if self._abandoned or (self.stopped or "").startswith("error in writer"):
+            with self._io:
+                self._writer.abort()
+            return
+        with self._cv:
+            dropped, reasons = dict(self.dropped), dict(self.dropped_reasons)
+        final = {
+            "closed": True,
+            "records": self.records_written,
+            "bytes": self.bytes_written,
+            "dropped_records": sum(dropped.values()),
+            "dropped": dropped,
+            "dropped_reasons": reasons,
+            "stopped": self.stopped,
+            "contract": self._contract_updates,
+            "tokens": self._book.written,
+            "token_conflicts": self._book.conflicts,
+            "token_calls_dropped": self.token_calls_dropped,
+            "token_positions_ignored": self._book.out_of_range,
+            "mixed_records": sorted(self._mixed),
+        }
+        try:
+            with self._io:
+                self._writer.close(final)
+        except Exception as exc:
+            self._fail("close", exc)
+
+    def _materialize(self, item: Pending) -> Record:
+        data = item.data.numpy()
+        if item.keys is None:
+            self._note_layout(item.name, (True, item.data.tag, None))
+            return Record(name=item.name, data=data, dtype=item.data.tag, seq_no=item.seq_no,
+                          step=item.step, rank=self.rank, depth=item.depth, static=True)
+        keys = item.keys
+        data = data.reshape((keys.n_rows, *data.shape[keys.lead_ndim:]))
+        self._note_layout(item.name, (False, item.data.tag, data.shape[1:]))
+        request, position, token_id = keys.expand()
+        if item.row_mask is not None:
+            data, request = data[item.row_mask], request[item.row_mask]
+            position, token_id = position[item.row_mask], token_id[item.row_mask]
+        return Record(name=item.name, data=data, dtype=item.data.tag, seq_no=item.seq_no, step=item.step,
+                      rank=self.rank, depth=item.depth, request=request, position=position,
+                      token_id=token_id)
+
+    def _note_layout(self, name: str, layout: tuple) -> None:
+        """Names whose records differ in dtype or row shape, for the final metadata."""
+        if self._layouts.setdefault(name, layout) != layout:
+            self._mixed.add(name)
+
+
+__all__ = ["ROOM_MARGIN", "WRITE_BATCH", "WriterThread"]
