@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 Kind = Literal["nan_inf", "aux_layer_set", "aux_order", "layer_offset", "vocab_map", "position_shift",
-               "scale", "norm", "precision", "token_mismatch", "draft_depths", "config"]
+               "scale", "norm", "precision", "token_mismatch", "draft_depths", "config", "aux_branch",
+               "aux_slot_count", "aux_duplicate"]
 Severity = Literal["error", "warning", "info"]
 Side = Literal["a", "b"]
 NormedSide = Literal["a", "b", "both"]
@@ -234,10 +235,27 @@ class ConfigBystandersEvidence:
     unknown_effect: list[str]
 
 
+@dataclass
+class CaptureQuirkEvidence:
+    """What one side's capture shows (its contract and its aux): the boundaries SGLang was given
+    (``layers_to_capture``) and really captures (``capture_layers``), what each slot was measured to
+    hold (``slot_states``: ``target.layer.i.branch`` for a layer's branch output), and the slots the
+    aux holds and the draft's fc takes."""
+
+    KINDS: ClassVar = ("aux_branch", "aux_slot_count", "aux_duplicate")
+    side: Side
+    family: str | None
+    slot_states: list[str | None]
+    layers_to_capture: list[int]
+    capture_layers: list[int]
+    slots: int | None
+    slots_expected: int | None
+
+
 Evidence = (TokenMismatchEvidence | NonFiniteEvidence | SlotsEvidence | SlotNormEvidence | D2tSizeEvidence
             | D2tEntriesEvidence | DirectMapEvidence | ValueOffsetEvidence | RowShiftEvidence | ScaleEvidence
             | NormFitEvidence | PrecisionEvidence | DraftDepthsEvidence
-            | ConfigCauseEvidence | ConfigBystandersEvidence)
+            | ConfigCauseEvidence | ConfigBystandersEvidence | CaptureQuirkEvidence)
 VARIANTS: tuple[type[Any], ...] = typing.get_args(Evidence)
 
 

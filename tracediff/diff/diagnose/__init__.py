@@ -7,7 +7,7 @@ nothing else explains the divergence."""
 
 from __future__ import annotations
 
-from tracediff.diff.diagnose.aux import aux_slots
+from tracediff.diff.diagnose.aux import aux_quirks, aux_slots
 from tracediff.diff.diagnose.config import config_causes
 from tracediff.diff.diagnose.depths import draft_depths
 from tracediff.diff.diagnose.evidence import Context
@@ -24,7 +24,7 @@ from tracediff.trace.reader import Trace
 
 DIAGNOSES = (nan_inf, aux_slots, vocab_map, position_shift, scale_or_norm, config_causes)
 STATIC_DIAGNOSES = (vocab_map,)
-COVERAGE_DIAGNOSES = (draft_depths,)  # what was never compared, and why: run on every compare
+COVERAGE_DIAGNOSES = (draft_depths, aux_quirks)  # what was never compared, and why: run on every compare
 
 
 def diagnose(comparison: Comparison, traces: Pair[Trace]) -> list[Diagnosis]:

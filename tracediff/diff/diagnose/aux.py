@@ -10,6 +10,13 @@ NaN/Inf carried on from a state is that state's data: a slot equals a state when
 non-finite at the same elements and their finite elements agree. A slot that equals no state and
 holds NaN/Inf is matched on its finite rows; without any, it is left out of the comparison: its
 difference is the non-finite values' (``nan_inf``), not the wiring's.
+
+What a producer measured a slot to hold (``aux_slot_states`` in its contract: SGLang's recorder
+matches every slot once, against the residual stream and each layer's branch output) names the slot
+where the data alone cannot: a layer's branch output is recorded nowhere else. ``aux_quirks`` names,
+on every compare where the aux does not match, what one side's own contract and aux show: slots
+holding branch outputs, a slot count other than the draft's fc takes, a state named twice. A
+difference is said with the family's id convention where the contract names the family.
 """
 
 from __future__ import annotations
@@ -21,9 +28,17 @@ import numpy as np
 from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.diagnose.evidence import values as evidence_values
 from tracediff.diff.diagnose.norms import FINAL_NORMS, LAYER, RMS, Affine, NormFit, norm_fit, recorded_weights
-from tracediff.diff.findings import Diagnosis, NormedSide, SlotNormEvidence, SlotsEvidence
+from tracediff.diff.findings import (
+    CaptureQuirkEvidence,
+    Diagnosis,
+    NormedSide,
+    Side,
+    SlotNormEvidence,
+    SlotsEvidence,
+)
 from tracediff.diff.metrics import float_metrics
 from tracediff.diff.pair import Pair
+from tracediff.integrations.sglang.conventions import FAMILIES, RULES, Capture, label, labels, target_for
 from tracediff.trace.reader import RowKeys, Trace
 
 CONCATENATED = ("target.aux", "draft.fc_in")
@@ -32,8 +47,8 @@ NORM_LABELS = {RMS: "RMSNorm", LAYER: "LayerNorm"}
 
 
 def layer_number(name: str) -> int:
-    """target.embed -> -1 (the input of layer 0), target.layer.i -> i."""
-    return -1 if name == "target.embed" else int(name.rsplit(".", 1)[1])
+    """target.embed -> -1 (the input of layer 0), target.layer.i (and its .branch) -> i."""
+    return -1 if name == "target.embed" else int(name.split(".")[2])
 
 
 @dataclass(frozen=True)
@@ -54,7 +69,7 @@ class Slot:
         """For people: ``layer 5``, ``RMSNorm(layer 5)``, ``embed``, ``?``, ``NaN/Inf``."""
         if self.source is None:
             return "NaN/Inf" if self.non_finite else "?"
-        state = "embed" if self.source == "target.embed" else f"layer {layer_number(self.source)}"
+        state = label(self.source)
         return f"{NORM_LABELS[self.norm.norm]}({state})" if self.norm else state
 
 
@@ -145,6 +160,8 @@ def aux_slots(ctx: Context) -> list[Diagnosis]:
     weights = Pair({**weights.b, **weights.a}, {**weights.a, **weights.b})
     slots = Pair(slot_sources(traces.a, tensor.keys.a, picked.a, plan.keys.a, weights.a),
                  slot_sources(traces.b, tensor.keys.b, picked.b, plan.keys.b, weights.b))
+    if name == "target.aux":
+        slots = Pair(_measured(traces.a, slots.a), _measured(traces.b, slots.b))
     slots = _finite_slots(slots)
     if not slots.a or not slots.b or slots.a == slots.b:
         return []
@@ -152,9 +169,45 @@ def aux_slots(ctx: Context) -> list[Diagnosis]:
     evidence = SlotsEvidence(tensor=name, slots_a=held.a, slots_b=held.b, rows_checked=len(picked.a))
     last = max((layer_number(n) for n in {*plan.keys.a, *plan.keys.b} if n.startswith("target.layer.")),
                 default=None)
-    side = ctx.labels
-    return [*_layer_change(name, slots, side, evidence),
+    side = Pair(_described(traces.a, ctx.labels.a), _described(traces.b, ctx.labels.b))
+    return [*_layer_change(name, slots, side, evidence, traces.map(_ids)),
             *(_norm_change(name, *change, side, evidence, last) for change in _norm_only(slots))]
+
+
+def _measured(trace: Trace, slots: list[Slot]) -> list[Slot]:
+    """The slots as the producer measured them (``aux_slot_states``), where it measured one slot
+    per slot the data was cut into; a slot it found equal to no state keeps what the data says."""
+    states = trace.contract.get("aux_slot_states")
+    if not isinstance(states, list) or len(states) != len(slots):
+        return slots
+    return [Slot(state) if isinstance(state, str) else slot for state, slot in zip(states, slots)]
+
+
+def _described(trace: Trace, side: str) -> str:
+    """``serving (deepseek_v2: +1 only when the first id is 1)``: the side, with its family's id
+    convention where its contract names the family."""
+    capture = _capture(trace.contract)
+    if capture is None:
+        return side
+    return f"{side} ({trace.contract['target_family']}: {RULES[capture.rule]})"
+
+
+def _capture(contract: dict) -> Capture | None:
+    """The id rule and capture of the target class the contract names (its family's, else None)."""
+    family = FAMILIES.get(str(contract.get("target_family")))
+    if family is None:
+        return None
+    target = target_for(str(contract.get("target_model_class", "")).rsplit(".", 1)[-1])
+    return target.capture if target is not None and target.family is family else family.captures[0]
+
+
+def _ids(trace: Trace) -> str:
+    """`` for ids [2, 3, 4]`` as the contract gives them (`` for no ids`` when it says none)."""
+    contract = trace.contract
+    if "aux_layer_ids" not in contract or "target_family" not in contract:
+        return ""
+    ids = contract["aux_layer_ids"]
+    return " for no ids (the default)" if ids is None else f" for ids {list(ids)}"
 
 
 def _finite_slots(slots: Pair[list[Slot]]) -> Pair[list[Slot]]:
@@ -167,14 +220,16 @@ def _finite_slots(slots: Pair[list[Slot]]) -> Pair[list[Slot]]:
                                 for slot, hidden in zip(s, unknown)])
 
 
-def _layer_change(name: str, slots: Pair[list[Slot]], side: Pair[str],
-                  evidence: SlotsEvidence) -> list[Diagnosis]:
+def _layer_change(name: str, slots: Pair[list[Slot]], side: Pair[str], evidence: SlotsEvidence,
+                  ids: Pair[str]) -> list[Diagnosis]:
     """aux_layer_set / aux_order / layer_offset from the slots' source states (a norm aside)."""
     sources = slots.map(lambda s: [slot.source for slot in s])
-    if sources.a == sources.b:
+    if sources.a == sources.b or _branch_only(sources):
         return []
     said = slots.map(lambda s: "[" + ", ".join(slot.label for slot in s) + "]")
     fed = f"{side.b} fed {said.b}, {side.a} fed {said.a}"
+    if ids.a or ids.b:  # a side whose contract names its family: said with its id convention
+        fed = f"{side.b} fed {said.b}{ids.b}; {side.a} fed {said.a}{ids.a}"
     unknown = slots.map(lambda s: any(slot.source is None and not slot.non_finite for slot in s))
     if not unknown.a and not unknown.b:
         layers = sources.map(lambda s: [layer_number(n) for n in s if n is not None])
@@ -217,3 +272,128 @@ def _why(fit: NormFit, layer: int, last: int | None) -> str:
     if fit.weight_name and "fc_norm" in fit.weight_name:
         return f"fc_norm applied on one side only, {weight}"
     return f"a norm applied on one side only, {weight}"
+
+
+def _branch_only(sources: Pair[list[str | None]]) -> bool:
+    """The sides differ only where one holds a layer's branch output and the other that layer's
+    stream (``aux_branch`` names it)."""
+    plain = sources.map(lambda s: [None if n is None else n.removesuffix(".branch") for n in s])
+    branch = any(n is not None and n.endswith(".branch") for n in [*sources.a, *sources.b])
+    return plain.a == plain.b and branch
+
+
+# -- capture quirks, from one side's own contract and aux ------------------------------------------
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a side's contract and trace say of its aux: the boundaries SGLang was given and really
+    captured, what each slot was measured to hold, and the slots the aux has and the draft's fc takes."""
+
+    family: str | None
+    ids: list[int] | None
+    layers_to_capture: list[int]
+    capture_layers: list[int]
+    slot_states: list[str | None]
+    slots: int | None  # target.aux's width over the target's hidden width
+    slots_expected: int | None  # the draft's fc: its config's aux ids (3 without)
+    num_layers: int | None
+
+    @classmethod
+    def of(cls, trace: Trace) -> Served:
+        contract = trace.contract
+        ids = contract.get("aux_layer_ids")
+        draft = contract.get("draft_config")
+        expected = None
+        if isinstance(draft, dict):
+            expected = len(ids) if isinstance(ids, list) and ids else 3
+        layers = contract.get("target_num_layers")
+        return cls(family=contract.get("target_family"), ids=ids if isinstance(ids, list) else None,
+                   layers_to_capture=_ints(contract.get("layers_to_capture")),
+                   capture_layers=_ints(contract.get("aux_capture_layers")),
+                   slot_states=[s if isinstance(s, str) else None
+                                for s in contract.get("aux_slot_states") or []],
+                   slots=_slot_count(trace), slots_expected=expected,
+                   num_layers=layers if isinstance(layers, int) else None)
+
+    def evidence(self, side: Side) -> CaptureQuirkEvidence:
+        return CaptureQuirkEvidence(side=side, family=self.family, slot_states=self.slot_states,
+                                    layers_to_capture=self.layers_to_capture,
+                                    capture_layers=self.capture_layers,
+                                    slots=self.slots, slots_expected=self.slots_expected)
+
+
+def _ints(value: object) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) for v in value):
+        return []
+    return [int(v) for v in value]
+
+
+def _slot_count(trace: Trace) -> int | None:
+    """target.aux's row width over the target's hidden width (a recorded target state's, else the
+    contract's target config's)."""
+    try:
+        width = trace.keys("target.aux").row_shape
+        hidden = next((trace.keys(n).row_shape[-1] for n in ("target.embed", "target.layer.0")
+                       if n in trace.names()), None)
+    except Exception:  # no aux, or records of mixed shapes: no count
+        return None
+    config = trace.contract.get("target_config")
+    if hidden is None and isinstance(config, dict) and isinstance(config.get("hidden_size"), int):
+        hidden = config["hidden_size"]
+    if not width or not hidden or width[-1] % hidden:
+        return None
+    return width[-1] // hidden
+
+
+def aux_quirks(ctx: Context) -> list[Diagnosis]:
+    """On a compare where ``target.aux`` does not match: what each side's own capture shows (its
+    contract's boundaries and measured slots, its aux's width)."""
+    tensors = {t.name: t for t in ctx.comparison.tensors}
+    if "target.aux" not in tensors or tensors["target.aux"].status == "match":
+        return []
+    traces, named = ctx.traces, ctx.labels
+    return [*_quirks("a", traces.a, named.a), *_quirks("b", traces.b, named.b)]
+
+
+def _quirks(which: Side, trace: Trace, side: str) -> list[Diagnosis]:
+    served = Served.of(trace)
+    convention = _described(trace, side)
+    found = []
+    branches = [k for k, state in enumerate(served.slot_states) if state and state.endswith(".branch")]
+    if branches:
+        family = f" ({served.family} captures each layer's branch output)" if served.family else ""
+        slots = f"slot{'s' if len(branches) > 1 else ''} {', '.join(map(str, branches))}"
+        held = labels(served.slot_states)
+        found.append(Diagnosis("aux_branch", f"{side}'s target.aux holds {held}: {slots} a layer's branch "
+                               f"output, not the residual stream{family}: a draft trained on hidden states "
+                               "is fed other inputs", served.evidence(which)))
+    have, want = served.slots, served.slots_expected
+    short = f"target.aux holds {have} slots, the draft's fc takes {want}" if have is not None and want else ""
+    repeated = sorted({k for k in served.layers_to_capture if served.layers_to_capture.count(k) > 1})
+    if repeated:
+        twice = ", ".join(f"the input of layer {k}" for k in repeated)
+        default = " (no ids: SGLang's default [2, L//2, L-3])" if served.ids is None else \
+            f" (ids {served.ids})"
+        found.append(Diagnosis("aux_duplicate", f"{convention}: layers_to_capture {served.layers_to_capture}"
+                               f"{default} names {twice} twice; SGLang captures it once"
+                               + (f": {short}" if short else ""), served.evidence(which)))
+    elif short and have != want:
+        found.append(Diagnosis("aux_slot_count", f"{convention}{_ids(trace)}: {short}{_why_count(served)}",
+                               served.evidence(which)))
+    return found
+
+
+def _why_count(served: Served) -> str:
+    """What the boundaries say of a slot count the draft's fc does not take."""
+    ltc, captured = served.layers_to_capture, served.capture_layers
+    stale = [k for k in captured if k not in ltc]
+    if stale:
+        return (f" (it captures {captured} where layers_to_capture says {ltc}: per-layer flags an earlier "
+                "set_eagle3_layers_to_capture left set, never cleared)")
+    never = [k for k in ltc if captured and k not in captured]
+    if never:
+        on = f" on {served.num_layers} layers" if served.num_layers else ""
+        layers = ", ".join(map(str, never))
+        return f" (layers_to_capture {ltc}: the input of layer {layers} is never captured{on})"
+    return ""
