@@ -69,7 +69,7 @@ def branches(*ids: int) -> list[State]:
 # model (SGLang 0.5.23, 6 layers), per the probe of issue 18: the spec these tests hold it to.
 FIRST = [[1, 2, 3]]
 SECOND = [[1, 2, 3], [2, 3, 4]]  # a second call on the same model
-FED: dict[str, dict[str, tuple[list[list[int]], list[State]]]] = {name: {} for name in FAMILIES}
+FED: dict[str, dict[str, tuple[list[list[int] | None], list[State]]]] = {name: {} for name in FAMILIES}
 for name in FAMILIES:
     FED[name]["first"] = FIRST, branches(1, 2, 3) if name in BRANCH else layers(1, 2, 3)
     if name in BRANCH:
@@ -81,6 +81,10 @@ for name in FAMILIES:
         FED[name]["second"] = SECOND, layers(1, 2, 3, 4)  # the union: 4 slots
     else:
         FED[name]["second"] = SECOND, layers(2, 3, 4)
+    # no ids: [2, L//2, L-3] everywhere, [2, 3, 3] for 6 layers: the same boundary twice, captured once
+    # (DeepSeek packs 3 slots and stops: test_deepseek_duplicate_ids_stop_the_forward)
+    if name != "deepseek_v2":
+        FED[name]["default"] = [None], branches(1, 2) if name in BRANCH else layers(1, 2)
 FED["gpt_oss"]["final"] = [[1, 3, LAYERS]], layers(0, 2, LAYERS - 1)  # no +1 when max(ids) == L
 CASES = [(name, case) for name in FAMILIES for case in FED[name]]
 
@@ -100,8 +104,8 @@ def record(tmp_path_factory):
     order, as the server hands them."""
     done: dict[tuple, Recorded] = {}
 
-    def run(name: str, calls: list[list[int]]) -> Recorded:
-        key = (name, *map(tuple, calls))
+    def run(name: str, calls: list[list[int] | None]) -> Recorded:
+        key = (name, *(None if ids is None else tuple(ids) for ids in calls))
         if key not in done:
             bed = family_bed(name)
             model = bed.load()
@@ -176,3 +180,19 @@ def test_contract_names_class_and_family(record, name):
     assert contract["target_model_class"].split(".")[-1] == type(run.model).__name__
     assert contract["target_family"] == name
     assert contract["target_num_layers"] == LAYERS
+
+
+def test_deepseek_duplicate_ids_stop_the_forward(tmp_path):
+    """DeepSeek-V2/V3 pack the aux into a buffer of one slot per layers_to_capture entry: ids naming
+    one boundary twice (no ids, 6 layers: [2, 3, 3]) capture it once, and the forward raises."""
+    bed = family_bed("deepseek_v2")
+    model = bed.load()
+    with td.record(tmp_path / "serve.h5", source="serving") as rec:
+        installed = install(rec, target=model)
+        model.set_eagle3_layers_to_capture(None)
+        with pytest.raises(RuntimeError, match="captured 2 of 3 aux hidden states"):
+            bed.serve(model)
+        installed.remove()
+    with td.open_trace(tmp_path / "serve.h5") as trace:
+        assert trace.contract["layers_to_capture"] == [2, 3, 3]
+        assert trace.contract["aux_capture_layers"] == [2, 3]
