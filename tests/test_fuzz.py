@@ -8,7 +8,8 @@ limit each. The promise checked: no signal, no hang, no traceback (stderr is emp
 Mutants: bit flips and byte overwrites (biased to the files' structure rather than tensor bytes),
 truncations, field edits of the HDF5 datasets and attributes through h5py (HDF5's checksums stay
 right, so the edits reach our reader), and rewrites of the Arrow metadata, index and batches through
-pyarrow. ``TRACEDIFF_FUZZ_SCALE=10`` runs ten times as many; ``TRACEDIFF_FUZZ_SEED`` another seed.
+pyarrow. Mutants are drawn until every kind of mutation has been applied to each format, and at least
+MUTANTS of them. ``TRACEDIFF_FUZZ_SCALE=10`` runs ten times as many; ``TRACEDIFF_FUZZ_SEED`` another seed.
 
 Each child is forked from one driver process that has imported the CLI (a fresh interpreter per
 command would cost ~1 s); the driver is a subprocess, so a signal or hang never reaches pytest.
@@ -21,6 +22,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import signal
@@ -42,7 +44,8 @@ from tracediff.trace.writer import open_writer
 
 SCALE = float(os.environ.get("TRACEDIFF_FUZZ_SCALE", "1"))
 SEED = int(os.environ.get("TRACEDIFF_FUZZ_SEED", "11"))
-MUTANTS = int(150 * SCALE)  # per format
+MUTANTS = int(128 * SCALE)  # at least, both formats together; seed 11 applies every kind within 121
+MAX_MUTANTS = max(4 * MUTANTS, 512)
 TIMEOUT = 20.0  # seconds per command run: a normal one takes well under 1
 MEMORY = 3 << 30  # bytes of address space a command may add to the driver's
 OUTPUT = 64 << 20  # bytes a command may write to a file (stdout, stderr, convert's output)
@@ -243,6 +246,22 @@ def no_footer(path: Path, rng: random.Random, ranges: list[tuple[int, int]]) -> 
     return f"stream of {keep} batches without a footer"
 
 
+# what mutate() says it did, by the kind of mutation; each kind is applied to both formats, except
+# dataset edits and layout changes (HDF5 only) and rewrites of the index and the batches (Arrow only)
+KINDS = {"bit flips": r"bit flips", "overwrite": r"overwrite", "truncate": r"truncate", "meta": r"meta =",
+         "format_version": r"format_version =", "final": r"final =",
+         "dataset entry": r"(records|rows|strings)/\w+\[", "resize": r"resize",
+         "layout": r".* (made contiguous|deleted)$", "index": r"index ", "batch": r"batch 0 ",
+         "no footer": r"stream of"}
+ARROW_ONLY, H5_ONLY = {"index", "batch", "no footer"}, {"dataset entry", "resize", "layout"}
+
+
+def kinds_applied(fmt: str, what: str) -> set[tuple[str, str]]:
+    """(format, kind) of each mutation that ``what`` (mutate's description) says was applied."""
+    return {(fmt, kind) for part in what.split("; ") if "not applied" not in part
+            for kind, pattern in KINDS.items() if re.match(pattern, part)}
+
+
 def mutate(path: Path, rng: random.Random, ranges: list[tuple[int, int]]) -> str:
     """Apply one or two mutations (``ranges``: the original's ``structure``); returns what was done.
     Edits through h5py and pyarrow come first: those libraries must only ever read valid files
@@ -404,19 +423,26 @@ def test_mutated_traces_never_crash_hang_or_traceback(tmp_path) -> None:
     jobs, mutants = [], []
     started = time.monotonic()
     ranges = {kind: structure(path) for kind, path in originals.items()}
-    for i in range(MUTANTS * 2):
+    every = {(fmt, kind) for fmt in ("h5", "arrow") for kind in KINDS
+             if kind not in (ARROW_ONLY if fmt == "h5" else H5_ONLY)}
+    applied: set[tuple[str, str]] = set()
+    i = 0
+    while i < MUTANTS or (applied != every and i < MAX_MUTANTS):
         kind = kinds[i % 2] if i % 10 else "arrow-lz4"  # one in ten Arrow mutants is compressed
         rng = random.Random(f"{SEED}:{i}")
         original = originals[kind]
         mutant = tmp_path / f"m{i}{'.lz4' if kind == 'arrow-lz4' else ''}{original.suffix}"
         shutil.copy(original, mutant)
         what = mutate(mutant, rng, ranges[kind])
+        applied |= kinds_applied(original.suffix.lstrip("."), what)
         mutants.append((mutant, f"mutant {i} of {original.name} (seed {SEED}): {what}"))
         for name, argv, codes in commands(original, mutant, tmp_path / f"out{i}"):
             k = len(jobs)
             jobs.append({"argv": argv, "codes": sorted(codes), "what": f"{name}: {mutants[-1][1]}",
                          "stdout": str(tmp_path / f"j{k}.out"), "stderr": str(tmp_path / f"j{k}.err"),
                          **({"after": k - 1} if name == "show converted" else {})})
+        i += 1
+    assert applied == every, f"never applied: {sorted(every - applied)}"  # the mutation tools reach each kind
     before = {p: digest(p) for p in [*originals.values(), *(m for m, _ in mutants)]}
     made = time.monotonic() - started
     results = run_plan(tmp_path, jobs, originals)
