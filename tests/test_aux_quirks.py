@@ -12,7 +12,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
-from tests.conftest import tiny_llama  # noqa: E402
+from tests.conftest import REPO, tiny_llama  # noqa: E402
 from tracediff.eagle3.capture import run_target  # noqa: E402
 
 TOKENS = [3, 17, 250, 9, 88, 41, 7, 300, 12, 5, 99, 64]
@@ -139,3 +139,28 @@ def test_a_matching_aux_names_no_quirk(states, training, tmp_path) -> None:
     record(tmp_path / "s.h5", states, "serving", slots,
            **serving("gpt_oss", "GptOssForCausalLM", [2, 4, 6], [2, 4, 6], [2, 4, 6], slots))
     assert not {"aux_branch", "aux_slot_count", "aux_duplicate"} & set(diagnoses(training, tmp_path / "s.h5"))
+
+
+@pytest.mark.slow
+def test_a_real_sglang_serving_trace_of_the_sample_draft(tmp_path) -> None:
+    """SGLang's real Llama and EAGLE-3 classes on CPU serve the committed sample draft (ids [1, 3, 5])
+    on its 6-layer target: the draft's fc raises at the first prefill, the trace keeps the 2-slot aux
+    and SGLang's recorder's contract, and compare names why against the committed training trace."""
+    from safetensors.torch import load_file
+
+    from testbed.sglang_cpu import CpuServer, sglang_missing
+
+    if sglang_missing():
+        pytest.skip(sglang_missing())
+    sample = REPO / "traces" / "eagle3"
+    with td.record(tmp_path / "serving.h5", source="serving") as rec:
+        server = CpuServer(str(sample / "target"), load_file(sample / "target" / "model.safetensors"),
+                           str(sample / "draft"), load_file(sample / "draft" / "model.safetensors"),
+                           num_steps=2, recorder=rec)
+        crash = r"mat1 and mat2 shapes cannot be multiplied \(8x128 and 192x64\)"  # the draft's fc
+        with pytest.raises(RuntimeError, match=crash):
+            server.serve([[1, 2, 3, 4, 5, 6, 7, 8]], 2)
+    found = diagnoses(sample / "training.h5", tmp_path / "serving.h5")
+    assert found["aux_slot_count"]["message"] == (
+        "serving (llama: ids + 1) for ids [1, 3, 5]: target.aux holds 2 slots, the draft's fc takes 3 "
+        "(layers_to_capture [2, 4, 6]: the input of layer 6 is never captured on 6 layers)")

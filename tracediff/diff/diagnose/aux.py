@@ -298,6 +298,7 @@ class Served:
     slots: int | None  # target.aux's width over the target's hidden width
     slots_expected: int | None  # the draft's fc: its config's aux ids (3 without)
     num_layers: int | None
+    capture: Capture | None  # the family's capture rules (conventions.py), where the contract names it
 
     @classmethod
     def of(cls, trace: Trace) -> Served:
@@ -314,7 +315,15 @@ class Served:
                    slot_states=[s if isinstance(s, str) else None
                                 for s in contract.get("aux_slot_states") or []],
                    slots=_slot_count(trace), slots_expected=expected,
-                   num_layers=layers if isinstance(layers, int) else None)
+                   num_layers=layers if isinstance(layers, int) else None, capture=_capture(contract))
+
+    def reaches(self, k: int) -> bool:
+        """Whether the family's forward can capture boundary k at all (the layer loop's k, and k = L
+        where it looks after the loop); True where the contract does not say."""
+        capture, layers = self.capture, self.num_layers
+        if capture is None or layers is None or capture.flags:
+            return True
+        return 0 <= k < layers or (capture.after_loop and k == layers)
 
     def evidence(self, side: Side) -> CaptureQuirkEvidence:
         return CaptureQuirkEvidence(side=side, family=self.family, slot_states=self.slot_states,
@@ -391,7 +400,7 @@ def _why_count(served: Served) -> str:
     if stale:
         return (f" (it captures {captured} where layers_to_capture says {ltc}: per-layer flags an earlier "
                 "set_eagle3_layers_to_capture left set, never cleared)")
-    never = [k for k in ltc if captured and k not in captured]
+    never = [k for k in ltc if (captured and k not in captured) or not served.reaches(k)]
     if never:
         on = f" on {served.num_layers} layers" if served.num_layers else ""
         layers = ", ".join(map(str, never))
