@@ -170,6 +170,7 @@ writer.close({{"records": {(INDEX_HELD // 1000 + 2) * 1000}}})
 """
 
 
+@pytest.mark.subprocess
 def test_a_trace_in_a_directory_that_refuses_new_files_is_written_whole(tmp_path) -> None:
     """The trace file was made beforehand, its directory is read-only: the index spill (past
     INDEX_HELD entries) goes to the temp dir, and the trace closes whole."""

@@ -163,6 +163,7 @@ def test_profiles_go_first_then_stats_json_and_report_md_says_so(sample_bundle, 
                                                         td.compare(out / "a.h5", out / "b.h5"))
 
 
+@pytest.mark.slow
 def test_a_larger_budget_never_gives_a_narrower_window_nor_loses_reproduction(tmp_path) -> None:
     # 120k once kept target.aux's profile and dropped the tensors the diagnosis reads (no reproduction);
     # 186k once kept a profile with radius 2 where 180k had kept radius 16 and stats.json
@@ -500,6 +501,7 @@ def test_a_budget_below_the_smallest_bundle_states_its_exact_size_and_that_size_
     assert bundle.total <= math.ceil(needed / 1000) * 1000
 
 
+@pytest.mark.slow
 def test_report_md_with_a_thousand_tensors_stays_under_githubs_limit(tmp_path) -> None:
     a, b = write_many(tmp_path, layers=1000, length=104, div=100)
     out = tmp_path / "out"

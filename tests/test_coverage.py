@@ -384,6 +384,8 @@ def test_a_report_of_another_version_is_refused(tmp_path) -> None:
         Report.from_json(text.replace('"report_version": 3', '"report_version": 4'))
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_a_closed_pipe_keeps_the_verdicts_exit_code(tmp_path) -> None:
     import subprocess
     import sys

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import tracediff as td
 from tests.conftest import REPO, cli, run_python, step_tensor
@@ -28,6 +29,8 @@ for step in range(100000):
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_sigkill_mid_run_leaves_a_readable_trace(tmp_path, fmt) -> None:
     path = tmp_path / f"killed.{fmt}"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -80,6 +83,7 @@ print("host finished", total, rec.active)
 LIMIT = 12 << 20  # 64 KiB a step, 400 steps: the limit is reached about half way
 
 
+@pytest.mark.subprocess
 def test_disk_full_stops_recording_host_keeps_running(tmp_path, fmt) -> None:
     path = tmp_path / f"full.{fmt}"
     done = run_python(DISK_FULL_HOST, str(path), str(LIMIT))

@@ -66,6 +66,8 @@ def layout(tensors: dict[str, np.ndarray]) -> dict[str, tuple]:
     return {name: (value.dtype, value.shape) for name, value in tensors.items()}
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_generator_reproduces_the_samples(tmp_path) -> None:
     """Training rounds differently on another CPU (its SIMD width changes the order of sums in
     torch's kernels), so a regenerated sample matches the committed one in everything but the

@@ -417,6 +417,8 @@ def problem(job: dict, result: dict) -> str | None:
     return None
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_mutated_traces_never_crash_hang_or_traceback(tmp_path) -> None:
     originals = traces(tmp_path)
     kinds = list(originals)
@@ -460,6 +462,7 @@ def test_mutated_traces_never_crash_hang_or_traceback(tmp_path) -> None:
     assert codes[2] > len(mutants) // 4 and codes[0] > len(mutants) // 4  # mutants both refused and read
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("crasher", sorted(p.name for p in CRASHERS.iterdir() if p.suffix != ".md"))
 def test_each_crasher_is_one_error_line(crasher) -> None:
     """Files that crashed (SIGSEGV, SIGABRT), exhausted memory or hung ``show``: now one line, exit 2,

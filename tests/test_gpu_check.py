@@ -59,6 +59,7 @@ def checks_by_name(report: dict) -> dict[str, dict]:
     return {c["name"]: c for c in report["checks"]}
 
 
+@pytest.mark.subprocess
 def test_the_shell_wrapper_names_missing_packages_and_stops(tmp_path):
     bare = tmp_path / "python-without-site-packages"
     bare.write_text(f'#!/bin/sh\nexec "{sys.executable}" -S "$@"\n')
@@ -110,6 +111,8 @@ def test_without_an_hf_target_the_draft_runs_on_synthesized_states(gpu_check, tm
 
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_cpu_run_passes_and_really_compares_records(script_run):
     rc, text, out = script_run["script"]
     assert rc == 0, text
@@ -132,6 +135,8 @@ def test_the_cpu_run_passes_and_really_compares_records(script_run):
     assert "dtype" in text and "filtered" in text  # the figures table
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_shell_wrapper_runs_it_and_packs_the_traces(script_run):
     rc, text, out = script_run["shell"]
     assert rc == 0, text

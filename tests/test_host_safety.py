@@ -77,6 +77,8 @@ def stamps(out: str) -> dict[str, float]:
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in out.splitlines()}
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_host_exits_within_the_bound_with_a_busy_writer(tmp_path) -> None:
     """close() times out with the writer busy: the writer is abandoned, close() returns within
     timeout + ABANDON_GRACE, exit adds at most EXIT_FENCE, and the process ends, leaving a readable
@@ -123,6 +125,8 @@ else:
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_host_exits_while_its_writer_is_inside_a_long_hdf5_write(tmp_path) -> None:
     """A writer inside one HDF5 call at exit: the exit handler waits for that call to end, then
     holds the writer's own I/O lock, so the shutdown never meets a writer frozen inside h5py,
@@ -185,6 +189,7 @@ rec.close()
 """
 
 
+@pytest.mark.subprocess
 def test_a_forked_child_neither_waits_on_nor_writes_its_parents_recorder(tmp_path, fmt) -> None:
     """The child's copy of the recorder believed it recorded: its queue filled (no writer thread
     came along with the fork), then each on_full="block" call waited out block_timeout (10 calls,
@@ -233,6 +238,8 @@ print(json.dumps({"growth": peak - base, "dropped": sum(rec.dropped.values()),
 CONSTANT = 24 * MiB
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="needs Linux's /proc peak RSS reset")
 def test_peak_memory_stays_within_queue_bytes_under_a_flood_of_tiny_tensors(tmp_path) -> None:
     """queue_bytes counts what a queued record holds, not only its tensor's 16 bytes (before:

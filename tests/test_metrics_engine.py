@@ -145,6 +145,7 @@ def test_the_engine_follows_the_bytes_to_compare() -> None:
     assert engine_for(COMPILE_BYTES) is COMPILED and engine_for(64 * COMPILE_BYTES) is COMPILED
 
 
+@pytest.mark.subprocess
 def test_metrics_never_import_numba_unless_compiled() -> None:
     """Small compares and diagnoses (module functions, the numpy engine) never load numba."""
     script = """if True:

@@ -487,6 +487,7 @@ def test_any_bits_are_data_for_show_stats(tmp_path, fmt) -> None:
     assert signalling.nan == 1 and signalling.max == 0.0 and extreme.max == 1e308
 
 
+@pytest.mark.subprocess
 def test_h5_killed_trace_with_a_bad_checksum_fails_at_once_instead_of_hanging(tmp_path) -> None:
     """A killed trace (it opens only in SWMR mode) with one byte of its root object header flipped:
     HDF5 retries the bad checksum, sleeping, for minutes (show hung for 10+ minutes on it). The

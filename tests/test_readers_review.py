@@ -182,6 +182,7 @@ def plain(values: dict) -> dict:
     return {k: v if isinstance(v, (int, bytes)) else "other" for k, v in values.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_the_root_attribute_parser_reads_what_h5py_reads(tmp_path, case) -> None:
     options, attrs = CASES[case]

@@ -220,6 +220,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.subprocess
 def test_a_trace_killed_before_its_first_write_says_who_started_it(tmp_path, fmt) -> None:
     """An Arrow writer wrote nothing before its first batch: a 0-byte file, refused as "empty file,
     not a trace". Now it writes the file's header (schema, run metadata) at open, as the HDF5 writer
@@ -241,6 +242,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+@pytest.mark.subprocess
 def test_a_file_killed_before_it_held_a_trace_is_one_error_line(tmp_path) -> None:
     """A file claimed but never written (the launcher claims a path before its recorder opens it) is
     0 bytes; an HDF5 writer killed inside its open leaves HDF5's superblock alone (48 bytes), which
@@ -265,6 +267,7 @@ with td.record(sys.argv[1], source="serving") as rec:
 """
 
 
+@pytest.mark.subprocess
 def test_ranks_write_one_file_each_and_open_as_one(tmp_path, fmt) -> None:
     path = tmp_path / f"t.{fmt}"
     for rank in (0, 1):

@@ -197,6 +197,7 @@ def format_examples() -> dict[str, str]:
     return {lib: next(b for b in blocks if f"import {lib}" in b) for lib in ("numpy", "duckdb")}
 
 
+@pytest.mark.subprocess
 def test_format_md_examples_run_on_a_recorded_bfloat16_trace(tmp_path) -> None:
     torch = pytest.importorskip("torch")
     pytest.importorskip("duckdb")
@@ -240,6 +241,7 @@ os._exit(0)  # no close: no final metadata, no Arrow footer or index
 """
 
 
+@pytest.mark.subprocess
 def test_a_killed_writer_leaves_its_table_up_to_the_last_flush(tmp_path, fmt) -> None:
     from tests.conftest import run_python
 

@@ -146,6 +146,8 @@ def rerun_alone(request: pytest.FixtureRequest) -> bool:
     return True
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_torch_compile_fullgraph_runs_and_what_it_does_not_record_is_said(tmp_path, caplog, monkeypatch,
                                                                          request) -> None:
     """Traced by dynamo, the hooks broke the graph: fullgraph=True raised in the program. Compiled
@@ -165,6 +167,8 @@ def test_torch_compile_fullgraph_runs_and_what_it_does_not_record_is_said(tmp_pa
     assert counts(tmp_path / "t.h5") == {"0": 2, "1": 2, "2": 2}  # the two eager calls
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_torch_export_runs_and_recording_goes_on(tmp_path, request) -> None:
     """export traces with FakeTensors: logged, they stopped the recorder's writer for the rest of the
     run (".numpy() is not supported for tensor subclasses")."""
