@@ -278,7 +278,9 @@ def replay(
     aux: str | None = typer.Option(None, "--aux", help="rebuild fc input from these target layers, "
                                       "e.g. 'embed,3,31' (default: the recorded draft.fc_in)"),
     aux_convention: str = typer.Option("output_of_layer", help="how --aux numbers read: output_of_layer "
-                                       "(SpecForge/HF) or input_to_layer (SGLang)"),
+                                       "(SpecForge/HF), input_to_layer (SGLang's layers_to_capture), or "
+                                       "sglang (a draft's aux ids as SGLang reads them for the trace's "
+                                       "target family; its architecture from the contract or --target)"),
     d2t: str = typer.Option("offset", "--d2t", help="read d2t as offsets (right) or as a direct map"),
     depths: int = typer.Option(4, help="draft depths to unroll"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
@@ -292,14 +294,19 @@ def replay(
     from tracediff.report.replay import render_replay
     from tracediff.trace.reader import open_trace
 
+    by_family = aux_convention == "sglang"
     try:
-        spec = parse_aux(aux, aux_convention) if aux else None
+        spec = parse_aux(aux, aux_convention) if aux and not by_family else None
+        ids = [int(i) for i in aux.split(",")] if aux and by_family else None
     except ValueError as exc:
-        fail("--aux", str(exc))
+        fail("--aux", f"--aux-convention sglang takes a draft's ids, got {aux!r}" if by_family else str(exc))
 
     def run() -> None:
-        model = load_draft(draft, target_embed=target_embedding(target) if target else None)
+        nonlocal spec
         with open_trace(trace) as opened:
+            if ids is not None:
+                spec = serving_aux(opened.contract, ids, target, trace)
+            model = load_draft(draft, target_embed=target_embedding(target) if target else None)
             missing = {"target.token"} - set(opened.names())
             if missing or (spec is None and "draft.fc_in" not in opened.names()):
                 need = "target.token" if missing else "draft.fc_in (or pass --aux)"
@@ -320,6 +327,26 @@ def replay(
             render_replay(console, report, None if served is None else 1 + float(served.mean()))
 
     guarded(trace, run)
+
+
+def serving_aux(contract: dict, ids: list[int], target: Path | None, trace: Path) -> Any:
+    """``--aux-convention sglang``: the AuxSpec SGLang feeds for ``ids`` on the trace's target."""
+    from tracediff.integrations.sglang.aux_reading import sglang_aux, target_shape
+
+    config = None
+    if target is not None:
+        try:
+            config = json.loads((target / "config.json").read_text())
+        except (OSError, ValueError) as exc:
+            fail(target / "config.json", f"cannot read the target's config ({exc})")
+    shape = target_shape(contract, config)
+    if shape is None:
+        fail(trace, "--aux-convention sglang needs the target's architecture and layer count: the trace's "
+             "contract states neither; pass --target DIR (its config.json)")
+    try:
+        return sglang_aux(ids, shape)
+    except ValueError as exc:
+        fail("--aux", str(exc))
 
 
 def compare_options(tol: list[str], mapping: list[str], align: str,
