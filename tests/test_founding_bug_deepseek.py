@@ -123,6 +123,7 @@ def test_shifted_slots_diverge_and_are_named_with_deepseeks_convention(runs) -> 
     assert "aux_layer_set" in found, found
     assert "[embed, layer 1, layer 3]" in found["aux_layer_set"]  # trained on
     assert "[layer 1, layer 3, layer 4]" in found["aux_layer_set"]  # served, as DeepSeek resolves [2, 4, 5]
+    assert "deepseek_v2" in found["aux_layer_set"] and "[2, 4, 5]" in found["aux_layer_set"]  # family, ids
     assert "[layer 2, layer 4, layer 5]" not in " ".join(found.values())  # Llama's reading of those ids
 
 
