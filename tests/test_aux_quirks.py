@@ -164,3 +164,69 @@ def test_a_real_sglang_serving_trace_of_the_sample_draft(tmp_path) -> None:
     assert found["aux_slot_count"]["message"] == (
         "serving (llama: ids + 1) for ids [1, 3, 5]: target.aux holds 2 slots, the draft's fc takes 3 "
         "(layers_to_capture [2, 4, 6]: the input of layer 6 is never captured on 6 layers)")
+
+
+# -- on SGLang's real family code (testbed.sglang_families): the quirks as SGLang's recorder records them
+
+
+def served_and_trained(tmp_path, family: str, calls: list, trained_ids: list[int]) -> tuple:
+    """A real SGLang target of ``family`` recorded with ``install`` (ids handed to
+    set_eagle3_layers_to_capture in order, the draft's config stated as a draft's contract states it),
+    and a training trace of HF's own states on the same weights and tokens, fed ``trained_ids``
+    as HF hidden_states[i+1]."""
+    from testbed.sglang_cpu import sglang_missing
+
+    if sglang_missing():
+        pytest.skip(sglang_missing())
+    from testbed.sglang_families import family_bed
+    from tracediff.integrations.draft_summary import draft_config_summary
+    from tracediff.integrations.sglang import install
+
+    bed = family_bed(family)
+    model = bed.load()
+    with td.record(tmp_path / "serving.h5", source="serving") as rec:
+        installed = install(rec, target=model)
+        for ids in calls:
+            model.set_eagle3_layers_to_capture(ids)
+        rec.update_contract(draft_config=draft_config_summary(DRAFT))
+        served = bed.serve(model)
+        installed.remove()
+    ref = bed.reference(served.tokens)
+    layers = [*ref.hidden_states[1:-1], ref.pre_norm]  # the outputs of layers 0 .. L-1, before the final norm
+    with td.record(tmp_path / "training.h5", source="training") as rec:
+        for name, value in [("target.embed", ref.hidden_states[0]),
+                            *((f"target.layer.{i}", v) for i, v in enumerate(layers))]:
+            rec.log(name, value, token_ids=served.tokens, request="req0")
+        rec.log("target.aux", torch.cat([layers[i] for i in trained_ids], -1), token_ids=served.tokens,
+                request="req0")
+        rec.update_contract(aux_layer_ids=trained_ids, draft_config=draft_config_summary(DRAFT))
+    return tmp_path / "training.h5", tmp_path / "serving.h5"
+
+
+@pytest.mark.slow
+def test_gemma3_serving_feeds_branch_outputs(tmp_path) -> None:
+    training, serving_trace = served_and_trained(tmp_path, "gemma3_causal", [[1, 2, 3]], [1, 2, 3])
+    found = diagnoses(training, serving_trace)
+    assert found["aux_branch"]["message"].startswith(
+        "serving's target.aux holds [layer 1 branch, layer 2 branch, layer 3 branch]: slots 0, 1, 2 a "
+        "layer's branch output, not the residual stream (gemma3_causal captures")
+    assert "aux_layer_set" not in found
+
+
+@pytest.mark.slow
+def test_qwen3_moe_second_capture_call_feeds_the_union(tmp_path) -> None:
+    training, serving_trace = served_and_trained(tmp_path, "qwen3_moe", [[1, 2, 3], [2, 3, 4]], [2, 3, 4])
+    assert diagnoses(training, serving_trace)["aux_slot_count"]["message"] == (
+        "serving (qwen3_moe: ids + 1) for ids [2, 3, 4]: target.aux holds 4 slots, the draft's fc takes 3 "
+        "(it captures [2, 3, 4, 5] where layers_to_capture says [3, 4, 5]: per-layer flags an earlier "
+        "set_eagle3_layers_to_capture left set, never cleared)")
+
+
+@pytest.mark.slow
+def test_llama_default_ids_on_6_layers_capture_one_state_once(tmp_path) -> None:
+    training, serving_trace = served_and_trained(tmp_path, "llama", [None], [1, 2, 3])
+    found = diagnoses(training, serving_trace)
+    assert found["aux_duplicate"]["message"] == (
+        "serving (llama: ids + 1): layers_to_capture [2, 3, 3] (no ids: SGLang's default [2, L//2, L-3]) "
+        "names the input of layer 3 twice; SGLang captures it once: target.aux holds 2 slots, the draft's fc "
+        "takes 3")
