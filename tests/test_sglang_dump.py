@@ -11,11 +11,12 @@ import pytest
 from testbed.sglang_cpu import sglang_missing
 
 REASON = sglang_missing()
-pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")
+pytestmark = [pytest.mark.skipif(REASON is not None, reason=REASON or ""),
+              pytest.mark.slow]  # SGLang's import and set-up: ~10 s
 torch = pytest.importorskip("torch")
 
 import tracediff as td  # noqa: E402
-from tests.conftest import run_cli, tiny_llama  # noqa: E402
+from tests.conftest import cli, tiny_llama  # noqa: E402
 from tracediff.integrations.sglang.importer import import_sglang_dump, is_draft_step  # noqa: E402
 
 PROMPTS = {"req-a": [5, 77, 300, 12, 9], "req-b": [17, 3, 250]}
@@ -66,7 +67,7 @@ def test_non_intrusive_dumps_of_a_model_forward_import_under_canonical_names(dum
     dumper.reset()
     hidden, logits = forward(model, tokens)
     out = tmp_path / "serve.h5"
-    done = run_cli("import", "sglang-dump", str(tmp_path / "dumps"), "-o", str(out))
+    done = cli("import", "sglang-dump", str(tmp_path / "dumps"), "-o", str(out))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"wrote {out}: ") and "align only by step" not in done.stdout
     assert "non-intrusive dumps: module inputs and modules nested in a layer's blocks" in " ".join(
@@ -150,7 +151,7 @@ def test_dumps_without_tokens_say_rows_align_only_by_step_and_position(dumper, t
     dumper.dump("custom_hidden", x, layer_id=1)
     dumper.step()
     out = tmp_path / "serve.arrow"
-    done = run_cli("import", "sglang-dump", str(tmp_path / "dumps"), "-o", str(out))
+    done = cli("import", "sglang-dump", str(tmp_path / "dumps"), "-o", str(out))
     assert done.returncode == 0, done.stderr
     assert "1 of 1 steps carry no input_ids: their rows align only by step and position" in done.stdout
     with td.open_trace(out) as trace:
@@ -201,10 +202,10 @@ def test_bad_dumps_are_one_line_and_leave_no_trace(dumper, tmp_path) -> None:
         (path.parent / "other" / good.name).write_bytes(good.read_bytes())
 
     assert "the dumps of 2 runs" in case("two", two_runs)
-    missing = run_cli("import", "sglang-dump", str(tmp_path / "nowhere"), "-o", str(out))
+    missing = cli("import", "sglang-dump", str(tmp_path / "nowhere"), "-o", str(out))
     assert missing.returncode == 2 and missing.stderr == f"error: {tmp_path / 'nowhere'}: no such directory\n"
     out.write_bytes(b"precious")
-    exists = run_cli("import", "sglang-dump", str(tmp_path / "dumps"), "-o", str(out))
+    exists = cli("import", "sglang-dump", str(tmp_path / "dumps"), "-o", str(out))
     assert exists.returncode == 2 and exists.stderr.count("\n") == 1 and "already exists" in exists.stderr
     assert out.read_bytes() == b"precious"
 
