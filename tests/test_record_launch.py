@@ -54,6 +54,8 @@ def record(*args: str, **kw) -> subprocess.CompletedProcess:
     return run_python("from tracediff.cli import main; main()", "record", *args, **kw)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_watch_records_hf_llama_layers_under_canonical_names_equal_to_hf_hidden_states(tmp_path) -> None:
     program = host(tmp_path, head=TINY_LLAMA, body="""
         prompt = torch.tensor([[5, 77, 300, 12, 9]])
@@ -85,6 +87,8 @@ def test_watch_records_hf_llama_layers_under_canonical_names_equal_to_hf_hidden_
         assert trace.request_tokens().sequence(decode.request[0])[1].tolist() == generated[:7]
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_sigterm_reaches_the_child_and_its_trace_still_closes(tmp_path) -> None:
     program = host(tmp_path, """
         import time, torch
@@ -109,6 +113,8 @@ def test_sigterm_reaches_the_child_and_its_trace_still_closes(tmp_path) -> None:
         assert trace.finals[0]["records"] == 1
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_processes_that_never_record_write_no_file_and_the_own_sitecustomize_still_runs(tmp_path) -> None:
     theirs = tmp_path / "theirs"
     theirs.mkdir()
@@ -292,6 +298,7 @@ def steps_by_file(out) -> dict[str, list[int]]:
     return found
 
 
+@pytest.mark.subprocess
 def test_a_relative_out_is_the_launchers_even_when_the_program_changes_directory(tmp_path) -> None:
     (tmp_path / "sub").mkdir()
     program = host(tmp_path, """
@@ -307,6 +314,8 @@ def test_a_relative_out_is_the_launchers_even_when_the_program_changes_directory
     assert steps_by_file(tmp_path / "rel.h5") == {"rel.h5": [0]}
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_forked_children_record_to_files_of_their_own_closed_however_they_end(tmp_path) -> None:
     program = host(tmp_path, """
         import multiprocessing as mp, os, sys, time
@@ -344,6 +353,8 @@ def test_forked_children_record_to_files_of_their_own_closed_however_they_end(tm
     assert all(name.startswith("run.pid") for name in found)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_ctrl_c_at_exit_neither_cuts_the_close_short_nor_prints_a_traceback(tmp_path) -> None:
     program = host(tmp_path, """
         import atexit, os, signal, threading, time
@@ -369,6 +380,7 @@ def test_ctrl_c_at_exit_neither_cuts_the_close_short_nor_prints_a_traceback(tmp_
     assert [(f.records, f.closed) for f in launch.written(out)] == [(1, True)]
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("redirected", [(0,), (0, 1, 2)], ids=["stdin", "stdin-stdout-stderr"])
 def test_ctrl_c_in_a_terminal_reaches_the_child_once_with_its_fds_redirected(tmp_path, redirected) -> None:
     import pty
