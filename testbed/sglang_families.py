@@ -218,8 +218,9 @@ def _port() -> int:
 
 
 @cache
-def _workdir() -> str:
-    return tempfile.mkdtemp(prefix="tracediff-families-")
+def _workdir() -> tempfile.TemporaryDirectory:
+    """Where the checkpoints go; removed when the process exits."""
+    return tempfile.TemporaryDirectory(prefix="tracediff-families-")
 
 
 @cache
@@ -227,4 +228,4 @@ def family_bed(name: str) -> FamilyBed:
     """The test bed of family ``name`` (one per process: its checkpoint written once)."""
     prepare()
     sglang_cpu_standins.install()
-    return FamilyBed(FAMILIES[name], _workdir())
+    return FamilyBed(FAMILIES[name], _workdir().name)
