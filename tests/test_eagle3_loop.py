@@ -25,6 +25,7 @@ def models():
 PROMPT = [5, 77, 300, 12, 9, 41]
 
 
+@pytest.mark.slow
 def test_speculative_decoding_is_lossless(models) -> None:
     """Whatever the draft says, greedy speculative decoding yields the target's greedy tokens."""
     target, draft = models
@@ -35,6 +36,7 @@ def test_speculative_decoding_is_lossless(models) -> None:
         assert all(0 <= a <= 3 for a in out.accept_lens) and out.accept_lens
 
 
+@pytest.mark.slow
 def test_serving_trace_holds_every_canonical_tensor(models, tmp_path) -> None:
     target, draft = models
     decoder = SpeculativeDecoder(target, draft, Conventions(SPEC, d2t_reading="direct"), num_steps=3)
@@ -63,6 +65,7 @@ def test_serving_trace_holds_every_canonical_tensor(models, tmp_path) -> None:
         assert np.array_equal(fc_in.data[:, :64], embed.data)
 
 
+@pytest.mark.slow
 def test_training_and_serving_agree_row_for_row(models, tmp_path) -> None:
     """Same models, same spec: the TTT trace's depth-0 draft rows equal the serving trace's."""
     target, draft = models

@@ -23,6 +23,7 @@ assert spec is not None and spec.loader is not None
 seed_bug = sys.modules["seed_bug_real"] = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(seed_bug)
 CASES = {case.name: case for case in seed_bug.CASES}
+pytestmark = pytest.mark.slow  # SGLang's and SpecForge's real code, both sides of each case
 DRAFT_INPUT = ("target.aux", "draft.fc_in")
 
 

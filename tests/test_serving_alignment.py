@@ -17,6 +17,7 @@ PROMPTS = {"q0": [5, 77, 300, 12, 9, 41], "q3": [60, 61], "q2": [5, 77, 300, 400
 DECODE = 6  # tokens generated per request
 JOINS = {"q0": 0, "q3": 0, "q2": 0, "q1": 2}  # the step a request enters the batch
 AUX = (0, 1, 2)  # target layers concatenated into target.aux
+pytestmark = pytest.mark.slow  # a batched serving run of a real tiny Llama: ~4 s
 
 
 def log_states(rec, hidden, aux, **keys) -> None:

@@ -37,6 +37,8 @@ with open(sys.argv[2], "w") as f:
 """
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_launched_script_records_like_install(tmp_path):
     """Through the real CLI: the stand-in sits where SGLang's launcher would (``.../sglang/
     launch_server.py``), so ``tracediff record`` picks the SGLang plugin and checks CUDA graphs."""

@@ -33,6 +33,8 @@ def terminal(report) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_an_hf_watch_trace_and_an_sglang_trace_of_one_model_are_comparable(tmp_path) -> None:
     from testbed.sglang_cpu import sglang_missing
 
