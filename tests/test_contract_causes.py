@@ -73,6 +73,7 @@ def terminal(report) -> str:
     return out.getvalue()
 
 
+@pytest.mark.slow
 def test_a_rope_theta_difference_is_named_with_its_profile_and_the_harmless_keys_after(models, healthy,
                                                                                     tmp_path) -> None:
     b = serve(models, tmp_path / "b.h5", variant(models, rope_theta=500000.0), extra=HARMLESS[1])
@@ -103,6 +104,7 @@ def test_a_rope_theta_difference_is_named_with_its_profile_and_the_harmless_keys
         ["draft_config.rope_theta"]
 
 
+@pytest.mark.slow
 def test_an_rms_norm_eps_difference_is_named_from_position_0(models, healthy, tmp_path) -> None:
     b = serve(models, tmp_path / "b.h5", variant(models, rms_norm_eps=1e-5), extra=HARMLESS[0])
     report = td.compare(healthy, b)
@@ -114,6 +116,7 @@ def test_an_rms_norm_eps_difference_is_named_from_position_0(models, healthy, tm
     assert (ev.profile, ev.profile_fits, cause.severity) == ("from_position_0", True, "error")
 
 
+@pytest.mark.slow
 def test_the_profile_ranks_two_stated_differences(models, healthy, tmp_path) -> None:
     """The draft really runs another rope_theta; its contract also states another rms_norm_eps it
     does not use. Both keys can change draft.hidden; the error profile (row 0 untouched, growing)
@@ -128,6 +131,7 @@ def test_the_profile_ranks_two_stated_differences(models, healthy, tmp_path) -> 
         ("draft_config.rms_norm_eps", "warning", False)
 
 
+@pytest.mark.slow
 def test_a_divergence_no_differing_key_can_change_gets_no_config_cause(models, healthy, tmp_path) -> None:
     """A serving draft whose fc weight differs: draft.fc_out diverges; a rope_theta the contract
     states differently cannot change fc_out, so no config key is named for it."""

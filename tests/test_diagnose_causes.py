@@ -25,6 +25,7 @@ def record_rows(path, name: str, rows: np.ndarray, **meta) -> None:
         rec.log(name, rows, token_ids=TOKENS, request="x")
 
 
+@pytest.mark.slow
 def test_nan_propagated_into_aux_slots_is_not_a_wiring_difference(models, training, tmp_path) -> None:  # noqa: F811
     """Serving's target produces a NaN in layer 1 at one position; layer 2 carries it on, and both
     land in target.aux slots that hold exactly serving's own layer 1 and layer 2, NaN where they are

@@ -63,6 +63,7 @@ def first_at(report: dict) -> tuple:
     return first["name"], first["row"]["position"], first["row"]["depth"]
 
 
+@pytest.mark.slow
 def test_healthy_serving_matches_training(models, training, tmp_path) -> None:
     """Nothing diverges and nothing is diagnosed. The draft is untrained: its chains never draft what
     training was fed at depths 1-2, so those depths hold no comparable row and the verdict says so."""
@@ -73,6 +74,7 @@ def test_healthy_serving_matches_training(models, training, tmp_path) -> None:
     assert [r.split(" (")[0] for r in report["reasons"]] == ["depths 1-2: no row comparable"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("spec", "kind", "slots_b"), [
     (AuxSpec((2, 1, 0)), "aux_order", ["target.layer.2", "target.layer.1", "target.layer.0"]),
     (AuxSpec((0, 1, 2), convention=INPUT_TO_LAYER), "layer_offset",
@@ -89,6 +91,7 @@ def test_aux_diagnoses(models, training, tmp_path, spec, kind, slots_b) -> None:
     assert evidence["slots_b"] == slots_b
 
 
+@pytest.mark.slow
 def test_ids_not_shifted_left_is_a_position_shift(models, training, tmp_path) -> None:
     """Serving embeds token t at row t instead of token t + 1: its draft.input_ids at position p + 1
     hold what training holds at p."""
@@ -100,6 +103,7 @@ def test_ids_not_shifted_left_is_a_position_shift(models, training, tmp_path) ->
     assert "serving at position p+1 equals training at position p" in report["diagnoses"][0]["message"]
 
 
+@pytest.mark.slow
 def test_draft_rope_positions_off_by_one(models, training, tmp_path) -> None:
     """A server change runs chain drafts (depth >= 1) one RoPE position later. (Against training
     this tiny random draft's depth > 0 rows are not comparable: it never drafts the true token.)"""
@@ -115,6 +119,7 @@ def test_draft_rope_positions_off_by_one(models, training, tmp_path) -> None:
     assert statuses["draft.input_ids"] == "match" and statuses["draft.hidden"] == "downstream"
 
 
+@pytest.mark.slow
 def test_d2t_read_as_a_direct_map(models, training, tmp_path) -> None:
     serve(models, tmp_path / "serving.h5", Conventions(SPEC, d2t_reading="direct"))
     code, report = compare(training, tmp_path / "serving.h5")
@@ -124,6 +129,7 @@ def test_d2t_read_as_a_direct_map(models, training, tmp_path) -> None:
     assert report["contract"]["only_b"]["d2t_reading"] == "direct"
 
 
+@pytest.mark.slow
 def test_a_regenerated_d2t_differs(models, training, tmp_path) -> None:
     """Serving pairs the draft with a d2t rebuilt from other token counts (re-generated on fine-tune)."""
     target, draft = models
@@ -211,6 +217,7 @@ def test_last_layer_after_the_final_norm(tmp_path) -> None:
     assert evidence["weight_mean"] == pytest.approx(float(model.model.norm.weight.detach().mean()), rel=1e-3)
 
 
+@pytest.mark.slow
 def test_first_nan_is_named(tmp_path) -> None:
     """A NaN produced inside layer 2 at one position; later layers and logits carry it on."""
     model = tiny_llama(seed=3)

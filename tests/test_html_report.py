@@ -269,12 +269,16 @@ def artifacts() -> Path:
     return out
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_browser_check_sees_a_page_error(chromium: str, tmp_path: Path) -> None:
     page = tmp_path / "broken.html"
     page.write_text("<!DOCTYPE html><html><body><p>x</p><script>notDefined()</script></body></html>")
     assert any("Uncaught ReferenceError" in line for line in load(page, chromium).console)
 
 
+@pytest.mark.slow
+@pytest.mark.subprocess
 def test_the_pages_load_cleanly_in_chromium(chromium: str, diverged: Report, matched: Report,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     out = artifacts()
