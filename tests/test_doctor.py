@@ -333,3 +333,11 @@ def test_an_unknown_architecture_keeps_the_generic_reading(healthy, tmp_path) ->
     edit_config(healthy[0], eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 4]})
     said = found(healthy[0], family_target(tmp_path / "x", "SomethingElseForCausalLM", 4))
     assert said["aux_out_of_range"] == "aux ids [4] are outside the target's 4 layers"
+
+
+def test_gemma3_feeds_branch_outputs(healthy, tmp_path) -> None:
+    edit_config(healthy[0], eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 3]})
+    said = found(healthy[0], family_target(tmp_path / "g3", "Gemma3ForCausalLM", 8))
+    assert said["aux_branch"].startswith(
+        "gemma3_causal feeds the draft layer 1 branch, layer 2 branch, layer 3 branch: each layer's branch "
+        "output, not the residual stream")

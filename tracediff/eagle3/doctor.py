@@ -31,6 +31,7 @@ from tracediff.integrations.sglang.conventions import (
     specforge_selection,
     target_for,
 )
+from tracediff.integrations.sglang.conventions import label as state_label
 
 TARGET_FIELDS = ("hidden_size", "num_hidden_layers")  # what the checks read of the target's config
 # Weights whose absence other checks report (or that may be absent): not listed as missing again.
@@ -300,6 +301,13 @@ def check_family(ck: Checkpoint, target: Target) -> list[Finding]:
                                 f"{list(served.layers_to_capture)}{why} names {twice} twice; SGLang "
                                 f"captures it once: {short}",
                                 "give three distinct ids in eagle_config.eagle_aux_hidden_state_layer_ids"))
+    branches = [state_label(state) for state in served.states if state.endswith(".branch")]
+    if branches:
+        fed = ", ".join(branches)
+        findings.append(Finding("warning", "aux_branch", f"{target.family.name} feeds the draft {fed}: "
+                                "each layer's branch output, not the residual stream; a draft trained on HF "
+                                "hidden states (or any residual stream) is fed other inputs",
+                                "train on what this family serves (record it), or serve another family"))
     if trained.selection is None:
         findings.append(Finding("warning", "aux_specforge_refuses", f"SpecForge {SPECFORGE} refuses {asked}"
                                 f": {trained.ids.refusal}: this draft was not trained by it as configured",
