@@ -341,3 +341,16 @@ def test_gemma3_feeds_branch_outputs(healthy, tmp_path) -> None:
     assert said["aux_branch"].startswith(
         "gemma3_causal feeds the draft layer 1 branch, layer 2 branch, layer 3 branch: each layer's branch "
         "output, not the residual stream")
+
+
+def test_a_vl_target_is_read_through_its_text_config(healthy, tmp_path) -> None:
+    """Kimi-K2.5 (the founding story's model) nests its text model's sizes in text_config; its
+    wrapper hands the ids to DeepSeek-V3's setter."""
+    edit_config(healthy[0], eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 3, 4]})
+    (tmp_path / "kimi").mkdir()
+    text = {**TARGET, "num_hidden_layers": 8}
+    (tmp_path / "kimi" / "config.json").write_text(json.dumps({
+        "architectures": ["KimiK25ForConditionalGeneration"], "text_config": text}))
+    said = found(healthy[0], tmp_path / "kimi")
+    assert said["aux_meaning"].startswith("ids [2, 3, 4] on this 8-layer KimiK25ForConditionalGeneration: "
+                                          "SGLang (kimi_k25: +1 only when the first id is 1)")

@@ -63,7 +63,8 @@ def read_checkpoint(draft: str | Path, target: str | Path | None = None) -> Chec
 
 
 def read_target_config(target: Path) -> dict:
-    """The target's config.json, with the fields the checks read as positive integers."""
+    """The target's config.json, with the fields the checks read as positive integers (a VL
+    wrapper's from its ``text_config``)."""
     path = target / CONFIG
     try:
         raw = read_json_object(path)
@@ -73,6 +74,9 @@ def read_target_config(target: Path) -> dict:
         raise CheckpointError(path, f"cannot read it: {exc.strerror or exc}") from None
     except ValueError as exc:
         raise CheckpointError(path, f"not a model config: {exc}") from None
+    text = raw.get("text_config")
+    if isinstance(text, dict):  # a VL wrapper (Kimi-K2.5, Qwen3-VL): its text model's sizes
+        raw = {**raw, **{key: text[key] for key in TARGET_FIELDS if key not in raw and key in text}}
     for key in TARGET_FIELDS:
         value = raw.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
