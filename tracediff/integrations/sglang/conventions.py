@@ -28,7 +28,7 @@ import sys
 import textwrap
 import types
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cache
 from types import SimpleNamespace
 from typing import Any
@@ -71,7 +71,10 @@ class Capture:
         text = f"layers_to_capture = {RULES[self.rule]}"
         return text if self.rule == DELEGATED else f"{text}; None: {default}"
 
-    def quirks(self, num_layers: str = "L") -> list[str]:
+    def quirks(self) -> list[str]:
+        """What a user meets with this capture, one line each (docs/INTEGRATIONS.md's table)."""
+        if self.rule == DELEGATED:
+            return ["what the ids select is the MindSpore model's: not known here"]
         out = []
         if self.branch:
             out.append("captures each layer's branch output (post_feedforward_layernorm(mlp)), not the "
@@ -80,13 +83,11 @@ class Capture:
             out.append("per-layer capture flags never cleared: a second set_eagle3_layers_to_capture "
                        "captures the union")
             if not self.flags_guarded:
-                out.append(f"id {num_layers}-1 raises IndexError; a negative id flags a layer from the end")
+                out.append("id L-1 raises IndexError; a negative id flags a layer from the end")
         if self.after_loop:
-            out.append(f"id {num_layers}-1 (layers_to_capture {num_layers}) captures the last layer's "
-                       "output before the final norm")
+            out.append("id L-1 (layers_to_capture L) captures the last layer's output before the final norm")
         elif not self.flags or self.flags_guarded:
-            out.append(f"id {num_layers}-1 selects nothing (the layer loop never reaches "
-                       f"{num_layers}): one slot short")
+            out.append("id L-1 selects nothing (the layer loop never reaches L): one slot short")
         if self.packed:
             out.append("a slot short raises 'captured n of m aux hidden states' in the target forward")
         return out
@@ -513,7 +514,7 @@ def specforge_ids(ids: Sequence[int] | None, num_layers: int) -> SpecForgeIds:
         return SpecForgeIds(None, "resolved offline capture layers must be distinct non-negative integers, "
                             f"got {layers!r}", defaulted)
     if any(i >= num_layers for i in layers):
-        return SpecForgeIds(None, f"resolved offline capture layers exceed target model depth {num_layers}: "
+        return SpecForgeIds(None, f"resolved offline capture layers exceed target model depth L: "
                             f"{layers!r}", defaulted)
     return SpecForgeIds(tuple(layers), None, defaulted)
 
@@ -546,7 +547,6 @@ class Row:
     tested: str
     convention: str
     quirks: str
-    classes: list[str] = field(default_factory=list)
 
 
 def family_rows() -> list[Row]:
@@ -565,7 +565,7 @@ def family_rows() -> list[Row]:
             quirks = "; ".join(f"{names}: {', '.join(capture.quirks())}" for names, capture in parts)
         if family.text_model:
             convention += f" (through its text model, {family.text_model})"
-        rows.append(Row(family.name, tested, convention, quirks, list(family.classes)))
+        rows.append(Row(family.name, tested, convention, quirks))
     return sorted(rows, key=lambda r: (r.family not in TESTED_HERE, r.family))
 
 
