@@ -18,6 +18,8 @@ from tracediff.errors import InputError, did_you_mean
 from tracediff.integrations.producer import Importer
 from tracediff.integrations.registry import PRODUCERS
 
+AUX_READERS = {p.name: p.reads_aux for p in PRODUCERS if p.reads_aux}  # replay --aux-convention NAME
+
 if TYPE_CHECKING:
     from tracediff.diff.tolerance import Tolerances
 
@@ -279,8 +281,9 @@ def replay(
                                       "e.g. 'embed,3,31' (default: the recorded draft.fc_in)"),
     aux_convention: str = typer.Option("output_of_layer", help="how --aux numbers read: output_of_layer "
                                        "(SpecForge/HF), input_to_layer (SGLang's layers_to_capture), or "
-                                       "sglang (a draft's aux ids as SGLang reads them for the trace's "
-                                       "target family; its architecture from the contract or --target)"),
+                                       f"a producer's name ({', '.join(AUX_READERS)}: a draft's aux ids as "
+                                       "it reads them for the trace's target family; its architecture "
+                                       "from the contract or --target)"),
     d2t: str = typer.Option("offset", "--d2t", help="read d2t as offsets (right) or as a direct map"),
     depths: int = typer.Option(4, help="draft depths to unroll"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
@@ -294,18 +297,19 @@ def replay(
     from tracediff.report.replay import render_replay
     from tracediff.trace.reader import open_trace
 
-    by_family = aux_convention == "sglang"
+    by_family = aux_convention in AUX_READERS
     try:
         spec = parse_aux(aux, aux_convention) if aux and not by_family else None
         ids = [int(i) for i in aux.split(",")] if aux and by_family else None
     except ValueError as exc:
-        fail("--aux", f"--aux-convention sglang takes a draft's ids, got {aux!r}" if by_family else str(exc))
+        fail("--aux", f"--aux-convention {aux_convention} takes a draft's ids, got {aux!r}" if by_family
+             else str(exc))
 
     def run() -> None:
         nonlocal spec
         with open_trace(trace) as opened:
             if ids is not None:
-                spec = serving_aux(opened.contract, ids, target, trace)
+                spec = serving_aux(aux_convention, opened.contract, ids, target, trace)
             model = load_draft(draft, target_embed=target_embedding(target) if target else None)
             missing = {"target.token"} - set(opened.names())
             if missing or (spec is None and "draft.fc_in" not in opened.names()):
@@ -329,24 +333,22 @@ def replay(
     guarded(trace, run)
 
 
-def serving_aux(contract: dict, ids: list[int], target: Path | None, trace: Path) -> Any:
-    """``--aux-convention sglang``: the AuxSpec SGLang feeds for ``ids`` on the trace's target."""
-    from tracediff.integrations.sglang.aux_reading import sglang_aux, target_shape
-
+def serving_aux(producer: str, contract: dict, ids: list[int], target: Path | None, trace: Path) -> Any:
+    """``--aux-convention PRODUCER``: the AuxSpec the producer feeds for ``ids`` on the trace's target."""
     config = None
     if target is not None:
         try:
             config = json.loads((target / "config.json").read_text())
         except (OSError, ValueError) as exc:
             fail(target / "config.json", f"cannot read the target's config ({exc})")
-    shape = target_shape(contract, config)
-    if shape is None:
-        fail(trace, "--aux-convention sglang needs the target's architecture and layer count: the trace's "
-             "contract states neither; pass --target DIR (its config.json)")
     try:
-        return sglang_aux(ids, shape)
+        spec = AUX_READERS[producer](contract, config, ids)
     except ValueError as exc:
         fail("--aux", str(exc))
+    if spec is None:
+        fail(trace, f"--aux-convention {producer} needs the target's architecture and layer count: the "
+             "trace's contract states neither; pass --target DIR (its config.json)")
+    return spec
 
 
 def compare_options(tol: list[str], mapping: list[str], align: str,

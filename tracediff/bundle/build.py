@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tracediff.bundle.budget import file_sizes, human, kilo, write_zip
-from tracediff.bundle.contents import Bundle, Side
+from tracediff.bundle.contents import Bundle, BundleSide
 from tracediff.bundle.fingerprint import fingerprint
 from tracediff.bundle.markdown import least_compare, render
 from tracediff.bundle.select import Window, focus_of, ladder, left_out, selections, widened
@@ -141,7 +141,7 @@ class _Slices:
     """One window's slices and stats.json, on disk in the bundle directory."""
 
     window: Window
-    sides: tuple[Side, Side]
+    sides: tuple[BundleSide, BundleSide]
     bytes: int
 
 
@@ -248,8 +248,8 @@ class _Maker:
         for label, trace, selection, stats, print_ in zip("ab", self.traces, chosen, self.stats, self.prints):
             sliced = slice_trace(trace, self.out / self.files[label], selection)
             summarized = [s.name for s in stats if s.name not in sliced.names]
-            sides.append(Side([str(p) for p in trace.paths], self.files[label], selection, sliced, summarized,
-                              print_))
+            sides.append(BundleSide([str(p) for p in trace.paths], self.files[label], selection, sliced,
+                                    summarized, print_))
         if window.stats:
             kept = {label: [to_plain(s) for s in stats if s.name in side.summarized]
                     for label, stats, side in zip("ab", self.stats, sides)}
@@ -387,7 +387,7 @@ def _settle(bundle: Bundle, sizes: dict[str, int]) -> str:
     return text
 
 
-def _stats_doc(kept: dict[str, list], sides: list[Side]) -> dict:
+def _stats_doc(kept: dict[str, list], sides: list[BundleSide]) -> dict:
     return {label: {"paths": side.paths, "tensors": kept[label]} for label, side in zip("ab", sides)}
 
 

@@ -13,7 +13,7 @@ from tracediff.trace.slice import Selection, SliceResult
 
 
 @dataclass
-class Side:
+class BundleSide:
     """One trace's part of a bundle."""
 
     paths: list[str]  # the full trace's files
@@ -30,7 +30,7 @@ class Bundle:
     report: Report  # the full traces' compare
     focus: Focus
     window: Window
-    sides: tuple[Side, Side]
+    sides: tuple[BundleSide, BundleSide]
     verification: Verification  # the slices' compare
     left_out: list[LeftOut]  # what the budget made the slices leave out
     commands: dict[str, str]  # what each reproduce command does -> the command (shell-quoted)

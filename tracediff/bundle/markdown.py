@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracediff.bundle.budget import human
-from tracediff.bundle.contents import Bundle, Side
+from tracediff.bundle.contents import Bundle, BundleSide
 from tracediff.bundle.fingerprint import NOT_RECORDED
 from tracediff.bundle.select import Focus
 from tracediff.bundle.verify import short_depths, short_tensors
@@ -177,7 +177,7 @@ def _environment(bundle: Bundle) -> list[str]:
     return [*lines, ""]
 
 
-def _where(side: Side) -> str:
+def _where(side: BundleSide) -> str:
     """Which rows a side's selection keeps, for a table cell."""
     sel = side.selection
     if sel.requests is None and sel.positions is None and sel.names is None:
@@ -193,7 +193,7 @@ def _where(side: Side) -> str:
     return "; ".join(where_) or "every row"
 
 
-def _holds(label: str, side: Side, part: SlicePart) -> str:
+def _holds(label: str, side: BundleSide, part: SlicePart) -> str:
     """One slice file's row of the table: what it holds (per rank file, its own counts)."""
     ranked = len(side.sliced.parts) + len(side.sliced.empty) > 1
     rank = f" (rank file {part.part})" if ranked else ""

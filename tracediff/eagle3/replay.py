@@ -19,7 +19,7 @@ from tracediff.eagle3.capture import AuxSpec
 from tracediff.eagle3.draft import DepthResult, Eagle3Draft, to_target_fn
 from tracediff.errors import InputError
 from tracediff.record.recorder import Recorder
-from tracediff.trace.reader import Rows, Trace
+from tracediff.trace.reader import TensorRows, Trace
 
 RECORDED = "recorded draft.fc_in"
 
@@ -54,7 +54,7 @@ class ReplayReport:
         return vars(self).copy()
 
 
-def _by_position(rows: Rows, request: str) -> dict[int, int]:
+def _by_position(rows: TensorRows, request: str) -> dict[int, int]:
     """Row index of each position of one request (the last occurrence wins, e.g. re-extends)."""
     picked = np.flatnonzero((rows.request == request) & (rows.depth == 0))
     return {int(rows.position[i]): int(i) for i in picked}

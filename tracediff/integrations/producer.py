@@ -7,9 +7,9 @@ the registry and name no producer themselves. Standard library only: the CLI imp
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tracediff.record.launch import LaunchConfig
@@ -40,6 +40,9 @@ class Producer:
     refuse: Callable[[LaunchConfig, Sequence[str]], str | None] = never  # why the run would be pointless
     silent_hint: str | None = None  # a likely cause when a run with its plugin wrote no file
     importers: tuple[Importer, ...] = ()
+    # replay --aux-convention NAME: (contract, target config or None, a draft's aux ids) -> the AuxSpec
+    # this producer feeds for those ids on that target; None when neither names the target's family
+    reads_aux: Callable[[Mapping[str, Any], Mapping[str, Any] | None, Sequence[int]], Any] | None = None
 
 
 def modules_run(command: Sequence[str]) -> list[str]:

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tracediff.trace.dtypes import storage_dtype, tag_of
+from tracediff.trace.dtypes import tag_of
+from tracediff.trace.schema import MAX_NDIM
 
-MAX_NDIM = 8  # the most dims a record may have: HDF5 traces' shape column (docs/FORMAT.md)
 PAGE = 4096  # the least host memory one pinned (page-locked) allocation takes
 
 if TYPE_CHECKING:
@@ -117,16 +117,6 @@ class HostCopy:
 
             return buf.view(torch.int16).numpy().view(np.uint16)
         return buf.numpy()
-
-
-def raw_to_torch(raw: np.ndarray, tag: str):
-    """The exact torch tensor for raw bits of ``tag`` (a copy; bfloat16 included)."""
-    import torch
-
-    raw = np.array(raw, dtype=storage_dtype(tag), copy=True)
-    if tag == "bfloat16":
-        return torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(raw)
 
 
 def to_int64(x: Any) -> np.ndarray:

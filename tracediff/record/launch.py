@@ -58,7 +58,6 @@ logger = logging.getLogger("tracediff")
 ENV = "TRACEDIFF_LAUNCH"
 STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 CLOSE_TIMEOUT = 15.0  # seconds a recorder may take to close at exit or on SIGTERM
-TRACE_SUFFIXES = (".h5", ".hdf5", ".arrow", ".ipc", ".feather")
 
 RecorderFactory = Callable[..., "Recorder"]
 
@@ -457,9 +456,11 @@ def check(config: LaunchConfig, command: Sequence[str], producers: Sequence[Plug
     """Everything that makes a launch pointless, as one InputError, before anything starts."""
     if not command:
         raise InputError("--", "no command to run: tracediff record --out run.h5 -- CMD ARGS...")
+    from tracediff.trace.storage import unwritable_suffix
+
     out = Path(config.out)
-    if out.suffix.lower() not in TRACE_SUFFIXES:
-        raise InputError(out, "the output must end in .h5 or .arrow")
+    if problem := unwritable_suffix(out):
+        raise InputError(out, problem)
     if not out.parent.is_dir():
         raise InputError(out, f"output directory {out.parent} does not exist")
     if taken := existing_outputs(out):

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracediff.record.host import HostCopy
-from tracediff.record.rowkeys import RowKeys
+from tracediff.record.rowkeys import LogRowKeys
 
 # Host memory a queued record holds beside its tensor's bytes, what queue_bytes counts: its objects
 # (queue entry, host copy, row keys, their arrays, and once the writer has learned them the keys
@@ -40,7 +40,7 @@ class Pending:
     depth: int
     data: HostCopy
     nbytes: int  # what it is charged against queue_bytes
-    keys: RowKeys | None  # None for a static record
+    keys: LogRowKeys | None  # None for a static record
     row_mask: np.ndarray | None
 
 
@@ -48,7 +48,7 @@ class Pending:
 class Learn:
     """Row keys for the writer's token book (from a log call, or declared by request_tokens)."""
 
-    keys: RowKeys
+    keys: LogRowKeys
     declared: bool
     nbytes: int
 
@@ -77,7 +77,7 @@ class QueueAccounting:
         with self._cv:
             return self._queued
 
-    def _queue_keys(self, keys: RowKeys, declared: bool) -> bool:
+    def _queue_keys(self, keys: LogRowKeys, declared: bool) -> bool:
         """Queue row keys for the writer's token book, within the book's share (one call too: never
         past it); False, counted in ``token_calls_dropped``, when they do not fit."""
         nbytes = LEARN_OVERHEAD + keys.n_rows * TOKEN_ROW_BYTES

@@ -53,7 +53,7 @@ from tracediff.record.queue import (
     Pending,
     QueueAccounting,
 )
-from tracediff.record.rowkeys import RowContext, RowKeys, resolve_keys, resolve_rows, sequence_keys
+from tracediff.record.rowkeys import LogRowKeys, RowContext, resolve_keys, resolve_rows, sequence_keys
 from tracediff.record.tokens import TokenBook
 from tracediff.record.writer_thread import WriterThread
 from tracediff.trace.schema import RESERVED_PREFIX, dumps_meta
@@ -345,7 +345,7 @@ class Recorder(QueueAccounting, WriterThread):
             return
         self._submit(name, tensor, step, ctx.depth if depth is None else depth, keys, mask)
 
-    def _learn(self, keys: RowKeys, seen: tuple | None, declared: bool = False) -> None:
+    def _learn(self, keys: LogRowKeys, seen: tuple | None, declared: bool = False) -> None:
         """Hand row keys to the token book: queued for the writer thread, or at once in strict mode
         (where a conflict must raise in the caller)."""
         if self.strict:
@@ -377,7 +377,7 @@ class Recorder(QueueAccounting, WriterThread):
             self._refuse(name, f"not an array ({type(tensor).__name__})")
             return None
 
-    def _submit(self, name: str, tensor: Any, step: int, depth: int, keys: RowKeys | None,
+    def _submit(self, name: str, tensor: Any, step: int, depth: int, keys: LogRowKeys | None,
                 mask: np.ndarray | None) -> None:
         refused = unrecordable(tensor)
         if refused is not None:

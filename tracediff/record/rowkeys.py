@@ -30,7 +30,7 @@ class RowContext:
 
 
 @dataclass(slots=True)
-class RowKeys:
+class LogRowKeys:
     """Row keys as the caller gave them, checked but not yet expanded: expanding one id per row
     costs the host more than the check, so the writer thread does it. Slotted: one is queued per
     ``log`` call, and its size counts against the queue's bound."""
@@ -86,7 +86,7 @@ def _keys_copy(x: Any) -> np.ndarray | HostCopy:
 
 
 def resolve_keys(step: int, token_ids: Any, positions: Any = None, request: Any = None,
-                 attention_mask: Any = None) -> RowKeys:
+                 attention_mask: Any = None) -> LogRowKeys:
     """Validate row keys among themselves (not against a tensor); raises ValueError naming what
     does not fit."""
     if token_ids is None:
@@ -99,15 +99,15 @@ def resolve_keys(step: int, token_ids: Any, positions: Any = None, request: Any 
             raise ValueError(f"{what} shape {_shape(value)} does not match token_ids {lead}")
     n_rows = int(np.prod(lead))
     batch = lead[0] if len(lead) == 2 else 1
-    return RowKeys(n_rows=n_rows, lead_ndim=len(lead), batch=batch,
-                   request_ids=_request_ids(request, step, batch, n_rows),
-                   position=None if positions is None else _keys_copy(positions),
-                   token_id=_keys_copy(token_ids),
-                   mask=None if attention_mask is None else _keys_copy(attention_mask))
+    return LogRowKeys(n_rows=n_rows, lead_ndim=len(lead), batch=batch,
+                      request_ids=_request_ids(request, step, batch, n_rows),
+                      position=None if positions is None else _keys_copy(positions),
+                      token_id=_keys_copy(token_ids),
+                      mask=None if attention_mask is None else _keys_copy(attention_mask))
 
 
 def resolve_rows(tensor_shape: Sequence[int], step: int, token_ids: Any, positions: Any = None,
-                 request: Any = None, attention_mask: Any = None) -> RowKeys:
+                 request: Any = None, attention_mask: Any = None) -> LogRowKeys:
     """Validate row keys against the tensor; raises ValueError naming what does not fit."""
     lead = _shape(token_ids) if token_ids is not None else ()
     if token_ids is not None and len(lead) in (1, 2) and tuple(tensor_shape[: len(lead)]) != lead:
@@ -115,15 +115,16 @@ def resolve_rows(tensor_shape: Sequence[int], step: int, token_ids: Any, positio
     return resolve_keys(step, token_ids, positions, request, attention_mask)
 
 
-def sequence_keys(request: Any, token_ids: Any, start: int) -> RowKeys:
+def sequence_keys(request: Any, token_ids: Any, start: int) -> LogRowKeys:
     """Keys of a request's tokens declared as one sequence starting at position ``start``."""
     ids = to_int64(token_ids)
     if ids.ndim != 1:
         raise ValueError(f"request_tokens takes a 1-D token list, got shape {ids.shape}")
     if int(start) < 0:
         raise ValueError(f"request_tokens start must be >= 0, got {start}")
-    return RowKeys(n_rows=len(ids), lead_ndim=1, batch=1, request_ids=np.array([str(request)], dtype=object),
-                   position=np.arange(int(start), int(start) + len(ids), dtype=np.int64), token_id=ids)
+    return LogRowKeys(n_rows=len(ids), lead_ndim=1, batch=1,
+                      request_ids=np.array([str(request)], dtype=object),
+                      position=np.arange(int(start), int(start) + len(ids), dtype=np.int64), token_id=ids)
 
 
 def _request_ids(request: Any, step: int, batch: int, n_rows: int) -> np.ndarray:

@@ -20,7 +20,6 @@ import pyarrow.compute as pc
 
 from tracediff.errors import TraceError
 from tracediff.trace.checks import (
-    MAX_NDIM,
     RecordShapes,
     check_record_count,
     final_meta,
@@ -37,12 +36,13 @@ from tracediff.trace.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
     INDEX_RECORD,
+    MAX_NDIM,
     Record,
     RecordIndex,
     check_version,
     dumps_meta,
 )
-from tracediff.trace.storage import StorageFormat, TraceFile, describe, guarded, register
+from tracediff.trace.storage import StorageFormat, TraceFile, describe, register, trace_errors
 
 SCHEMA = pa.schema(
     [
@@ -369,7 +369,7 @@ class ArrowTraceFile(TraceFile):
             self.close()
             raise
 
-    @guarded
+    @trace_errors
     def _load(self, part: int) -> None:
         # Where the map starts: a buffer inside it sits at file offset (address - base).
         self._base, self._size = self._source.read_buffer(1).address, self._source.size()
@@ -526,25 +526,25 @@ class ArrowTraceFile(TraceFile):
         start = int(offsets[row])
         return buffer, start, int(offsets[row + 1]), None if at is None else at + start
 
-    @guarded
+    @trace_errors
     def read_raw(self, slot: int) -> np.ndarray:
         """Raw bytes of one record, zero-copy from the memory map."""
         buffer, start, end, _ = self._data(slot)
         return np.frombuffer(buffer, dtype=np.uint8)[start:end]
 
-    @guarded
+    @trace_errors
     def data_offsets(self) -> np.ndarray:
         """File offset of every record's bytes where they lie uncompressed in the file, else -1."""
         starts = [self._data(slot)[3] for slot in range(len(self._locations))]
         return np.array([-1 if at is None else at for at in starts], dtype=np.int64)
 
-    @guarded
+    @trace_errors
     def prefetch(self, slot: int, offset: int = 0, n: int | None = None) -> None:
         _, start, end, at = self._data(slot)
         if at is not None:
             prefetch(self._fd, at + offset, end - start - offset if n is None else n)
 
-    @guarded
+    @trace_errors
     def read_into(self, slot: int, out: np.ndarray, offset: int = 0) -> None:
         """Copy bytes [offset, offset + out.nbytes) of a record into ``out``: one pread where the
         bytes lie uncompressed in the file."""
@@ -556,7 +556,7 @@ class ArrowTraceFile(TraceFile):
         else:  # a compressed file: the buffer was decompressed into memory
             out[:] = np.frombuffer(buffer, dtype=np.uint8)[start + offset : start + offset + out.nbytes]
 
-    @guarded
+    @trace_errors
     def read_keys_many(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, position, token_id) of every row of the given records, concatenated; each
         batch's key columns are flattened to numpy once."""

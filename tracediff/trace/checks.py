@@ -18,10 +18,10 @@ import numpy as np
 
 from tracediff.errors import TraceError
 from tracediff.trace.dtypes import STORAGE
+from tracediff.trace.schema import MAX_NDIM
 
 MAX_META_BYTES = 16 << 20  # run or final metadata; real ones are a few KiB
 MAX_DEPTH = 32  # nesting of metadata JSON (contracts nest 3 or 4 deep)
-MAX_NDIM = 32  # dims of one record (HDF5 traces hold at most 8)
 MAX_RECORD_LOG2 = 62  # a record's bytes must fit an int64 with room to add offsets
 
 ITEMSIZE = {tag: dtype.itemsize for tag, dtype in STORAGE.items()}

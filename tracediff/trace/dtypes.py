@@ -49,3 +49,13 @@ def decode(raw: np.ndarray, tag: str) -> np.ndarray:
         np.left_shift(raw, 16, out=wide, dtype=np.uint32)
         return wide.view(np.float32)
     return raw
+
+
+def raw_to_torch(raw: np.ndarray, tag: str):
+    """The exact torch tensor for raw bits of ``tag`` (a copy; bfloat16 included)."""
+    import torch
+
+    raw = np.array(raw, dtype=storage_dtype(tag), copy=True)
+    if tag == "bfloat16":
+        return torch.from_numpy(raw.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(raw)

@@ -36,14 +36,14 @@ from tracediff.trace.h5attrs import SIGNATURE, root_attributes
 from tracediff.trace.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    MAX_NDIM,
     Record,
     RecordIndex,
     check_version,
     dumps_meta,
 )
-from tracediff.trace.storage import StorageFormat, TraceFile, describe, guarded, register
+from tracediff.trace.storage import StorageFormat, TraceFile, describe, register, trace_errors
 
-MAX_NDIM = 8
 CHUNK_LOOKUPS = 64  # single chunk-index lookups before reading the whole index instead
 SUPERBLOCK_ONLY = 96  # bytes: an HDF5 file no larger holds at most its superblock (no trace)
 DIRECT_BYTES = 1 << 20  # a record this large is written from its own buffer; smaller ones are joined
@@ -363,7 +363,7 @@ class H5TraceFile(TraceFile):
             self.close()
             raise
 
-    @guarded
+    @trace_errors
     def _load(self, part: int) -> None:
         attrs = root_attributes(self.path)
         if attrs.get("format") != FORMAT_NAME.encode():
@@ -565,7 +565,7 @@ class H5TraceFile(TraceFile):
             done += take
         return ranges
 
-    @guarded
+    @trace_errors
     def data_offsets(self) -> np.ndarray:
         """File offset of every record's bytes where they lie contiguous and unfiltered in the file,
         else -1: records whose chunks all sit at their offsets from one common base."""
@@ -585,13 +585,13 @@ class H5TraceFile(TraceFile):
         whole = (breaks[first] == breaks[last]) & (at[first] >= 0)
         return np.where(whole, at[first] + start % self._chunk, -1)
 
-    @guarded
+    @trace_errors
     def prefetch(self, slot: int, offset: int = 0, n: int | None = None) -> None:
         n = int(self._cols["data_nbytes"][slot]) - offset if n is None else n
         for at, length in self._file_ranges(slot, offset, n):
             prefetch(self._fd, at, length)
 
-    @guarded
+    @trace_errors
     def read_into(self, slot: int, out: np.ndarray, offset: int = 0) -> None:
         """Copy bytes [offset, offset + out.nbytes) of a record into ``out``; unfiltered chunks are
         read with pread, bypassing HDF5's per-call overhead (each chunk's file offset comes from
@@ -609,7 +609,7 @@ class H5TraceFile(TraceFile):
         self.read_into(slot, out)
         return out
 
-    @guarded
+    @trace_errors
     def read_keys_many(self, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(request, position, token_id) of every row of the given records, concatenated; the key
         columns are read from the file once, whole (a few bytes per row)."""

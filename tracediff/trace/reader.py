@@ -41,7 +41,7 @@ class KeyColumns:
 
 
 @dataclass(kw_only=True)
-class Rows(KeyColumns):
+class TensorRows(KeyColumns):
     """All rows of one tensor name (optionally one step / request / depth), with their keys."""
 
     data: np.ndarray  # raw storage dtype, shape (n_rows, *row_shape)
@@ -421,13 +421,13 @@ class Trace:
         return self._mmap
 
     def rows(self, name: str, step: int | None = None, request: str | None = None,
-             depth: int | None = None) -> Rows:
+             depth: int | None = None) -> TensorRows:
         """Every row of ``name`` (one step / request / depth if given), concatenated in order."""
         keys = self.keys(name, step=step, depth=depth)
         if request is not None:
             keys = keys.take(np.flatnonzero(keys.request == request))
         shared = {f.name: getattr(keys, f.name) for f in fields(KeyColumns)}
-        return Rows(**shared, data=self.gather(keys))
+        return TensorRows(**shared, data=self.gather(keys))
 
     def close(self) -> None:
         for f in self.files:

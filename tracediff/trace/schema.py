@@ -20,6 +20,7 @@ from tracediff.trace.dtypes import decode
 
 FORMAT_NAME = "tracediff"
 FORMAT_VERSION = 2
+MAX_NDIM = 8  # the most dims a record may have, in either format (HDF5's shape column; docs/FORMAT.md)
 
 # Names that tracediff's EAGLE-3 tooling understands; any other dotted name may be recorded too.
 CANONICAL_NAMES: dict[str, str] = {
@@ -97,7 +98,7 @@ class Record:
 
     def torch(self):
         """The exact tensor, bfloat16 included (needs torch)."""
-        from tracediff.record.host import raw_to_torch
+        from tracediff.trace.dtypes import raw_to_torch
 
         return raw_to_torch(self.data, self.dtype)
 

@@ -6,7 +6,7 @@ as a ``StorageFormat`` and registered here with its suffixes and magic bytes; ``
 ``BUILTIN``, or imported by its user before reading or writing: it registers itself).
 
 A reader trusts nothing in a file: every failure of a file (corrupt, truncated, foreign) leaves a
-``TraceFile`` method as ``TraceError``, whatever library noticed it (``guarded``).
+``TraceFile`` method as ``TraceError``, whatever library noticed it (``trace_errors``).
 """
 
 from __future__ import annotations
@@ -115,6 +115,13 @@ def formats() -> list[StorageFormat]:
     return sorted(_FORMATS.values(), key=lambda fmt: rank.get(fmt.writer.__module__, len(BUILTIN)))
 
 
+def unwritable_suffix(path: str | Path) -> str | None:
+    """Why ``path`` cannot name a trace to write (its suffix is no format's), or None."""
+    if any(Path(path).suffix.lower() in fmt.suffixes for fmt in formats()):
+        return None
+    return "the output must end in " + " or ".join(fmt.suffixes[0] for fmt in formats())
+
+
 def by_name(name: str) -> StorageFormat:
     known = {f.name: f for f in formats()}
     if name not in known:
@@ -155,7 +162,7 @@ def describe(exc: object, limit: int = 200) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def guarded(method: Callable[Concatenate[F, P], R]) -> Callable[Concatenate[F, P], R]:
+def trace_errors(method: Callable[Concatenate[F, P], R]) -> Callable[Concatenate[F, P], R]:
     """A reader method whose library errors (h5py, pyarrow, the OS) become one ``TraceError``."""
 
     @functools.wraps(method)

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from tracediff.trace.reader import Rows, Trace
+from tracediff.trace.reader import TensorRows, Trace
 from tracediff.trace.schema import Record
 
 
@@ -82,7 +82,7 @@ def summarize(trace: Trace) -> TraceSummary:
                         token_requests=len(table.requests()))
 
 
-def tensor_stats(rows: Rows, head: int = 8) -> TensorStats:
+def tensor_stats(rows: TensorRows, head: int = 8) -> TensorStats:
     """Stats over every value, in float64; NaN/Inf counted and left out of the moments."""
     values = rows.numpy()
     first = values[0].reshape(-1)[:head] if len(values) else values.reshape(-1)[:0]

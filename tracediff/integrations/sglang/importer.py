@@ -37,10 +37,11 @@ from typing import Any
 
 import numpy as np
 
-import tracediff as td
 from tracediff.errors import InputError
 from tracediff.integrations.torch_files import load_tensors
 from tracediff.record.host import tag_of_tensor
+from tracediff.record.recorder import Recorder
+from tracediff.trace.storage import unwritable_suffix
 
 PREFIX = "non_intrusive__"
 # Non-intrusive path (after PREFIX) -> (canonical name in a target step, in a draft step); None:
@@ -81,7 +82,7 @@ class Dump:
 
 
 @dataclass
-class Imported:
+class DumpImported:
     files: int
     records: int
     steps: int
@@ -293,11 +294,11 @@ def _segments(positions: np.ndarray, seq_lens: np.ndarray | None, batch_rows: in
     return np.array(sizes) if start == len(positions) else None
 
 
-def import_sglang_dump(source: Path, out: Path) -> Imported:
+def import_sglang_dump(source: Path, out: Path) -> DumpImported:
     """Write the dumps under ``source`` as a serving trace at ``out`` (per-rank files for several ranks)."""
     files = dump_files(source)
-    if out.suffix not in (".h5", ".hdf5", ".arrow"):
-        raise InputError(out, "the output must end in .h5 or .arrow")
+    if problem := unwritable_suffix(out):
+        raise InputError(out, problem)
     if not out.parent.is_dir():
         raise InputError(out, f"output directory {out.parent} does not exist")
     dumps = [load_dump(path) for path in files]  # every file is checked before anything is written
@@ -308,7 +309,7 @@ def import_sglang_dump(source: Path, out: Path) -> Imported:
     paths = [out.with_name(f"{out.stem}.rank{r}{out.suffix}") if world > 1 else out for r in sorted(by_rank)]
     if taken := [p for p in paths if p.exists()]:
         raise InputError(taken[0], "already exists: choose another output (nothing was written)")
-    done = Imported(files=len(files), records=0, steps=0, paths=paths, steps_without_tokens=0, skipped=0)
+    done = DumpImported(files=len(files), records=0, steps=0, paths=paths, steps_without_tokens=0, skipped=0)
     try:
         for rank in sorted(by_rank):
             _write_rank(by_rank[rank], out, rank, world, source, done)
@@ -319,7 +320,8 @@ def import_sglang_dump(source: Path, out: Path) -> Imported:
     return done
 
 
-def _write_rank(dumps: list[Dump], out: Path, rank: int, world: int, source: Path, done: Imported) -> None:
+def _write_rank(dumps: list[Dump], out: Path, rank: int, world: int, source: Path,
+                done: DumpImported) -> None:
     steps: dict[int, list[Dump]] = defaultdict(list)
     for dump in sorted(dumps, key=lambda d: d.index):
         steps[dump.step].append(dump)
@@ -328,7 +330,7 @@ def _write_rank(dumps: list[Dump], out: Path, rank: int, world: int, source: Pat
     if world > 1:
         options.update(rank=rank, world_size=world)
     book, untokened = Book(), 0
-    with td.record(out, **options) as rec:
+    with Recorder(out, **options) as rec:
         for step in sorted(steps):
             group = steps[step]
             how = naming({d.name for d in group})
@@ -393,5 +395,5 @@ def _log(rec: Any, name: str, value: Any, step: int, keys: StepKeys | None) -> b
     return True
 
 
-__all__ = ["NAMES", "Imported", "Naming", "dump_files", "import_sglang_dump", "is_draft_step", "load_dump",
-           "naming", "trace_name"]
+__all__ = ["NAMES", "DumpImported", "Naming", "dump_files", "import_sglang_dump", "is_draft_step",
+           "load_dump", "naming", "trace_name"]

@@ -7,9 +7,9 @@ plugin; ``tracediff import sglang-dump`` reads SGLang's own dumper files. Light:
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -67,8 +67,17 @@ def import_dump(
     return lines
 
 
+def reads_aux(contract: Mapping[str, Any], config: Mapping[str, Any] | None, ids: Sequence[int]) -> Any:
+    """A draft's aux ids as SGLang feeds them on the target the contract (or its config) names;
+    None when neither says the target's architecture and layer count. ValueError for bad ids."""
+    from tracediff.integrations.sglang.aux_reading import sglang_aux, target_shape
+
+    shape = target_shape(contract, config)
+    return None if shape is None else sglang_aux(ids, shape)
+
+
 PRODUCER = Producer(
     name="sglang", plugin="tracediff.integrations.sglang.plugin", claims=claims, refuse=refuse,
     silent_hint="SGLang's CUDA graphs hide tensors from hooks",
-    importers=(Importer("sglang-dump", import_dump),),
+    importers=(Importer("sglang-dump", import_dump),), reads_aux=reads_aux,
 )

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import tracediff as td
 from tracediff.errors import InputError
 from tracediff.integrations.torch_files import load_tensors, refusal
+from tracediff.record.recorder import Recorder
+from tracediff.trace.storage import unwritable_suffix
 
 SUFFIXES = (".ckpt", ".ckpt.gz")
 KEYS = ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state")
@@ -30,7 +31,7 @@ NAMES = {"aux_hidden_state": "target.aux", "hidden_state": "target.final_hidden"
 
 
 @dataclass
-class Imported:
+class FeaturesImported:
     files: int
     rows: int
     path: Path
@@ -80,13 +81,13 @@ def per_token(key: str, value: Any) -> Any:
 
 
 def import_specforge_ckpt(source: Path, out: Path, *, aux_layer_ids: list[int] | None = None,
-                          target_model: str | None = None) -> Imported:
+                          target_model: str | None = None) -> FeaturesImported:
     """Write the samples under ``source`` as a training trace at ``out``. ``aux_layer_ids`` (the
     training config's, SpecForge's output-of-layer convention) and ``target_model`` go into the
     contract: the files do not say which layers they hold."""
     files = feature_files(source)
-    if out.suffix not in (".h5", ".hdf5", ".arrow"):
-        raise InputError(out, "the output must end in .h5 or .arrow")
+    if problem := unwritable_suffix(out):
+        raise InputError(out, problem)
     if not out.parent.is_dir():
         raise InputError(out, f"output directory {out.parent} does not exist")
     if out.exists():
@@ -101,13 +102,13 @@ def import_specforge_ckpt(source: Path, out: Path, *, aux_layer_ids: list[int] |
     except BaseException:
         out.unlink(missing_ok=True)  # a bad file half way: no half trace left behind
         raise
-    return Imported(files=len(files), rows=rows, path=out)
+    return FeaturesImported(files=len(files), rows=rows, path=out)
 
 
 def _write(files: list[Path], out: Path, contract: dict[str, Any]) -> int:
     rows = 0
-    options = dict(source="training", meta=contract, strict=True, on_full="block", block_timeout=600)
-    with td.record(out, **options) as rec:
+    with Recorder(out, source="training", meta=contract, strict=True, on_full="block",
+                  block_timeout=600) as rec:
         for step, path in enumerate(files):
             sample = load_sample(path)
             request = path.name.split(".", 1)[0]
@@ -126,4 +127,4 @@ def ids(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()] if text.strip() else []
 
 
-__all__ = ["Imported", "feature_files", "ids", "import_specforge_ckpt", "load_sample"]
+__all__ = ["FeaturesImported", "feature_files", "ids", "import_specforge_ckpt", "load_sample"]

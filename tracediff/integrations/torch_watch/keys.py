@@ -36,7 +36,7 @@ def placeholder(step: int) -> int:
 
 
 @dataclass
-class LogKeys:
+class OutputKeys:
     """``Recorder.log`` keys for one output; ``subset``: rows of only some of the call's tokens."""
 
     request: Any
@@ -58,11 +58,11 @@ class Keys:
     tokens_known: bool = True
     declared_to: Any = None  # the recorder this call's tokens were declared to
 
-    def rows_for(self, y: Any) -> LogKeys | None:
+    def rows_for(self, y: Any) -> OutputKeys | None:
         """Keys of an output shaped like the ids, or like the ids ``logits_to_keep`` selects."""
         ids = self.token_ids
         if tuple(y.shape[: ids.dim()]) == tuple(ids.shape):
-            return LogKeys(self.requests, self.positions, ids, self.attention_mask)
+            return OutputKeys(self.requests, self.positions, ids, self.attention_mask)
         picked = kept_rows(self) if self.keep is not None else None
         if picked is None or tuple(y.shape[: picked.token_ids.dim()]) != tuple(picked.token_ids.shape):
             return None
@@ -84,7 +84,7 @@ class Keys:
                 rec.request_tokens(request, ids[b][real], start=int(at[0]))
 
 
-def kept_rows(keys: Keys) -> LogKeys | None:
+def kept_rows(keys: Keys) -> OutputKeys | None:
     """The keys of the tokens an HF ``logits_to_keep`` keeps: an int k > 0 the last k, a 1-D tensor
     these positions, a 2-D integer tensor these positions per batch row, a 2-D bool tensor the true
     ones (flattened)."""
@@ -115,7 +115,7 @@ def kept_rows(keys: Keys) -> LogKeys | None:
     else:
         return None
     mask = keys.attention_mask
-    return LogKeys(requests, pick(keys.positions), pick(ids), None if mask is None else pick(mask),
+    return OutputKeys(requests, pick(keys.positions), pick(ids), None if mask is None else pick(mask),
                    subset=True)
 
 
@@ -142,7 +142,7 @@ class RootState:
             requests = self._local.requests = [f"{self.prefix}s{step}b{b}" for b in range(batch)]
         return requests
 
-    def shape_rows(self, y: Any, step: int) -> LogKeys | None:
+    def shape_rows(self, y: Any, step: int) -> OutputKeys | None:
         """Keys of an output of a call without token ids, from its shape (module docstring)."""
         import torch
 
@@ -156,7 +156,7 @@ class RootState:
         else:
             return None
         ids = torch.full(shape, placeholder(step), dtype=torch.long)
-        return LogKeys(requests, torch.arange(length).expand(shape), ids)
+        return OutputKeys(requests, torch.arange(length).expand(shape), ids)
 
 
 @dataclass
@@ -228,4 +228,4 @@ def past_length(past: Any, cache: Any) -> int:
     return 0
 
 
-__all__ = ["NO_TOKEN", "Call", "Keys", "LogKeys", "RootState", "has_data", "placeholder", "row_keys"]
+__all__ = ["NO_TOKEN", "Call", "Keys", "OutputKeys", "RootState", "has_data", "placeholder", "row_keys"]
