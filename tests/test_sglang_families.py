@@ -69,23 +69,31 @@ def branches(*ids: int) -> list[State]:
 # model (SGLang 0.5.23, 6 layers), per the probe of issue 18: the spec these tests hold it to.
 FIRST = [[1, 2, 3]]
 SECOND = [[1, 2, 3], [2, 3, 4]]  # a second call on the same model
-FED: dict[str, dict[str, tuple[list[list[int] | None], list[State]]]] = {name: {} for name in FAMILIES}
-for name in FAMILIES:
-    FED[name]["first"] = FIRST, branches(1, 2, 3) if name in BRANCH else layers(1, 2, 3)
+Case = tuple[list[list[int] | None], list[State]]  # the calls, and the states the aux then holds
+
+
+def fed(name: str) -> dict[str, Case]:
+    cases: dict[str, Case] = {"first": (FIRST, branches(1, 2, 3) if name in BRANCH else layers(1, 2, 3))}
     if name in BRANCH:
-        FED[name]["second"] = SECOND, branches(2, 3, 4)
+        cases["second"] = SECOND, branches(2, 3, 4)
     elif name in FIRST_ID_IS_ONE:
-        FED[name]["second"] = SECOND, layers(1, 2, 3)  # [2, 3, 4] captures the inputs of layers 2, 3, 4
-        FED[name]["embed"] = [[0, 2, 4]], [State("embed"), *layers(1, 3)]  # layer 0's input: the embedding
+        cases["second"] = SECOND, layers(1, 2, 3)  # [2, 3, 4] captures the inputs of layers 2, 3, 4
+        cases["embed"] = [[0, 2, 4]], [State("embed"), *layers(1, 3)]  # layer 0's input: the embedding
     elif name in FLAGS:
-        FED[name]["second"] = SECOND, layers(1, 2, 3, 4)  # the union: 4 slots
+        cases["second"] = SECOND, layers(1, 2, 3, 4)  # the union: 4 slots
     else:
-        FED[name]["second"] = SECOND, layers(2, 3, 4)
+        assert name in RESIDUAL_PLUS_ONE, f"{name}: no id convention stated"
+        cases["second"] = SECOND, layers(2, 3, 4)
+    if name == "gpt_oss":
+        cases["final"] = [[1, 3, LAYERS]], layers(0, 2, LAYERS - 1)  # no +1 when max(ids) == L
     # no ids: [2, L//2, L-3] everywhere, [2, 3, 3] for 6 layers: the same boundary twice, captured once
     # (DeepSeek packs 3 slots and stops: test_deepseek_duplicate_ids_stop_the_forward)
     if name != "deepseek_v2":
-        FED[name]["default"] = [None], branches(1, 2) if name in BRANCH else layers(1, 2)
-FED["gpt_oss"]["final"] = [[1, 3, LAYERS]], layers(0, 2, LAYERS - 1)  # no +1 when max(ids) == L
+        cases["default"] = [None], branches(1, 2) if name in BRANCH else layers(1, 2)
+    return cases
+
+
+FED = {name: fed(name) for name in FAMILIES}
 CASES = [(name, case) for name in FAMILIES for case in FED[name]]
 
 
