@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,10 +117,30 @@ def step_tensor(step: int, shape=(16, 32)) -> np.ndarray:
     return np.random.default_rng(step).standard_normal(shape).astype(np.float32)
 
 
+STARTED_EARLY: dict[Callable[[], subprocess.Popen], subprocess.Popen] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """``@pytest.mark.start_early(start=f)`` on a test: ``f()`` (which returns the process it started)
+    runs once collection is done, when that test is selected. A long job in a process of its own (the
+    sample generator's training) then runs on another core while the suite goes on, and its test only
+    waits for it; one the run ends before is killed."""
+    if session.config.option.collectonly:
+        return
+    for item in session.items:
+        for mark in item.iter_markers("start_early"):
+            if mark.kwargs["start"] not in STARTED_EARLY:
+                STARTED_EARLY[mark.kwargs["start"]] = mark.kwargs["start"]()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """With TRACEDIFF_NO_SKIPS=1 (the README's test command, CI) a skipped test fails the run: there,
     every optional part (torch, SGLang, SpecForge) is installed, and a skip would hide a test that
-    did not run."""
+    did not run. A process started early that still runs (its test never came) is killed first."""
+    for process in STARTED_EARLY.values():
+        if process.poll() is None:
+            process.kill()
+            process.wait()
     if os.environ.get("TRACEDIFF_NO_SKIPS") != "1":
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
