@@ -2,11 +2,10 @@
 
 from typing import Any
 
-__version__ = "0.1.0"
-
-from tracediff.errors import InputError, TraceError  # noqa: E402
-from tracediff.record.recorder import Recorder, record  # noqa: E402
-from tracediff.trace import Record, Trace, open_trace  # noqa: E402
+from tracediff.errors import InputError, TraceError
+from tracediff.record.recorder import Recorder, record
+from tracediff.trace import Record, Trace, open_trace
+from tracediff.version import __version__
 
 # compare and its report load on first use: a recorder inside a training job never imports them.
 _LAZY = {"compare": ("tracediff.diff.api", "compare"), "Report": ("tracediff.diff.results", "Report")}

@@ -20,6 +20,7 @@ import numpy as np
 from tracediff.record.filters import RecordFilter
 from tracediff.record.host import is_torch_tensor
 from tracediff.trace.schema import FORMAT_NAME, FORMAT_VERSION, dumps_meta
+from tracediff.version import __version__
 
 logger = logging.getLogger("tracediff")
 
@@ -70,8 +71,6 @@ def storable(values: dict, strict: bool, path: Path) -> dict:
 
 def run_meta(source: str, contract: dict, rank: int, world_size: int, filt: RecordFilter) -> dict:
     """The metadata a trace opens with."""
-    from tracediff import __version__
-
     torch_info = None
     torch = sys.modules.get("torch")
     if torch is not None:
