@@ -61,12 +61,16 @@ def target_identity(model: Any) -> dict[str, Any]:
 
 
 def _input_embedding(model: Any) -> Any:
+    """The input embedding module: ``get_input_embeddings()`` where it returns one (SGLang's
+    MiniMax-M2 names a method so that embeds ids instead), else the text model's ``embed_tokens``."""
     get = getattr(model, "get_input_embeddings", None)
     if callable(get):
         try:
-            return get()
-        except NotImplementedError:
-            pass
+            found = get()
+        except (NotImplementedError, TypeError):
+            found = None
+        if getattr(found, "weight", None) is not None:
+            return found
     return getattr(getattr(model, "model", None), "embed_tokens", None)
 
 
