@@ -42,6 +42,7 @@ from tracediff.eagle3.draft import Eagle3Draft  # noqa: E402
 from tracediff.eagle3.vocab import build_vocab_map  # noqa: E402
 from tracediff.integrations import specforge as sf  # noqa: E402
 
+pytestmark = pytest.mark.slow  # SpecForge's real training step, recorded and trained for several steps
 AUX = (1, 2, 3)
 CONFIG = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, draft_vocab_size=384,

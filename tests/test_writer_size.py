@@ -132,6 +132,7 @@ def resident() -> int:
         return next(int(line.split()[1]) << 10 for line in fh if line.startswith("VmRSS"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="needs Linux's /proc")
 def test_a_writer_stays_flat_in_memory_over_a_long_run(tmp_path, fmt) -> None:
     """Over 300k more tiny records, memory grew with the run: the HDF5 writer by 27 MB (HDF5's
