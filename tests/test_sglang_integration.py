@@ -22,6 +22,7 @@ import tracediff as td  # noqa: E402
 from testbed.sglang_cpu import CpuServer, tiny_checkpoint  # noqa: E402
 from tracediff.integrations import sglang as integration  # noqa: E402
 
+pytestmark = pytest.mark.slow  # SGLang's real serving code: each module fixture serves a batch
 AUX_IDS = (1, 3, 5)  # the draft config's eagle_aux_hidden_state_layer_ids (output of layers 1, 3, 5)
 LAYERS, STEPS, NEW = 8, 3, 5
 A = [5, 17, 42, 99, 3, 250, 7, 301, 12]
