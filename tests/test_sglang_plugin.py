@@ -16,6 +16,7 @@ import torch  # noqa: E402
 
 import tracediff as td  # noqa: E402
 from testbed.sglang_families import family_bed  # noqa: E402
+from tracediff.integrations.sglang import install  # noqa: E402
 from tracediff.integrations.sglang.models import model_role, target_layout  # noqa: E402
 from tracediff.integrations.sglang.plugin import _Plugin  # noqa: E402
 from tracediff.record.launch import LaunchConfig  # noqa: E402
@@ -72,3 +73,21 @@ def test_layout_names_where_each_family_keeps_its_parts():
         assert layout.pattern == pattern and layout.family == family
         assert layout.body is layout.model.model
         assert len(layout.layers) == layout.contract()["target_num_layers"]
+
+
+def test_the_contract_states_what_was_captured_not_what_was_asked(tmp_path):
+    """Ids [1, 3, 5] on a 6-layer Llama: SGLang sets layers_to_capture [2, 4, 6], but its layer loop
+    never reaches boundary 6, so the aux holds two slots; after the first forward the contract
+    says so (the draft's fc, built for three, is what fails next)."""
+    bed = family_bed("llama")
+    model = bed.load()
+    with td.record(tmp_path / "serve.h5", source="serving") as rec:
+        install(rec, target=model)
+        model.set_eagle3_layers_to_capture([1, 3, 5])
+        bed.serve(model)
+    with td.open_trace(tmp_path / "serve.h5") as trace:
+        stated = trace.contract
+        assert stated["layers_to_capture"] == [2, 4, 6] and stated["aux_layer_ids"] == [1, 3, 5]
+        assert stated["aux_capture_layers"] == [2, 4]
+        assert stated["aux_sources"] == stated["aux_slot_states"] == ["target.layer.1", "target.layer.3"]
+        assert trace.rows("target.aux").data.shape[1] == 2 * trace.rows("target.layer.0").data.shape[1]

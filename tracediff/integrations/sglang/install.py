@@ -320,7 +320,7 @@ class Installation:
             self._log("target.aux", aux, rows)
             measured = self.probe.measure(aux, len(rows.keep), len(rows.last))
             if measured is not None:
-                self.rec.update_contract(aux_slot_states=measured)
+                self.rec.update_contract(**measured_contract(measured))
         logits = out.next_token_logits
         if logits is None:
             return
@@ -449,6 +449,18 @@ class Installation:
         if self.draft is not None:
             values.update(draft_contract(self.draft))
         return values
+
+
+def measured_contract(states: list[str | None]) -> dict[str, Any]:
+    """What the aux was measured to hold; where every slot is a known state, the boundaries that
+    captured follow from it (``layers_to_capture`` may name one the forward never reaches: llama's
+    k = L), so ``aux_capture_layers`` / ``aux_sources`` state what was captured, not what was asked."""
+    values: dict[str, Any] = {"aux_slot_states": states}
+    if states and all(state is not None for state in states):
+        layers = [-1 if s == "target.embed" else int(str(s).split(".")[2]) for s in states]
+        values.update(aux_capture_layers=[i + 1 for i in layers], aux_sources=states,
+                      aux_layer_ids_resolved=sorted(set(layers)))
+    return values
 
 
 _FORWARD_PARAMS: dict[type, list[str]] = {}
