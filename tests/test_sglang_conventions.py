@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO
-from tracediff.integrations.sglang import conventions as cv
+from tracediff.eagle3 import conventions as cv
 
 CASES = [  # (ids, earlier calls' ids), on 8 layers
     ([1, 2, 3], ()), ([2, 3, 4], ()), (None, ()), ([0, 2, 4], ()), ([1, 3, 8], ()), ([1, 3, 7], ()),
@@ -165,6 +165,6 @@ def test_integrations_doc_has_the_family_table() -> None:
     table = re.search(r"<!-- family-table[^>]*-->\n(.*?)<!-- /family-table -->", doc, re.S)
     assert table is not None and table.group(1).strip() == cv.family_table(), (
         "docs/INTEGRATIONS.md's family table is stale; paste "
-        "tracediff.integrations.sglang.conventions.family_table()")
+        "tracediff.eagle3.conventions.family_table()")
     for family in cv.TESTED_HERE:
         assert f"| {family} | yes" in table.group(1)

@@ -258,8 +258,8 @@ def test_version_guard_names_the_missing_internal(ckpt):
     server = CpuServer(target_dir, target_weights, draft_dir, draft_weights)
     rec = td.record(server.server_args.model_path + "/unused.h5", enabled=False)
     del server.target.model.layers_to_capture
-    with pytest.raises(integration.SglangInternalsError, match=r"sglang 0\.5\.23: LlamaForCausalLM\.model\."
-                       r"layers_to_capture is missing or changed"):
+    with pytest.raises(integration.SglangInternalsError, match=r"sglang 0\.5\.23: sglang\.srt\.models\."
+                       r"llama\.LlamaForCausalLM has no text model with layers_to_capture and layers"):
         integration.install(rec, target=server.target, draft=server.draft, worker=server.worker)
     assert not server.target.model._forward_pre_hooks and not server.draft.model._forward_pre_hooks
 

@@ -18,10 +18,7 @@ import torch
 from tracediff.eagle3.capture import default_aux_ids
 from tracediff.eagle3.checkpoint import CONFIG, WEIGHTS, read_config, read_weights
 from tracediff.eagle3.config import DraftConfig, read_json_object
-from tracediff.eagle3.draft import Eagle3Draft
-from tracediff.eagle3.vocab import Finding, check_vocab_map
-from tracediff.errors import CheckpointError, InputError
-from tracediff.integrations.sglang.conventions import (
+from tracediff.eagle3.conventions import (
     SPECFORGE,
     Selection,
     Target,
@@ -31,7 +28,10 @@ from tracediff.integrations.sglang.conventions import (
     specforge_selection,
     target_for,
 )
-from tracediff.integrations.sglang.conventions import label as state_label
+from tracediff.eagle3.conventions import label as state_label
+from tracediff.eagle3.draft import Eagle3Draft
+from tracediff.eagle3.vocab import Finding, check_vocab_map
+from tracediff.errors import CheckpointError, InputError
 
 TARGET_FIELDS = ("hidden_size", "num_hidden_layers")  # what the checks read of the target's config
 # Weights whose absence other checks report (or that may be absent): not listed as missing again.

@@ -38,7 +38,7 @@ from tracediff.diff.findings import (
 )
 from tracediff.diff.metrics import float_metrics
 from tracediff.diff.pair import Pair
-from tracediff.integrations.sglang.conventions import FAMILIES, RULES, Capture, label, labels, target_for
+from tracediff.eagle3.conventions import FAMILIES, RULES, Capture, label, labels, target_for
 from tracediff.trace.reader import RowKeys, Trace
 
 CONCATENATED = ("target.aux", "draft.fc_in")

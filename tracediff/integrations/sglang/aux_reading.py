@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracediff.eagle3.capture import OUTPUT_OF_LAYER, AuxSpec
-from tracediff.integrations.sglang.conventions import EMBED, labels, sglang_selection
+from tracediff.eagle3.conventions import EMBED, labels, sglang_selection
 
 
 @dataclass(frozen=True)

@@ -8,21 +8,14 @@ import inspect
 from collections.abc import Sequence
 from typing import Any
 
+from tracediff.eagle3.conventions import sglang_version
+
 SUPPORTED_SGLANG = ("0.5.23",)
 
 
 class SglangInternalsError(RuntimeError):
     """An SGLang internal the recording reads is missing or changed: recording would give wrong
     tensors, so nothing is recorded."""
-
-
-def sglang_version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version("sglang")
-    except PackageNotFoundError:
-        return "not installed"
 
 
 def parameter_names(fn: Any) -> list[str]:

@@ -334,6 +334,16 @@ def _selection(architecture: str, capture: Capture, num_layers: int, ids: Sequen
 # -- SGLang's own answer ------------------------------------------------------------------------
 
 
+def sglang_version() -> str:
+    """The installed sglang release (``not installed`` without one)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("sglang")
+    except PackageNotFoundError:
+        return "not installed"
+
+
 def sglang_class(target: Target) -> type:
     """The class SGLang serves ``target`` with (imports its model file: SGLang must import)."""
     module = importlib.import_module(f"sglang.srt.models.{target.family.name}")
@@ -344,8 +354,6 @@ def resolved_selection(cls: type, ids: Sequence[int] | None, num_layers: int,
                        earlier: Sequence[Sequence[int] | None] = ()) -> Selection:
     """Run ``cls``'s real ``set_eagle3_layers_to_capture`` (after ``earlier`` calls) on a stand-in
     with ``num_layers`` layers and read what it set."""
-    from tracediff.integrations.sglang.guard import sglang_version
-
     root = _StandIn(cls, num_layers)
     error = None
     for call in [*earlier, ids]:
