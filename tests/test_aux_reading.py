@@ -17,6 +17,7 @@ SAMPLES = Path(__file__).resolve().parents[1] / "traces" / "eagle3"
 L0, L1, L2, L3, L4, L5 = (f"target.layer.{i}" for i in range(6))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("architecture, ids, states", [
     ("LlamaForCausalLM", [0, 2, 4], [L0, L2, L4]),  # ids + 1: the output of layer i
     ("DeepseekV3ForCausalLM", [0, 2, 4], ["target.embed", L1, L3]),  # kept as given: the input of layer i
@@ -52,6 +53,7 @@ def replay(*args: str):
     return cli("replay", str(SAMPLES / "training.h5"), "--draft", str(SAMPLES / "draft"), "--json", *args)
 
 
+@pytest.mark.slow
 def test_replay_feeds_what_sglang_would_feed():
     """On the Llama sample SGLang reads ids [1, 3, 4] as the outputs of layers 1, 3, 4: the replay is
     the one of those layers, to the last digit; the architecture comes from --target's config."""

@@ -134,6 +134,7 @@ def test_report_md_says_what_reproduces_how_to_reproduce_and_the_environment(sam
     assert "| `a.h5` | " in text and "a's slice: 8 tensors, " in text  # a count, never "1 tensors"
 
 
+@pytest.mark.slow
 def test_profiles_go_first_then_stats_json_and_report_md_says_so(sample_bundle, tmp_path) -> None:
     _, roomy, _ = sample_bundle
     least = attach(roomy.report, []).size  # report.json and report.html with no tensor's profile
@@ -178,6 +179,7 @@ def test_a_larger_budget_never_gives_a_narrower_window_nor_loses_reproduction(tm
     assert picked == sorted(picked, reverse=True) and picked[0] > picked[-1]  # only wider (lower index)
 
 
+@pytest.mark.slow
 def test_a_budget_below_a_reproducing_bundle_suggests_both_budgets(tmp_path) -> None:
     with pytest.raises(InputError) as error:
         make_bundle(TRAINING, BUG, tmp_path / "out", budget=90_000)

@@ -84,6 +84,7 @@ def chat(models, tmp_path_factory):
     return target, draft, root, texts
 
 
+@pytest.mark.slow
 def test_clean_chat_traffic_matches(chat) -> None:
     root = chat[2]
     report = td.compare(root / "training.h5", root / "serving.h5")
@@ -93,6 +94,7 @@ def test_clean_chat_traffic_matches(chat) -> None:
     assert draft_ids.coverage.compared_b > 0 and draft_ids.status == "match"
 
 
+@pytest.mark.slow
 def test_depth0_draft_rows_pair_only_with_the_same_next_token(chat) -> None:
     """Every row `show A B` finds for a compared depth-0 draft row holds the same fed token on both
     sides: conversations that share BOS (or five tokens) are never paired with each other."""
@@ -107,6 +109,7 @@ def test_depth0_draft_rows_pair_only_with_the_same_next_token(chat) -> None:
         assert (values[0] == values[1]).all()
 
 
+@pytest.mark.slow
 def test_a_real_fault_is_not_hidden_behind_shared_prefixes(chat, tmp_path) -> None:
     target, draft, root, _ = chat
     serve(target, draft, tmp_path / "bug.h5", Conventions(AuxSpec((1, 3, 5))))
@@ -116,6 +119,7 @@ def test_a_real_fault_is_not_hidden_behind_shared_prefixes(chat, tmp_path) -> No
     assert [d.kind for d in report.diagnoses][:1] == ["aux_layer_set"]
 
 
+@pytest.mark.slow
 def test_the_verdict_says_what_it_rests_on_per_draft_depth(chat) -> None:
     root = chat[2]
     report = td.compare(root / "training.h5", root / "serving.h5")
@@ -146,6 +150,7 @@ def test_depths_where_no_row_was_comparable_are_never_covered(tmp_path) -> None:
     assert f"depth 0: {depth0} rows, 1-{STEPS - 1}: none comparable" in headline(report)
 
 
+@pytest.mark.slow
 def test_serving_that_drafts_fewer_depths_than_training_trained_is_named(chat, tmp_path) -> None:
     """The founding story's clamp: 16 draft tokens asked for, num_steps 2 with topk 1 resolves 3,
     training unrolled 4 depths: depths 2-3 are never served."""

@@ -198,6 +198,7 @@ def test_h5_root_attributes_in_dense_storage_are_read_by_a_bounded_child(copy) -
         assert trace.meta["source"] == "training" and trace.complete
 
 
+@pytest.mark.subprocess
 def test_h5_attribute_read_that_hangs_in_the_child_is_bounded(copy, monkeypatch) -> None:
     """Dense storage (read by h5py in a child) and a global heap that makes HDF5 loop: the child is
     stopped at its time limit and the file refused."""

@@ -36,6 +36,7 @@ def test_every_eagle3_class_has_its_role():
     assert model_role(torch.nn.Linear) is None
 
 
+@pytest.mark.slow
 def test_a_missing_internal_is_one_warning_naming_class_and_internal(tmp_path, caplog):
     """A target whose text body lost an internal the recording reads is not recorded: the plugin
     warns once, naming the class and the internal; the model serves as if nothing were attached."""
