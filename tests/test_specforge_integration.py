@@ -333,3 +333,31 @@ def test_the_launcher_plugin_records_models_built_after_startup(target, batch, t
         contract = written.contract
         assert contract["aux_layer_ids"] == [0, 2, 3]
         assert contract["aux_layer_ids_from"] == "specforge_resolver"
+
+
+def test_the_ids_are_read_as_the_target_family_captures_them(target, batch, tmp_path) -> None:
+    """SpecForge captures through the target family's own SGLang setter: given the target, the
+    contract identifies it and reads the ids as that family does (a DeepSeek-V3 keeps ids that do not
+    start at 1: [2, 3, 4] trains on the outputs of layers 1, 2, 3); without it, as most families do.
+    The ids themselves stay as configured, as serving's contract states them."""
+    from testbed.sglang_families import family_bed
+
+    deepseek = family_bed("deepseek_v2").hf
+    for given, sources in ((deepseek, ["target.layer.1", "target.layer.2", "target.layer.3"]),
+                           (None, ["target.layer.2", "target.layer.3", "target.layer.4"])):
+        path = tmp_path / f"{'deepseek' if given is not None else 'unknown'}.h5"
+        model = make_model(target)
+        trainer = CpuTrainer(model, target.lm_head.weight.detach(), lr=3e-3)
+        with td.record(path, source="training") as rec:
+            handle = sf.install(rec, model, aux_layer_ids=[2, 3, 4], target=given)
+            trainer.step(batch)
+            handle.remove()
+        with td.open_trace(path) as trace:
+            stated = trace.contract
+        assert stated["aux_layer_ids"] == [2, 3, 4] and stated["aux_sources"] == sources
+        assert stated["aux_layer_ids_resolved"] == [int(s.rsplit(".", 1)[1]) for s in sources]
+        if given is None:
+            assert "target_config" not in stated and "output of layer i" in stated["aux_layer_reading"]
+        else:
+            assert stated["target_config"]["architecture"] == "DeepseekV3ForCausalLM"
+            assert stated["aux_layer_reading"] == "specforge 0.2.0 through sglang's DeepseekV3ForCausalLM"

@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 
 from tracediff.eagle3.canonical import log_vocab_map
-from tracediff.eagle3.capture import AuxSpec
-from tracediff.integrations.specforge.contract import aux_spec, contract, host
+from tracediff.integrations.specforge.contract import AuxReading, aux_spec, contract, host
 from tracediff.integrations.specforge.guard import check_supported
 from tracediff.integrations.specforge.patches import BatchNote, local, patches
+from tracediff.integrations.target_summary import target_identity
 from tracediff.record.recorder import Recorder
 
 logger = logging.getLogger("tracediff")
@@ -56,7 +56,7 @@ class Recording:
     the recording path is logged once and stops recording."""
 
     def __init__(self, recorder: Recorder, model: Any, sample_ids: Callable[[int, int], str] | None,
-                 aux: tuple[AuxSpec, str] | None, admit: Callable[[str, Sequence[int]], bool] | None) -> None:
+                 aux: AuxReading | None, admit: Callable[[str, Sequence[int]], bool] | None) -> None:
         if _RECORDING in model.__dict__:
             raise ValueError("this OnlineEagle3Model is already recorded (remove() that recording first)")
         self.recorder = recorder
@@ -253,7 +253,7 @@ class Recording:
 
 def install(recorder: Recorder, eagle3_model: Any, *, sample_ids: Callable[[int, int], str] | None = None,
             aux_layer_ids: Sequence[int] | None = None, target_num_layers: int | None = None,
-            admit: Callable[[str, Sequence[int]], bool] | None = None) -> Recording:
+            admit: Callable[[str, Sequence[int]], bool] | None = None, target: Any = None) -> Recording:
     """Record every forward of ``eagle3_model`` (SpecForge's ``OnlineEagle3Model``, or a DDP/FSDP
     wrapper of one). ``sample_ids(n, b)``: the request id of batch row b of recorded forward n.
     The aux layer ids go into the contract as SpecForge resolves them: ``aux_layer_ids``, else what
@@ -261,10 +261,18 @@ def install(recorder: Recorder, eagle3_model: Any, *, sample_ids: Callable[[int,
     seen by the launcher plugin), else the draft config's ``eagle_config``, else SpecForge's default
     for ``target_num_layers``. ``admit(request, tokens)`` decides once per sample whether it is
     recorded (the launcher's --requests / --match-prefix). Raises ``SpecForgeUnsupported`` (one
-    line) when this SpecForge lacks an internal the recorder needs."""
+    line) when this SpecForge lacks an internal the recorder needs. ``target``: the target model
+    the features come from (HF or SGLang): the contract then identifies it, and the ids are read
+    as its family's capture reads them (contract.aux_spec)."""
     model = check_supported(eagle3_model)
-    aux = aux_spec(model.draft_model.config, aux_layer_ids, target_num_layers)
-    return Recording(recorder, model, sample_ids, aux, admit)
+    identity = target_identity(target) if target is not None else {}
+    stated = identity.get("target_config") or {}
+    layers = target_num_layers or stated.get("num_hidden_layers")
+    aux = aux_spec(model.draft_model.config, aux_layer_ids, layers, stated.get("architecture"))
+    recording = Recording(recorder, model, sample_ids, aux, admit)
+    if identity:
+        recorder.update_contract(**identity)
+    return recording
 
 
 def _length(real: np.ndarray) -> int:
