@@ -131,6 +131,20 @@ def test_rows_of_one_step_and_request(tmp_path, fmt) -> None:
             trace.rows("h", step=9)
 
 
+def test_the_last_static_record_of_a_name(tmp_path, fmt) -> None:
+    """A static tensor logged again (a weight after an update) reads as its last record, or the last
+    at one step; a name with rows only, or none at all, has no static record."""
+    with td.record(tmp_path / f"w.{fmt}") as rec:
+        for step in range(3):
+            rec.log_static("fc.weight", np.full(4, step, np.float32), step=step)
+        rec.log("h", np.zeros((2, 4), np.float32), token_ids=[5, 6])
+    with td.open_trace(tmp_path / f"w.{fmt}") as trace:
+        assert trace.last_static("fc.weight").numpy().tolist() == [2.0] * 4
+        assert trace.last_static("fc.weight", step=1).numpy().tolist() == [1.0] * 4
+        assert trace.last_static("fc.weight", step=7) is None
+        assert trace.last_static("h") is None and trace.last_static("nothing") is None
+
+
 def test_closed_arrow_trace_opens_from_its_index_without_visiting_batches(tmp_path) -> None:
     import pyarrow as pa
 

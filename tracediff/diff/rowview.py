@@ -21,7 +21,7 @@ from tracediff.diff.shapes import dtype_note, mismatch
 from tracediff.errors import InputError, did_you_mean
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
 from tracediff.trace.reader import RowKeys, Trace, open_trace
-from tracediff.trace.summary import TensorStats, last_static, value_stats
+from tracediff.trace.summary import TensorStats, value_stats
 
 TraceLike = str | Path | Trace
 SIDES = Pair("a", "b")
@@ -129,7 +129,7 @@ def _kind(trace: Trace, name: str, label: str, side: str) -> str:
 
 
 def _static(trace: Trace, name: str, step: int | None, label: str, side: str) -> _Found:
-    record = last_static(trace, name, step)
+    record = trace.last_static(name, step)
     if record is None:
         steps = sorted(set(trace.index.step[trace.select(name=name)].tolist()))
         raise InputError(label, f"{side} has no record of {name!r} at step {step} "

@@ -214,6 +214,13 @@ class Trace:
         idx = self.index
         return list(dict.fromkeys(idx.name[np.lexsort((idx.seq_no, idx.part))].tolist()))
 
+    def last_static(self, name: str, step: int | None = None) -> Record | None:
+        """The last static record of ``name`` (at ``step`` if given), as compare reads a static
+        tensor (a weight, the vocab map); None when the trace holds none."""
+        hits = self.select(name=name, step=step)
+        hits = hits[self.index.static[hits].astype(bool)]
+        return self.read(int(hits[-1])) if len(hits) else None
+
     def select(self, name: str | None = None, step: int | None = None, rank: int | None = None,
                depth: int | None = None) -> np.ndarray:
         """Index positions of the records that match, in (rank file, seq_no) order."""

@@ -7,7 +7,6 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from tracediff.trace.reader import TensorRows, Trace
-from tracediff.trace.schema import Record
 
 
 @dataclass
@@ -107,14 +106,10 @@ def value_stats(name: str, dtype: str, values: np.ndarray, rows: int, first: np.
 
 def static_stats(trace: Trace, name: str, step: int | None = None) -> TensorStats | None:
     """Stats of the last static record of ``name`` (at ``step`` if given); None when it has none."""
-    record = last_static(trace, name, step)
+    record = trace.last_static(name, step)
     if record is None:
         return None
     values = record.numpy()
     return value_stats(name, record.dtype, values, 0, values.reshape(-1)[:8])
 
 
-def last_static(trace: Trace, name: str, step: int | None = None) -> Record | None:
-    """The last static record of ``name`` (at ``step`` if given), as compare reads a static tensor."""
-    hits = [i for i in trace.select(name=name, step=step) if trace.index.static[i]]
-    return trace.read(hits[-1]) if hits else None

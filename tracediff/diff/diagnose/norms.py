@@ -22,7 +22,6 @@ from typing import Final
 import numpy as np
 
 from tracediff.diff.findings import NormKind, WeightKind
-from tracediff.trace.dtypes import decode
 from tracediff.trace.reader import Trace
 
 RMS: Final = "rms"
@@ -105,12 +104,11 @@ def recorded_weights(trace: Trace) -> dict[str, Affine]:
 
 def _static(trace: Trace, name: str) -> np.ndarray | None:
     """The last static record of ``name`` as float64, or None."""
-    hits = [i for i in trace.select(name=name) if trace.index.static[i]]
-    if not hits:
+    record = trace.last_static(name)
+    if record is None:
         return None
-    record = trace.read(hits[-1])
     with np.errstate(invalid="ignore"):  # a signalling NaN is data: no warning when it is cast
-        return decode(record.data, record.dtype).astype(np.float64)
+        return record.numpy().astype(np.float64)
 
 
 def norm_fit(raw: np.ndarray, normed: np.ndarray, recorded: dict[str, Affine]) -> NormFit | None:

@@ -13,7 +13,6 @@ from tracediff.diff.diagnose.evidence import Context, failing_sample, values
 from tracediff.diff.findings import D2tEntriesEvidence, D2tSizeEvidence, Diagnosis, DirectMapEvidence, Side
 from tracediff.diff.pair import Pair
 from tracediff.eagle3.vocab import Finding, check_vocab_map, infer_mapping
-from tracediff.trace.dtypes import decode
 from tracediff.trace.reader import RowKeys, Trace
 
 DRAFT_IDS, MAPPED, D2T, T2D = "draft.token", "draft.token_target", "draft.d2t", "draft.t2d"
@@ -21,11 +20,8 @@ DRAFT_IDS, MAPPED, D2T, T2D = "draft.token", "draft.token_target", "draft.d2t", 
 
 def static_value(trace: Trace, name: str) -> np.ndarray | None:
     """The last static record of ``name``, decoded; None when the trace has none."""
-    hits = [i for i in trace.select(name=name) if trace.index.static[i]]
-    if not hits:
-        return None
-    record = trace.read(hits[-1])
-    return decode(record.data, record.dtype)
+    record = trace.last_static(name)
+    return None if record is None else record.numpy()
 
 
 @dataclass(frozen=True)
