@@ -34,6 +34,11 @@ def test_every_eagle3_class_has_its_role():
     assert model_role(gemma3_causal.Gemma3ForCausalLM) == "target"
     assert model_role(llama_eagle3.LlamaForCausalLMEagle3) == "draft"
     assert model_role(torch.nn.Linear) is None
+    from sglang.srt.models import deepseek_nextn, llama_eagle  # drafts of other algorithms inherit the setter
+
+    assert callable(getattr(llama_eagle.LlamaForCausalLMEagle, "set_eagle3_layers_to_capture", None))
+    assert model_role(llama_eagle.LlamaForCausalLMEagle) is None
+    assert model_role(deepseek_nextn.DeepseekV3ForCausalLMNextN) is None
 
 
 @pytest.mark.slow

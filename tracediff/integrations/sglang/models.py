@@ -61,11 +61,17 @@ def family_of(cls: type) -> str:
     return cls.__module__.rsplit(".", 1)[-1]
 
 
+OTHER_DRAFTS = ("Eagle", "NextN", "MTP")  # draft models of other algorithms (EAGLE-1/2, MTP): never a target
+
+
 def model_role(cls: type) -> str | None:
     """``"draft"`` for an EAGLE-3 draft class, ``"target"`` for a class that captures aux states for
-    EAGLE-3, else None. Drafts subclass targets (LlamaForCausalLMEagle3), so they are asked first."""
+    EAGLE-3, else None. Drafts subclass targets (LlamaForCausalLMEagle3, and EAGLE-2's
+    LlamaForCausalLMEagle or DeepSeek's NextN inherit the setter too), so drafts are asked first."""
     if "eagle3" in cls.__module__.rsplit(".", 1)[-1] or "Eagle3" in cls.__name__:
         return "draft"
+    if any(marker in cls.__name__ for marker in OTHER_DRAFTS):
+        return None
     if callable(getattr(cls, "set_eagle3_layers_to_capture", None)):
         return "target"
     return None
