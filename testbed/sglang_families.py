@@ -56,13 +56,15 @@ class FamilyBed:
 
         self.family = family
         config = family.config()
-        config.architectures = [family.arch]
+        config.architectures = [family.text_arch or family.arch]
         torch.manual_seed(seed)
         self.hf = AutoModelForCausalLM.from_config(config, attn_implementation="eager", dtype=torch.float32)
         self.hf.eval()
         self.path = os.path.join(workdir, family.name)
         self.hf.save_pretrained(self.path)
         _add_config_fields(self.path, config)
+        if family.wrap is not None:
+            family.wrap(self.path)
         args = dict(model_path=self.path, device="cpu", dtype="float32", tp_size=1, skip_tokenizer_init=True,
                     attention_backend="torch_native", disable_cuda_graph=True)
         self.server_args = ServerArgs(**{**args, **family.server_args})

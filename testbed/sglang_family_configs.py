@@ -38,6 +38,8 @@ class Family:
     kv: str = "mha"  # "mha", "mla" (latent KV pool) or "sinks" (MHA + attention sinks)
     server_args: Mapping[str, Any] = field(default_factory=dict)
     tolerance: float = 1e-5  # SGLang vs HF in float32, relative to the largest value of a state
+    text_arch: str | None = None  # a wrapper (VL) family: the HF text model the reference runs
+    wrap: Callable[[str], None] | None = None  # rewrites the saved text checkpoint into the wrapper's layout
 
 
 def _llama() -> Any:
@@ -113,6 +115,28 @@ def deepseek_v3() -> Any:
     return config
 
 
+def _kimi_k25_checkpoint(path: str) -> None:
+    """A DeepSeek-V3 text checkpoint -> Kimi-K2.5's layout: every weight under ``language_model.``,
+    config.json a KimiK25 config whose text_config is the DeepSeek-V3 one (a one-block vision tower
+    keeps SGLang's init: text-only prompts never reach it)."""
+    import json
+    import os
+
+    from safetensors.torch import load_file, save_file
+
+    weights = os.path.join(path, "model.safetensors")
+    save_file({f"language_model.{k}": v.contiguous() for k, v in load_file(weights).items()}, weights)
+    with open(os.path.join(path, "config.json")) as f:
+        text = json.load(f)
+    config = dict(architectures=["KimiK25ForConditionalGeneration"], model_type="kimi_k25", text_config=text,
+                  vision_config=dict(patch_size=14, num_attention_heads=2, num_hidden_layers=1, hidden_size=32,
+                                     intermediate_size=64, text_hidden_size=text["hidden_size"],
+                                     mm_hidden_size=32, vt_hidden_size=32),
+                  tie_word_embeddings=False, torch_dtype="float32")
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
 def _gpt_oss() -> Any:
     from transformers import GptOssConfig
 
@@ -155,6 +179,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("glm4_moe", "Glm4MoeForCausalLM", _glm4_moe),
     Family("glm4_moe_lite", "Glm4MoeLiteForCausalLM", _glm4_moe_lite, kv="mla", server_args=_ABSORBED_MLA),
     Family("deepseek_v2", "DeepseekV3ForCausalLM", deepseek_v3, kv="mla", server_args=_ABSORBED_MLA),
+    # Kimi-K2.5 (the VL wrapper, text-only prompts): the ids go unchanged to its DeepseekV3ForCausalLM
+    Family("kimi_k25", "KimiK25ForConditionalGeneration", deepseek_v3, kv="mla", server_args=_ABSORBED_MLA,
+           text_arch="DeepseekV3ForCausalLM", wrap=_kimi_k25_checkpoint),
     # SGLang keeps the attention sinks in bfloat16
     Family("gpt_oss", "GptOssForCausalLM", _gpt_oss, kv="sinks", server_args=_TRITON, tolerance=1e-4),
     Family("minimax_m2", "MiniMaxM2ForCausalLM", _minimax_m2),

@@ -168,3 +168,11 @@ def test_integrations_doc_has_the_family_table() -> None:
         "tracediff.eagle3.conventions.family_table()")
     for family in cv.TESTED_HERE:
         assert f"| {family} | yes" in table.group(1)
+
+
+def test_tested_here_names_exactly_the_families_the_test_bed_runs() -> None:
+    """"tested here" in the family table is a claim about tests/test_sglang_families.py: it names the
+    test bed's families, no more, no fewer."""
+    from testbed.sglang_family_configs import FAMILIES as BED
+
+    assert sorted(cv.TESTED_HERE) == sorted(BED)

@@ -29,7 +29,9 @@ pytestmark = pytest.mark.slow
 
 ROWS = len(PROMPT) + 1  # the prefill's rows, then the decode's
 RESIDUAL_PLUS_ONE = ("llama", "qwen2", "qwen3", "glm4_moe", "minimax_m2", "apertus", "gpt_oss")
-FIRST_ID_IS_ONE = ("deepseek_v2", "glm4_moe_lite")  # +1 only when the first id is 1
+FIRST_ID_IS_ONE = ("deepseek_v2", "kimi_k25", "glm4_moe_lite")  # +1 only when the first id is 1
+PACKED = ("deepseek_v2", "kimi_k25")  # one slot per layers_to_capture entry, preallocated (Kimi-K2.5: its
+# VL wrapper hands the ids unchanged to its DeepseekV3ForCausalLM)
 FLAGS = ("qwen2_moe", "qwen3_moe")  # capture by per-layer flags that are never cleared
 BRANCH = ("gemma3_causal",)  # captures the previous layer's branch output, not the residual stream
 
@@ -88,7 +90,7 @@ def fed(name: str) -> dict[str, Case]:
         cases["final"] = [[1, 3, LAYERS]], layers(0, 2, LAYERS - 1)  # no +1 when max(ids) == L
     # no ids: [2, L//2, L-3] everywhere, [2, 3, 3] for 6 layers: the same boundary twice, captured once
     # (DeepSeek packs 3 slots and stops: test_deepseek_duplicate_ids_stop_the_forward)
-    if name != "deepseek_v2":
+    if name not in PACKED:
         cases["default"] = [None], branches(1, 2) if name in BRANCH else layers(1, 2)
     return cases
 

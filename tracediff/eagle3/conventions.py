@@ -122,19 +122,17 @@ def _family(name: str, capture: Capture, *classes: str, text_model: str | None =
     return Family(name, {cls: capture for cls in classes}, text_model)
 
 
-# Every class of sglang 0.5.23's model registry that captures for EAGLE-3 (drafts aside), by family.
+# Every class of sglang 0.5.23's model registry that captures for EAGLE-3, by family (drafts aside:
+# EAGLE-3's, and those of other algorithms that inherit the setter, EAGLE-2's ...Eagle, NextN, MTP).
 FAMILIES: dict[str, Family] = {f.name: f for f in (
     _family("llama", LLAMA, "LlamaForCausalLM", "Phi3ForCausalLM", "InternLM3ForCausalLM",
             "IQuestCoderForCausalLM"),
     _family("llama4", LLAMA, "Llama4ForCausalLM"),
-    _family("llama_eagle", LLAMA, "LlamaForCausalLMEagle"),
     _family("mistral", LLAMA, "MistralForCausalLM"),
-    _family("mistral_eagle", LLAMA, "MistralForCausalLMEagle"),
     _family("ministral3", LLAMA, "Ministral3ForCausalLM"),
     _family("teleflm", LLAMA, "TeleFLMForCausalLM"),
     _family("mllama4", LLAMA, "Llama4ForConditionalGeneration", text_model="llama4"),
     _family("qwen2", LLAMA, "Qwen2ForCausalLM"),
-    _family("qwen2_eagle", LLAMA, "Qwen2ForCausalLMEagle"),
     _family("qwen2_5_vl", LLAMA, "Qwen2_5_VLForConditionalGeneration", text_model="qwen2"),
     _family("qwen3", LLAMA, "Qwen3ForCausalLM"),
     _family("qwen3_vl", LLAMA, "Qwen3VLForConditionalGeneration", text_model="qwen3"),
@@ -145,25 +143,17 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     _family("qwen4_exp", QWEN_FLAGS, "Qwen4ExpForConditionalGeneration", text_model="qwen3_5"),
     _family("apertus", LLAMA, "ApertusForCausalLM"),
     _family("exaone_moe", LLAMA, "ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM"),
-    _family("exaone_moe_mtp", LLAMA, "ExaoneMoEForCausalLMMTP"),
     _family("bailing_moe", LLAMA, "BailingMoEForCausalLM", "BailingMoeForCausalLM",
             "BailingMoeV2ForCausalLM"),
     _family("sarvam_moe", LLAMA, "SarvamMoEForCausalLM"),
     _family("longcat_flash", LLAMA, "LongcatFlashForCausalLM"),
-    _family("longcat_flash_nextn", LLAMA, "LongcatFlashForCausalLMNextN"),
     _family("minimax_m2", LLAMA, "MiniMaxM2ForCausalLM"),
     _family("glm5_next", LLAMA, "Glm5NextForConditionalGeneration"),
-    _family("glm5_next_nextn", DEEPSEEK, "Glm5NextForConditionalGenerationNextN"),
-    Family("glm4_moe", {"Glm4MoeForCausalLM": LLAMA, "GlmMoeDsaForCausalLM": DEEPSEEK,
-                        "GlmMoeDsaForCausalLMNextN": DEEPSEEK}),
-    _family("glm4_moe_nextn", LLAMA, "Glm4MoeForCausalLMNextN"),
+    Family("glm4_moe", {"Glm4MoeForCausalLM": LLAMA, "GlmMoeDsaForCausalLM": DEEPSEEK}),
     _family("glm4_moe_lite", GLM_LITE, "Glm4MoeLiteForCausalLM"),
-    _family("glm4_moe_lite_nextn", GLM_LITE, "Glm4MoeLiteForCausalLMNextN"),
     _family("deepseek_v2", DEEPSEEK, "DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM",
             "DeepseekV32ForCausalLM"),
-    _family("deepseek_nextn", DEEPSEEK, "DeepseekV3ForCausalLMNextN"),
     _family("mistral_large_3", DEEPSEEK, "MistralLarge3ForCausalLM"),
-    _family("mistral_large_3_eagle", DEEPSEEK, "MistralLarge3ForCausalLMEagle"),
     _family("kimi_k25", DEEPSEEK, "KimiK25ForConditionalGeneration", text_model="deepseek_v2"),
     _family("gpt_oss", GPT_OSS, "GptOssForCausalLM"),
     _family("gemma3_causal", GEMMA3, "Gemma3ForCausalLM", "EmbeddingGemmaModel"),
@@ -174,11 +164,9 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     _family("gemma4_unified", GEMMA4, "Gemma4UnifiedForConditionalGeneration", text_model="gemma4_causal"),
     _family("qwen2_moe", QWEN_FLAGS, "Qwen2MoeForCausalLM"),
     _family("qwen3_moe", QWEN_FLAGS, "Qwen3MoeForCausalLM"),
-    _family("qwen3_moe_mtp", QWEN_FLAGS, "Qwen3MoeForCausalLMMTP"),
     _family("mellum", QWEN_FLAGS, "MellumForCausalLM"),
     _family("qwen3_vl_moe", QWEN_FLAGS, "Qwen3VLMoeForConditionalGeneration", text_model="qwen3_moe"),
     _family("qwen3_next", QWEN_FLAGS, "Qwen3NextForCausalLM"),
-    _family("qwen3_next_mtp", QWEN_FLAGS, "Qwen3NextForCausalLMMTP"),
     _family("qwen3_5_text", QWEN_FLAGS, "Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM"),
     _family("qwen3_5", QWEN_FLAGS, "Qwen3_5ForConditionalGeneration", "Qwen3_5MoeForConditionalGeneration",
             text_model="qwen3_5_text"),
@@ -189,7 +177,7 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
 )}
 # the families another suite runs on CPU with SGLang's real model code (tests of the recording)
 TESTED_HERE = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen2_moe", "glm4_moe", "glm4_moe_lite",
-               "deepseek_v2", "gpt_oss", "minimax_m2", "gemma3_causal", "apertus")
+               "deepseek_v2", "kimi_k25", "gpt_oss", "minimax_m2", "gemma3_causal", "apertus")
 
 
 @dataclass(frozen=True)
