@@ -135,6 +135,7 @@ def test_the_verdict_says_what_it_rests_on_per_draft_depth(chat) -> None:
     assert td.Report.from_json(report.to_json()).coverage.depths == depths
 
 
+@pytest.mark.slow
 def test_depths_where_no_row_was_comparable_are_never_covered(tmp_path) -> None:
     """An untrained draft: its chains never draft what training was fed at depth >= 1, so no row
     there is comparable. That is not a match at those depths."""
