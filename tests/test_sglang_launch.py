@@ -72,8 +72,14 @@ def test_launched_script_records_like_install(tmp_path):
 
 
 FAMILY_SCRIPT = """
-import sys
+import subprocess, sys
 import torch
+
+if len(sys.argv) > 3:  # the server: one process per family (as a server's ranks are), each loading its model
+    workers = [subprocess.Popen([sys.executable, __file__, family, sys.argv[1] + "." + family + ".pt"])
+               for family in sys.argv[2].split(",")]
+    sys.exit(max(worker.wait() for worker in workers))
+
 from testbed.sglang_families import family_bed
 
 bed = family_bed(sys.argv[1])
@@ -82,36 +88,47 @@ model.set_eagle3_layers_to_capture([1, 2, 3])  # as SGLang's model runner does f
 served = bed.serve(model)
 torch.save({"tokens": served.tokens, "hidden": bed.reference(served.tokens).hidden_states}, sys.argv[2])
 """
+FAMILY_RECORDS = {  # family: (model class, layer pattern, what the aux holds for ids [1, 2, 3])
+    "deepseek_v2": ("sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM", "boundary",
+                    ["target.layer.1", "target.layer.2", "target.layer.3"]),  # the first id is 1: + 1
+    "gemma3_causal": ("sglang.srt.models.gemma3_causal.Gemma3ForCausalLM", "classic",
+                      ["target.layer.1.branch", "target.layer.2.branch", "target.layer.3.branch"]),
+    "qwen3_moe": ("sglang.srt.models.qwen3_moe.Qwen3MoeForCausalLM", "boundary",
+                  ["target.layer.1", "target.layer.2", "target.layer.3"]),  # by per-layer flags
+}
 
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-@pytest.mark.parametrize("family, model_class, pattern, slots", [
-    ("deepseek_v2", "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM", "boundary",
-     ["target.layer.1", "target.layer.2", "target.layer.3"]),  # ids [1,2,3]: first id 1, so +1
-])  # one launch (~40 s): the classic layer pattern (Gemma 3) is held in-process by test_sglang_families.py
-def test_launcher_records_every_family(tmp_path, family, model_class, pattern, slots):
-    """Through the real CLI, a stand-in where SGLang's launcher sits loads a family's real model class
-    through SGLang's loader: the plugin finds the class from the model file's registry entry (no
-    list of families), the contract names class and family, the states equal HF's hidden states and
+def test_launcher_records_every_family(tmp_path):
+    """Through the real CLI, a stand-in where SGLang's launcher sits starts one process per family,
+    each loading its real model class through SGLang's loader: the plugin finds each class from its
+    model file's registry entry (no list of families), every process writes its own file, and each
+    contract names class, family and layer pattern, the states equal HF's hidden states and
     ``aux_slot_states`` says what each aux slot really holds."""
     script = tmp_path / "sglang" / "launch_server.py"
     script.parent.mkdir()
     script.write_text(FAMILY_SCRIPT)
-    trace_path, reference = tmp_path / "serve.h5", tmp_path / "reference.pt"
-    serve = [sys.executable, str(script), family, str(reference), "--disable-cuda-graph"]
-    done = run_cli("record", "--out", str(trace_path), "--", *serve)
+    reference = tmp_path / "reference"
+    serve = [sys.executable, str(script), str(reference), ",".join(FAMILY_RECORDS), "--disable-cuda-graph"]
+    done = run_cli("record", "--out", str(tmp_path / "serve.h5"), "--", *serve)
     assert done.returncode == 0, done.stderr[-3000:]
-    expected = torch.load(reference, weights_only=True)
-    with td.open_trace(trace_path) as trace:
-        stated = trace.contract
-        assert stated["target_model_class"] == model_class and stated["target_family"] == family
-        assert stated["target_layer_pattern"] == pattern
-        assert stated["aux_layer_ids"] == [1, 2, 3] and stated["aux_slot_states"] == slots
-        assert "sglang_recording_stopped" not in stated
-        num_layers = stated["target_num_layers"]
-        for i in range(num_layers - 1):  # HF's last hidden state is after the final norm
-            rows = trace.rows(f"target.layer.{i}")
-            assert sorted(rows.position.tolist()) == list(range(len(expected["tokens"])))
-            np.testing.assert_allclose(rows.data, expected["hidden"][i + 1][rows.position].numpy(),
-                                       rtol=1e-4, atol=1e-4, err_msg=f"target.layer.{i}")
+    written = sorted(tmp_path.glob("serve*.h5"))
+    assert len(written) == len(FAMILY_RECORDS), done.stderr[-3000:]  # serve.h5 and serve.pidN.h5
+    seen = set()
+    for path in written:
+        with td.open_trace(path) as trace:
+            stated = trace.contract
+            family = stated["target_family"]
+            model_class, pattern, slots = FAMILY_RECORDS[family]
+            seen.add(family)
+            assert stated["target_model_class"] == model_class and stated["target_layer_pattern"] == pattern
+            assert stated["aux_layer_ids"] == [1, 2, 3] and stated["aux_slot_states"] == slots
+            assert "sglang_recording_stopped" not in stated
+            expected = torch.load(f"{reference}.{family}.pt", weights_only=True)
+            for i in range(stated["target_num_layers"] - 1):  # HF's last hidden state is after the final norm
+                rows = trace.rows(f"target.layer.{i}")
+                assert sorted(rows.position.tolist()) == list(range(len(expected["tokens"])))
+                np.testing.assert_allclose(rows.data, expected["hidden"][i + 1][rows.position].numpy(),
+                                           rtol=1e-4, atol=1e-4, err_msg=f"{family} target.layer.{i}")
+    assert seen == set(FAMILY_RECORDS)
