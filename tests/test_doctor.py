@@ -218,6 +218,7 @@ def test_a_config_with_the_wrong_field_types_gives_one_error_line(healthy) -> No
     ([4], "not a model config: expected a JSON object, got a list"),
     ({"hidden_size": 64}, "num_hidden_layers must be a positive integer, not null"),
     ({**TARGET, "hidden_size": "64"}, 'hidden_size must be a positive integer, not "64"'),
+    ({**TARGET, "vocab_size": "512"}, 'vocab_size must be a positive integer, not "512"'),
 ])
 def test_unusable_target_configs_are_one_error(healthy, target, problem) -> None:
     (healthy[1] / "config.json").write_text(json.dumps(target))
@@ -228,6 +229,13 @@ def test_unusable_target_configs_are_one_error(healthy, target, problem) -> None
 @pytest.mark.parametrize("args, problem", [
     ("--speculative-num-steps 'x", "cannot split into words: No closing quotation"),
     ("--speculative-eagle-topk one", "--speculative-eagle-topk takes a whole number, not 'one'"),
+    ("--speculative-num-steps", "--speculative-num-steps has no value: it takes a whole number"),
+    ("--speculative-num-steps --speculative-eagle-topk 1",
+     "--speculative-num-steps has no value: it takes a whole number"),
+    ("--speculative-num-draft-tokens= --speculative-num-steps 3",
+     "--speculative-num-draft-tokens has no value: it takes a whole number"),
+    ("--speculative-eagle-topk 1 --speculative-algorithm",
+     "--speculative-algorithm has no value: it takes an algorithm name"),
 ])
 def test_bad_server_args_are_one_error(healthy, args, problem) -> None:
     with pytest.raises(InputError) as caught:
@@ -295,7 +303,7 @@ def test_deepseek_ids_select_other_states_than_hf_readers_think(healthy, tmp_pat
         "id is 1) sets layers_to_capture [2, 3, 4] and feeds [layer 1, layer 2, layer 3]; SpecForge 0.2.0 "
         "trains on [layer 1, layer 2, layer 3]; trainers reading HF hidden_states[i+1] feed [layer 2, "
         "layer 3, layer 4]")
-    assert codes(healthy[0], tmp_path / "ds") == []
+    assert codes(healthy[0], tmp_path / "ds") == ["aux_hf_reading_differs"]  # SpecForge 0.2.0 agrees, HF not
 
 
 def test_deepseek_short_aux_raises_in_the_target_forward(healthy, tmp_path) -> None:
@@ -354,3 +362,93 @@ def test_a_vl_target_is_read_through_its_text_config(healthy, tmp_path) -> None:
     said = found(healthy[0], tmp_path / "kimi")
     assert said["aux_meaning"].startswith("ids [2, 3, 4] on this 8-layer KimiK25ForConditionalGeneration: "
                                           "SGLang (kimi_k25: +1 only when the first id is 1)")
+
+
+@pytest.mark.parametrize("ids, sglang, hf", [
+    ([0, 2, 4], "[embed, layer 1, layer 3]", "[layer 0, layer 2, layer 4]"),
+    ([2, 3, 4], "[layer 1, layer 2, layer 3]", "[layer 2, layer 3, layer 4]"),
+])
+def test_deepseek_ids_hf_readers_read_otherwise_are_a_warning(healthy, tmp_path, ids, sglang, hf) -> None:
+    """The founding story: DeepSeek-V3 keeps ids not starting at 1 as given (inputs of those layers),
+    a trainer reading HF hidden_states[i+1] took the outputs: one layer later each."""
+    edit_config(healthy[0], eagle_config={"eagle_aux_hidden_state_layer_ids": ids})
+    target = family_target(tmp_path / "ds", "DeepseekV3ForCausalLM", 8)
+    assert codes(healthy[0], target) == ["aux_hf_reading_differs"]
+    message = found(healthy[0], target)["aux_hf_reading_differs"]
+    assert f"layers_to_capture {ids}, the states {sglang}" in message
+    assert f"trainers reading HF hidden_states[i+1] (older SpecForge, hand-written loops) fed {hf}" in message
+    assert "deepseek_v2: +1 only when the first id is 1" in message
+    out = cli("doctor", "--draft", str(healthy[0]), "--target", str(target))
+    assert out.returncode == 0 and "1 warning found" in out.stdout and "no problems found" not in out.stdout
+
+
+@pytest.mark.parametrize("architecture, ids", [
+    ("DeepseekV3ForCausalLM", [1, 2, 3]),  # the first id is 1: +1, as HF reads it
+    ("LlamaForCausalLM", [0, 2, 4]),
+    ("Qwen3ForCausalLM", [2, 3, 4]),
+])
+def test_no_hf_reading_warning_where_the_readings_agree(healthy, tmp_path, architecture, ids) -> None:
+    edit_config(healthy[0], eagle_config={"eagle_aux_hidden_state_layer_ids": ids})
+    assert codes(healthy[0], family_target(tmp_path / "t", architecture, 8)) == []
+
+
+def test_empty_aux_ids_are_their_own_error(healthy, tmp_path) -> None:
+    """[] is not the default in SGLang 0.5.23: it reaches the setter as [] (measured with SGLang's
+    real Qwen3 code on CPU: the forward raises 'ValueError: too many values to unpack (expected 2)')."""
+    edit_config(healthy[0], eagle_config={"eagle_aux_hidden_state_layer_ids": []})
+    for target in (healthy[1], family_target(tmp_path / "ds", "DeepseekV3ForCausalLM", 8), None):
+        (finding,) = [f for f in doctor(healthy[0], target) if f.severity != "info"]
+        assert finding.code == "aux_ids_empty" and finding.severity == "error"
+        assert "passes it to set_eagle3_layers_to_capture as given, not as the default" in finding.message
+        assert "layers_to_capture []" in finding.message
+        assert "'ValueError: too many values to unpack'" in finding.message
+
+
+def test_a_draft_for_another_vocab_is_an_error(healthy) -> None:
+    """The tiny draft's vocab is 512 (its d2t maps into [0, 512)); a target of 256 tokens lacks half."""
+    (healthy[1] / "config.json").write_text(json.dumps({**TARGET, "vocab_size": 256}))
+    said = {f.code: f.message for f in doctor(*healthy) if f.severity == "error"}
+    assert set(said) == {"vocab_size_mismatch", "d2t_beyond_target"}
+    assert said["vocab_size_mismatch"].startswith("the draft's vocab_size is 512, the target's 256")
+    d2t = load_file(healthy[0] / "model.safetensors")["d2t"]
+    high = int((torch.arange(len(d2t)) + d2t).max())
+    assert f"target ids {int(d2t[0])}..{high}, outside the target's vocab [0, 256)" in \
+        said["d2t_beyond_target"]
+    (healthy[1] / "config.json").write_text(json.dumps({**TARGET, "vocab_size": 1024}))
+    assert codes(*healthy) == ["vocab_size_mismatch"]  # a larger target: d2t stays inside it
+
+
+def test_a_vl_target_s_vocab_is_read_from_its_text_config(healthy, tmp_path) -> None:
+    (tmp_path / "vl").mkdir()
+    (tmp_path / "vl" / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3VLForConditionalGeneration"], "text_config": {**TARGET, "vocab_size": 1024}}))
+    assert codes(healthy[0], tmp_path / "vl") == ["vocab_size_mismatch"]
+
+
+@pytest.mark.parametrize("config, named", [
+    ({**TARGET, "architectures": ["FooBarForCausalLM"]},
+     "FooBarForCausalLM is not an EAGLE-3 target class of sglang 0.5.23"),
+    ({k: v for k, v in TARGET.items() if k != "architectures"},
+     "the target's config.json names no architecture"),
+])
+def test_an_unknown_architecture_says_its_reading_is_assumed(healthy, config, named) -> None:
+    (healthy[1] / "config.json").write_text(json.dumps(config))
+    assert codes(*healthy) == ["aux_family_unknown"]
+    (finding,) = [f for f in doctor(*healthy) if f.code == "aux_family_unknown"]
+    assert finding.severity == "warning" and finding.message.startswith(named)
+    assert "assumed (SGLang's Llama-like families: ids + 1)" in finding.message
+    out = cli("doctor", "--draft", str(healthy[0]), "--target", str(healthy[1]))
+    assert out.returncode == 0 and "1 warning found" in out.stdout
+
+
+def test_the_headline_counts_errors_and_warnings() -> None:
+    from tracediff.eagle3.vocab import Finding
+
+    def shown(*severities: str) -> str:
+        console = Console(file=io.StringIO(), width=200, color_system=None)
+        render_findings(console, [Finding(s, "c", "m", "f") for s in severities])
+        return console.file.getvalue().splitlines()[0]
+
+    assert shown() == shown("info") == "no problems found"
+    assert shown("warning", "info") == "1 warning found"
+    assert shown("error", "error", "warning", "warning") == "2 errors, 2 warnings found"

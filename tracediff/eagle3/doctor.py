@@ -19,6 +19,7 @@ from tracediff.eagle3.capture import default_aux_ids
 from tracediff.eagle3.checkpoint import CONFIG, WEIGHTS, read_config, read_weights
 from tracediff.eagle3.config import DraftConfig, read_json_object
 from tracediff.eagle3.conventions import (
+    SGLANG_TABLE,
     SPECFORGE,
     Selection,
     Target,
@@ -26,6 +27,7 @@ from tracediff.eagle3.conventions import (
     labels,
     sglang_selection,
     specforge_selection,
+    state_name,
     target_for,
 )
 from tracediff.eagle3.conventions import label as state_label
@@ -34,6 +36,7 @@ from tracediff.eagle3.vocab import Finding, check_vocab_map
 from tracediff.errors import CheckpointError, InputError
 
 TARGET_FIELDS = ("hidden_size", "num_hidden_layers")  # what the checks read of the target's config
+TARGET_OPTIONAL = ("vocab_size",)  # read and checked when the target's config has them
 # Weights whose absence other checks report (or that may be absent): not listed as missing again.
 CHECKED_ELSEWHERE = {"embed_tokens.weight",  # optional: engines share the target's
                      "d2t", "t2d",  # the vocab map checks (a full-vocab draft needs none)
@@ -54,6 +57,12 @@ class Checkpoint:
     @property
     def target_layers(self) -> int | None:
         return None if self.target is None else self.target["num_hidden_layers"]
+
+    @property
+    def empty_ids(self) -> bool:
+        """config.json lists the aux ids as ``[]`` (DraftConfig reads that as no ids; SGLang does not)."""
+        eagle = self.config.raw.get("eagle_config")
+        return isinstance(eagle, dict) and eagle.get("eagle_aux_hidden_state_layer_ids") == []
 
 
 def read_checkpoint(draft: str | Path, target: str | Path | None = None) -> Checkpoint:
@@ -76,8 +85,9 @@ def read_target_config(target: Path) -> dict:
         raise CheckpointError(path, f"not a model config: {exc}") from None
     text = raw.get("text_config")
     if isinstance(text, dict):  # a VL wrapper (Kimi-K2.5, Qwen3-VL): its text model's sizes
-        raw = {**raw, **{key: text[key] for key in TARGET_FIELDS if key not in raw and key in text}}
-    for key in TARGET_FIELDS:
+        raw = {**raw, **{key: text[key] for key in (*TARGET_FIELDS, *TARGET_OPTIONAL)
+                         if key not in raw and key in text}}
+    for key in (*TARGET_FIELDS, *(k for k in TARGET_OPTIONAL if raw.get(k) is not None)):
         value = raw.get(key)
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise CheckpointError(path, f"{key} must be a positive integer, not {json.dumps(value)[:40]}")
@@ -162,6 +172,31 @@ def check_vocab(ck: Checkpoint) -> list[Finding]:
     return findings
 
 
+def check_target_vocab(ck: Checkpoint) -> list[Finding]:
+    """The draft's vocab against the target's (when its config.json states one): the draft's
+    vocab_size, and the target ids its d2t maps to (check_vocab judges d2t against the draft's own)."""
+    vocab = None if ck.target is None else ck.target.get("vocab_size")
+    if vocab is None:
+        return []
+    findings = []
+    if ck.config.vocab_size != vocab:
+        findings.append(Finding("error", "vocab_size_mismatch", f"the draft's vocab_size is "
+                                f"{ck.config.vocab_size}, the target's {vocab}: the draft was built for "
+                                "another vocabulary (tokenizer), its embeddings and vocab map index ids of "
+                                "that one", "serve the draft trained for this target (or correct vocab_size "
+                                "if only config.json is wrong)"))
+    d2t = ck.weights.get("d2t")
+    if d2t is not None and d2t.dim() == 1 and len(d2t) and not (d2t.is_floating_point() or d2t.is_complex()):
+        mapped = torch.arange(len(d2t)) + d2t.to(torch.int64)
+        low, high = int(mapped.min()), int(mapped.max())
+        if low < 0 or high >= vocab:
+            findings.append(Finding("error", "d2t_beyond_target", f"d2t maps draft ids to target ids "
+                                    f"{low}..{high}, outside the target's vocab [0, {vocab}): the drafted "
+                                    "tokens are ids the target does not have",
+                                    "regenerate d2t from this target's tokenizer and token counts"))
+    return findings
+
+
 def _described(x: torch.Tensor) -> str:
     return f"{str(x.dtype).removeprefix('torch.')} of shape {list(x.shape)}"
 
@@ -223,6 +258,8 @@ def check_fc(ck: Checkpoint) -> list[Finding]:
 
 def check_aux(ck: Checkpoint) -> list[Finding]:
     ids, layers = ck.config.aux_layer_ids, ck.target_layers
+    if ck.empty_ids:
+        return [_empty_ids(ck)]
     findings = []
     if not ids:
         spec = list(default_aux_ids(layers)) if layers else "[1, N//2-1, N-4]"
@@ -239,8 +276,36 @@ def check_aux(ck: Checkpoint) -> list[Finding]:
         return findings
     target = _target(ck)
     if target is None:
-        return findings + _generic_aux(ids, layers)
+        return findings + [_unknown_family(ck)] + _generic_aux(ids, layers)
     return findings + check_family(ck, target)
+
+
+def _empty_ids(ck: Checkpoint) -> Finding:
+    """``[]``: SGLang hands it to the target's setter as given, not as the default."""
+    target = _target(ck)
+    capture = "layers_to_capture []"
+    if target is not None and ck.target_layers:
+        served = sglang_selection(target.architecture, (), ck.target_layers)
+        if served.error is not None:
+            capture = f"{target.architecture}.set_eagle3_layers_to_capture raises {served.error}"
+        else:
+            capture = f"{target.architecture} sets layers_to_capture {list(served.layers_to_capture)}"
+    return Finding("error", "aux_ids_empty", "config.json's eagle_aux_hidden_state_layer_ids is []: SGLang "
+                   f"{SGLANG_TABLE} passes it to set_eagle3_layers_to_capture as given, not as the default: "
+                   f"{capture}, the target captures nothing and its forward raises 'ValueError: too many "
+                   f"values to unpack' at the first prefill; SpecForge {SPECFORGE} refuses it",
+                   "write the layer ids training used into eagle_config (or drop the key for the default)")
+
+
+def _unknown_family(ck: Checkpoint) -> Finding:
+    """A target whose config.json names no EAGLE-3 target class: what doctor says of it is a guess."""
+    architectures = (ck.target or {}).get("architectures")
+    named = architectures[0] if isinstance(architectures, list) and architectures else None
+    what = f"{str(named)[:80]} is not an EAGLE-3 target class of sglang {SGLANG_TABLE}" if named is not None \
+        else "the target's config.json names no architecture"
+    return Finding("warning", "aux_family_unknown", f"{what}: which states the aux ids select is assumed "
+                   "(SGLang's Llama-like families: ids + 1), not known",
+                   "serve a target class SGLang captures aux states for, or record both sides and compare")
 
 
 def _target(ck: Checkpoint) -> Target | None:
@@ -312,6 +377,9 @@ def check_family(ck: Checkpoint, target: Target) -> list[Finding]:
                                 "each layer's branch output, not the residual stream; a draft trained on HF "
                                 "hidden states (or any residual stream) is fed other inputs",
                                 "train on what this family serves (record it), or serve another family"))
+    reading = _hf_reading_differs(ids, served, target)
+    if reading is not None:
+        findings.append(reading)
     if trained.selection is None:
         findings.append(Finding("warning", "aux_specforge_refuses", f"SpecForge {SPECFORGE} refuses {asked}"
                                 f": {trained.ids.refusal}: this draft was not trained by it as configured",
@@ -322,6 +390,25 @@ def check_family(ck: Checkpoint, target: Target) -> list[Finding]:
                                 f"{labels(trained.selection.states)}: the draft is served other states than "
                                 "it learned", "write the ids training used into eagle_config"))
     return findings
+
+
+def _hf_reading_differs(ids: tuple[int, ...] | None, served: Selection, target: Target) -> Finding | None:
+    """The residual-stream state each id names in SGLang's family (boundary k: the output of layer
+    k-1) against a trainer reading HF ``hidden_states[i+1]`` (the output of layer i); a family's
+    branch outputs are aux_branch's, ids the target cannot supply aux_out_of_range's."""
+    if not ids or served.error is not None or len(served.layers_to_capture) != len(ids):
+        return None
+    sglang = [state_name(k) for k in served.layers_to_capture]
+    hf = hf_states(ids)
+    if sglang == hf:
+        return None
+    return Finding("warning", "aux_hf_reading_differs", f"ids {list(ids)} on {target.architecture} "
+                   f"({target.convention}): SGLang sets layers_to_capture "
+                   f"{list(served.layers_to_capture)}, the states {labels(sglang)}; trainers reading HF "
+                   f"hidden_states[i+1] (older SpecForge, hand-written loops) fed {labels(hf)}: a draft "
+                   "trained that way is served other states than it learned",
+                   "check how training read the aux states (record both sides and compare); SpecForge "
+                   f"{SPECFORGE} reads them through SGLang's class, as served")
 
 
 def _named_by(ids: tuple[int, ...] | None, served: Selection, k: int) -> str:
@@ -348,15 +435,16 @@ def _shortfall(cfg: DraftConfig, served: Selection) -> str:
             "LlamaModel.forward)")
 
 
+COUNTS = ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens")
+VALUED = (*COUNTS, "speculative-algorithm")  # --server-args keys that take a value
+
+
 def check_server_args(ck: Checkpoint, server_args: str | None) -> list[Finding]:
     if not server_args:
         return []
     args = _parse_args(server_args)
     findings = []
-    steps, topk, tokens = (
-        args.get(k)
-        for k in ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens")
-    )
+    steps, topk, tokens = (args.get(k) for k in COUNTS)
     if (
         topk is not None
         and int(topk) == 1
@@ -390,7 +478,8 @@ def check_server_args(ck: Checkpoint, server_args: str | None) -> list[Finding]:
 
 
 def _parse_args(text: str) -> dict[str, str]:
-    """``--key value`` / ``--key=value`` words; the speculative counts must be integers."""
+    """``--key value`` / ``--key=value`` words (a bare ``--key``: a switch, ``true``); the
+    speculative counts and the algorithm must have a value, the counts a whole number."""
     try:
         words = shlex.split(text)
     except ValueError as exc:
@@ -398,17 +487,20 @@ def _parse_args(text: str) -> dict[str, str]:
     args = {}
     for i, word in enumerate(words):
         if word.startswith("--"):
-            key, _, value = word[2:].partition("=")
-            args[key] = value or (
-                words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else "true"
-            )
-    for key in ("speculative-num-steps", "speculative-eagle-topk", "speculative-num-draft-tokens"):
+            key, equals, value = word[2:].partition("=")
+            if not equals and i + 1 < len(words) and not words[i + 1].startswith("--"):
+                value = words[i + 1]
+            if not value and key in VALUED:
+                takes = "an algorithm name" if key == "speculative-algorithm" else "a whole number"
+                raise InputError("--server-args", f"--{key} has no value: it takes {takes}")
+            args[key] = value or "true"
+    for key in COUNTS:
         if key in args and not args[key].isdigit():
             raise InputError("--server-args", f"--{key} takes a whole number, not {args[key][:40]!r}")
     return args
 
 
-CHECKS = (check_config, check_weights, check_vocab, check_fc, check_aux)
+CHECKS = (check_config, check_weights, check_vocab, check_target_vocab, check_fc, check_aux)
 
 
 def doctor(

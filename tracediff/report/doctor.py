@@ -14,10 +14,17 @@ from tracediff.report.text import safe
 STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 
 
+def headline(findings: list[Finding]) -> Text:
+    """``no problems found`` only when nothing but info is listed; else the errors and warnings counted."""
+    counts = {severity: sum(f.severity == severity for f in findings) for severity in ("error", "warning")}
+    if not any(counts.values()):
+        return Text("no problems found", style="green")
+    said = [f"{n} {severity}{'s' if n != 1 else ''}" for severity, n in counts.items() if n]
+    return Text(", ".join(said) + " found", style=STYLE["error" if counts["error"] else "warning"])
+
+
 def render_findings(console: Console, findings: list[Finding]) -> None:
-    problems = [f for f in findings if f.severity != "info"]
-    if not problems:
-        console.print(Text("no problems found", style="green"))
+    console.print(headline(findings))
     table = Table(show_edge=False, header_style="bold")
     for column in ("severity", "check", "finding", "fix"):
         table.add_column(column, overflow="fold")
