@@ -281,19 +281,21 @@ def check_aux(ck: Checkpoint) -> list[Finding]:
 
 
 def _empty_ids(ck: Checkpoint) -> Finding:
-    """``[]``: SGLang hands it to the target's setter as given, not as the default."""
+    """``[]``: SGLang hands it to the target's setter as given, not as the default (its forward,
+    capturing nothing, returns the bare hidden states, which the causal LM unpacks as a pair)."""
     target = _target(ck)
-    capture = "layers_to_capture []"
+    crash = "layers_to_capture [], the target captures nothing and its forward raises 'ValueError: too " \
+        "many values to unpack' at the first prefill"
     if target is not None and ck.target_layers:
         served = sglang_selection(target.architecture, (), ck.target_layers)
         if served.error is not None:
-            capture = f"{target.architecture}.set_eagle3_layers_to_capture raises {served.error}"
+            crash = f"{target.architecture}.set_eagle3_layers_to_capture raises {served.error}: the server " \
+                "does not start"
         else:
-            capture = f"{target.architecture} sets layers_to_capture {list(served.layers_to_capture)}"
+            crash = f"{target.architecture} sets {crash}"
     return Finding("error", "aux_ids_empty", "config.json's eagle_aux_hidden_state_layer_ids is []: SGLang "
                    f"{SGLANG_TABLE} passes it to set_eagle3_layers_to_capture as given, not as the default: "
-                   f"{capture}, the target captures nothing and its forward raises 'ValueError: too many "
-                   f"values to unpack' at the first prefill; SpecForge {SPECFORGE} refuses it",
+                   f"{crash}; SpecForge {SPECFORGE} refuses it",
                    "write the layer ids training used into eagle_config (or drop the key for the default)")
 
 
