@@ -129,9 +129,9 @@ def _kimi_k25_checkpoint(path: str) -> None:
     with open(os.path.join(path, "config.json")) as f:
         text = json.load(f)
     config = dict(architectures=["KimiK25ForConditionalGeneration"], model_type="kimi_k25", text_config=text,
-                  vision_config=dict(patch_size=14, num_attention_heads=2, num_hidden_layers=1, hidden_size=32,
-                                     intermediate_size=64, text_hidden_size=text["hidden_size"],
-                                     mm_hidden_size=32, vt_hidden_size=32),
+                  vision_config=dict(patch_size=14, num_attention_heads=2, num_hidden_layers=1,
+                                     hidden_size=32, intermediate_size=64, mm_hidden_size=32,
+                                     vt_hidden_size=32, text_hidden_size=text["hidden_size"]),
                   tie_word_embeddings=False, torch_dtype="float32")
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2)

@@ -205,4 +205,5 @@ def test_deepseek_duplicate_ids_stop_the_forward(tmp_path):
         installed.remove()
     with td.open_trace(tmp_path / "serve.h5") as trace:
         assert trace.contract["layers_to_capture"] == [2, 3, 3]
-        assert trace.contract["aux_capture_layers"] == [2, 3]
+        assert trace.contract["aux_capture_set"] == [2, 3]  # what the setter set, each boundary once
+        assert trace.contract["aux_capture_layers"] is None  # no forward handed an aux on to measure

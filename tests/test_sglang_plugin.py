@@ -16,6 +16,7 @@ import torch  # noqa: E402
 
 import tracediff as td  # noqa: E402
 from testbed.sglang_families import family_bed  # noqa: E402
+from tests.conftest import run_python  # noqa: E402
 from tracediff.integrations.sglang import install  # noqa: E402
 from tracediff.integrations.sglang.models import model_role, target_layout  # noqa: E402
 from tracediff.integrations.sglang.plugin import _Plugin  # noqa: E402
@@ -97,3 +98,51 @@ def test_the_contract_states_what_was_captured_not_what_was_asked(tmp_path):
         assert stated["aux_capture_layers"] == [2, 4]
         assert stated["aux_sources"] == stated["aux_slot_states"] == ["target.layer.1", "target.layer.3"]
         assert trace.rows("target.aux").data.shape[1] == 2 * trace.rows("target.layer.0").data.shape[1]
+
+
+def test_a_forward_that_raises_leaves_no_capture_claimed(tmp_path):
+    """DeepSeek-V3 packs one slot per layers_to_capture entry: ids [1, 2, 5] on 6 layers ask for
+    boundary 6, which its loop never reaches, and the forward raises. The contract then says what
+    the setter set, and nothing about what the aux held: no forward measured it."""
+    bed = family_bed("deepseek_v2")
+    model = bed.load()
+    with td.record(tmp_path / "serve.h5", source="serving") as rec:
+        install(rec, target=model)
+        model.set_eagle3_layers_to_capture([1, 2, 5])
+        with pytest.raises(RuntimeError, match="captured 2 of 3 aux hidden states"):
+            bed.serve(model)
+    with td.open_trace(tmp_path / "serve.h5") as trace:
+        stated = trace.contract
+    assert stated["layers_to_capture"] == [2, 3, 6] and stated["aux_capture_set"] == [2, 3, 6]
+    assert stated["aux_layer_ids"] == [1, 2, 5]
+    assert all(stated[key] is None for key in ("aux_slot_states", "aux_capture_layers", "aux_sources",
+                                               "aux_layer_ids_resolved"))
+
+
+def test_a_subclass_of_your_own_keeps_its_family():
+    model = family_bed("qwen3").load()
+    model.__class__ = type("MyQwen3", (type(model),), {})
+    layout = target_layout(model)
+    assert layout.family == "qwen3" and layout.model_class.endswith("MyQwen3")
+
+
+@pytest.mark.subprocess
+def test_sglang_that_cannot_import_is_one_error_naming_why():
+    """On a CPU machine without triton, SGLang itself cannot be imported: install says so in one
+    line (SglangInternalsError), the first time and every time after."""
+    done = run_python(
+        "import importlib.util, tracediff as td, torch\n"
+        "print(importlib.util.find_spec('triton') is None)\n"
+        "from tracediff.integrations.sglang import install, SglangInternalsError\n"
+        "for _ in range(2):\n"
+        "    try:\n"
+        "        install(td.record('x.h5', enabled=False), target=torch.nn.Linear(2, 2))\n"
+        "    except SglangInternalsError as exc:\n"
+        "        print(exc)\n")
+    no_triton, *lines = done.stdout.strip().splitlines()
+    assert done.returncode == 0 and len(lines) == 2, done.stderr[-2000:]
+    if no_triton == "True":  # this machine and CI: SGLang needs the CPU recipe
+        assert all("cannot be imported in this process" in line for line in lines)
+        assert "No module named 'triton'" in lines[0]
+    else:  # SGLang imports: the stand-in is refused for what it lacks
+        assert all("has no set_eagle3_layers_to_capture" in line for line in lines)

@@ -42,10 +42,14 @@ def check_internals(draft: Any = None, worker: Any = None) -> None:
     """Every SGLang internal the recording reads, checked before anything is attached; raises
     SglangInternalsError naming the first one missing or changed, and the installed version. A
     target's own parts are checked where they are found (models.target_layout)."""
-    from sglang.srt.layers.layer_boundary.residual.stream import ResidualStream
-    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-    from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    try:
+        from sglang.srt.layers.layer_boundary.residual.stream import ResidualStream
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+        from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+    except Exception as exc:  # sglang absent, or it cannot import here (no triton on a CPU machine)
+        raise SglangInternalsError(f"sglang {sglang_version()} cannot be imported in this process "
+                                   f"({type(exc).__name__}: {exc}); nothing is recorded") from None
 
     _has_fields(ForwardBatch, ("forward_mode", "batch_size", "input_ids", "positions", "extend_seq_lens_cpu",
                                "spec_info", "residual_stream"), "ForwardBatch")

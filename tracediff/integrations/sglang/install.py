@@ -333,21 +333,17 @@ class Installation:
         self._log("target.token", logits.argmax(-1), rows)
 
     def _aux_contract(self, layer_ids: list[int] | None, configured: bool) -> None:
-        """Which target states the packed aux holds, as SGLang resolved it: the boundaries that
-        capture (``layers_to_capture``, or the per-layer flags where the family sets them; boundary k
-        is the stream entering layer k = output of layer k-1), in SGLang's capture order. What each
-        slot really holds is measured at the next forward (``aux_slot_states``)."""
-        from tracediff.eagle3.capture import OUTPUT_OF_LAYER, AuxSpec
-
+        """What SGLang's setter set: ``layers_to_capture`` and the boundaries it asks to capture
+        (``aux_capture_set``: the list, or the per-layer flags where the family sets them; boundary k
+        is the stream entering layer k = output of layer k-1). What the aux really holds is measured
+        at the next forward that hands one on (``measured_contract``); until then the measured keys
+        are null, so a trace whose forward never got that far claims no capture."""
         layout = self.layout
         assert layout is not None
         capture = layout.capture_layers()
         values: dict[str, Any] = {"layers_to_capture": [int(k) for k in layout.body.layers_to_capture],
-                                  "aux_capture_layers": capture}
+                                  "aux_capture_set": capture, **dict.fromkeys(MEASURED)}
         if capture:
-            resolved = AuxSpec(tuple(k - 1 for k in capture), convention=OUTPUT_OF_LAYER, ascending=True)
-            values.update({**resolved.to_dict(), "aux_layer_ids_resolved": sorted(resolved.layer_ids)})
-            del values["aux_layer_ids"]
             self.probe.expect()
         if configured:
             values["aux_layer_ids"] = None if layer_ids is None else [int(i) for i in layer_ids]
@@ -451,14 +447,21 @@ class Installation:
         return values
 
 
+MEASURED = ("aux_slot_states", "aux_capture_layers", "aux_sources", "aux_layer_ids_resolved")
+
+
 def measured_contract(states: list[str | None]) -> dict[str, Any]:
-    """What the aux was measured to hold; where every slot is a known state, the boundaries that
-    captured follow from it (``layers_to_capture`` may name one the forward never reaches: llama's
-    k = L), so ``aux_capture_layers`` / ``aux_sources`` state what was captured, not what was asked."""
+    """What the aux was measured to hold (``aux_slot_states``); where every slot is a known state,
+    the boundaries that captured and the states in SGLang's reading follow from it
+    (``layers_to_capture`` may name a boundary the forward never reaches: llama's k = L)."""
+    from tracediff.eagle3.capture import OUTPUT_OF_LAYER, AuxSpec
+
     values: dict[str, Any] = {"aux_slot_states": states}
     if states and all(state is not None for state in states):
         layers = [-1 if s == "target.embed" else int(str(s).split(".")[2]) for s in states]
-        values.update(aux_capture_layers=[i + 1 for i in layers], aux_sources=states,
+        spec = AuxSpec(tuple(layers), convention=OUTPUT_OF_LAYER, ascending=True).to_dict()
+        del spec["aux_layer_ids"]  # the configured ids stay as the draft config gave them
+        values.update(spec, aux_capture_layers=[i + 1 for i in layers], aux_sources=states,
                       aux_layer_ids_resolved=sorted(set(layers)))
     return values
 

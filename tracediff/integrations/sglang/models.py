@@ -56,9 +56,16 @@ def class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+MODELS = "sglang.srt.models."  # the package of SGLang's model files
+
+
 def family_of(cls: type) -> str:
-    """The model file that defines the class: ``sglang.srt.models.qwen3_moe`` -> ``qwen3_moe``."""
-    return cls.__module__.rsplit(".", 1)[-1]
+    """The SGLang model file of the class, or of the nearest base class in one (a subclass of your
+    own keeps its family): ``sglang.srt.models.qwen3_moe`` -> ``qwen3_moe``; ``unknown`` if none."""
+    for klass in cls.__mro__:
+        if klass.__module__.startswith(MODELS):
+            return klass.__module__.rsplit(".", 1)[-1]
+    return "unknown"
 
 
 OTHER_DRAFTS = ("Eagle", "NextN", "MTP")  # draft models of other algorithms (EAGLE-1/2, MTP): never a target

@@ -16,11 +16,10 @@ from typing import Any
 
 from tracediff.integrations.sglang.contract import tp_ranks
 from tracediff.integrations.sglang.install import batch_context, install
-from tracediff.integrations.sglang.models import model_role
+from tracediff.integrations.sglang.models import MODELS, model_role
 from tracediff.record.launch import LaunchConfig, RecorderFactory, when_imported
 
 logger = logging.getLogger("tracediff")
-MODELS = "sglang.srt.models"
 
 
 class _Plugin:
@@ -76,7 +75,7 @@ class _Plugin:
         spec = importlib.util.find_spec("sglang")
         for folder in (spec.submodule_search_locations or []) if spec else []:
             for info in pkgutil.iter_modules([os.path.join(folder, "srt", "models")]):
-                when_imported(f"{MODELS}.{info.name}", self.patch_models)
+                when_imported(f"{MODELS}{info.name}", self.patch_models)
 
     def patch_scheduler(self, module: Any) -> None:
         """Each batch the scheduler runs starts with ``batch_context(batch.reqs)``."""
