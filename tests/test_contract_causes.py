@@ -183,3 +183,30 @@ def test_the_contract_is_a_fact_of_the_trace_computed_once(tmp_path) -> None:
     with td.open_trace(path) as trace:
         stated = trace.contract
         assert stated == {"aux_layer_ids": [1, 2], "row_keys": "tokens"} and trace.contract is stated
+
+
+@pytest.mark.parametrize("sources_b, said", [
+    (["target.layer.1", "target.layer.2", "target.layer.3"],
+     "aux: both sides read them as the same states [layer 1, layer 2, layer 3]: nothing fed differs"),
+    (["target.layer.2", "target.layer.3", "target.layer.4"], "aux: changes the aux states and the fc input"),
+])
+def test_aux_ids_that_resolve_to_the_same_states_change_nothing_fed(tmp_path, sources_b, said) -> None:
+    """DeepSeek-V3 reads ids [1, 2, 3] and [2, 3, 4] as the same layers: the ids differ, what the
+    draft is fed does not, and the report says so; where the states differ too, the ids are a cause."""
+    from tracediff.diff.contract import contract_diff, describe_entry
+    from tracediff.diff.pair import Pair
+
+    paths = []
+    for name, ids, sources in (("a", [1, 2, 3], ["target.layer.1", "target.layer.2", "target.layer.3"]),
+                               ("b", [2, 3, 4], sources_b)):
+        with td.record(tmp_path / f"{name}.h5", source="serving",
+                       meta={"aux_layer_ids": ids, "aux_sources": sources}) as rec:
+            rec.log("target.aux", torch.zeros(2, 6), token_ids=[5, 6])
+        paths.append(tmp_path / f"{name}.h5")
+    with td.open_trace(paths[0]) as a, td.open_trace(paths[1]) as b:
+        diff = contract_diff(Pair(a, b))
+    [entry] = [e for e in diff.differing if e.key == "aux_layer_ids"]
+    assert describe_entry(entry, diff) == said
+    report = td.compare(*paths)
+    assert ("aux_sources" in report.contract.agreeing) == (sources_b == ["target.layer.1", "target.layer.2",
+                                                                          "target.layer.3"])

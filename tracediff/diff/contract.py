@@ -79,8 +79,9 @@ CAUSES: tuple[Cause, ...] = (
                     "target_logits"),
           DRAFT_TOKENS, ("target.logits", "target.token", *DRAFT_TOKENS), "", "the logits and tokens"),
     Cause("aux", ("aux_layer_ids", "aux_layer_ids_resolved", "aux_layer_convention", "aux_sources",
-                  "layers_to_capture", "eagle_aux_hidden_state_layer_ids", "eagle_config.*", "hidden_size",
-                  "target_hidden_size"),
+                  "layers_to_capture", "aux_capture_set", "aux_capture_layers", "aux_slot_states",
+                  "aux_embed_slot", "aux_ascending", "aux_layer_reading", "eagle_aux_hidden_state_layer_ids",
+                  "eagle_config.*", "hidden_size", "target_hidden_size"),
           AUX + DRAFT_AFTER_FC, AUX + DRAFT_AFTER_FC, "", "the aux states and the fc input"),
     Cause("sizes", ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
                     "hidden_act", "num_hidden_layers"),
@@ -92,7 +93,8 @@ CAUSES: tuple[Cause, ...] = (
           EVERY, EVERY, "", "precision only"),
     Cause("none", ("attention_backend", "*_backend", "disable_*", "enable_*", "*cuda_graph*", "*overlap*",
                    "page_size", "tp_rank", "*_version", "versions", "versions.*", "producer*", "source",
-                   "row_keys", "*recording_stopped", "target_model", "log_*", "speculative_*", "num_steps",
+                   "row_keys", "*recording_stopped", "target_model", "target_model_class", "target_family",
+                   "target_layer_pattern", "log_*", "speculative_*", "num_steps",
                    "topk", "num_draft_tokens", "algorithm", "ttt_length", "aux_layer_ids_from"),
           (), (), "", "no tensor by itself"),
 )
@@ -122,9 +124,15 @@ def causes_table() -> str:
     return "\n".join(rows)
 
 
+AGREEING = ("aux_sources",)  # resolved facts whose agreement makes differences upstream of them moot
+AUX_IDS = ("aux_layer_ids", "layers_to_capture", "aux_capture_set", "aux_capture_layers",
+           "aux_layer_ids_resolved", "eagle_aux_hidden_state_layer_ids")  # what aux_sources is resolved from
+
+
 def contract_diff(traces: Pair[Trace]) -> ContractDiff:
     """Keys whose values differ, flattened where both sides state a nested object (``draft_config.
-    rope_theta``), apart from keys only one side states (kept whole at the level they differ)."""
+    rope_theta``), apart from keys only one side states (kept whole at the level they differ); and
+    the ``AGREEING`` facts both sides state alike."""
     diff = ContractDiff()
     for entry, side in _walk(traces.a.contract, traces.b.contract, ""):
         if side == "a":
@@ -133,6 +141,10 @@ def contract_diff(traces: Pair[Trace]) -> ContractDiff:
             diff.only_b[entry.key] = entry.b
         else:
             diff.differing.append(entry)
+    for key in AGREEING:
+        a, b = traces.a.contract.get(key), traces.b.contract.get(key)
+        if a is not None and a == b:
+            diff.agreeing[key] = a
     return diff
 
 
@@ -201,4 +213,9 @@ def describe_entry(entry: ContractEntry, diff: ContractDiff, declared_same: bool
     if is_target_fact(entry.key):
         return "the target itself" + (" (declared the same target: --same-target)" if declared_same else "")
     cause = cause_of(entry.key)
+    if entry.key.rsplit(".", 1)[-1] in AUX_IDS and "aux_sources" in diff.agreeing:
+        from tracediff.eagle3.conventions import labels
+
+        fed = labels(diff.agreeing["aux_sources"])
+        return f"{cause.effect}: both sides read them as the same states {fed}: nothing fed differs"
     return f"{cause.effect}: changes {cause.what}"

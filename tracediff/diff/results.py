@@ -12,7 +12,7 @@ from typing import Any, Literal
 from tracediff.diff.findings import Diagnosis
 from tracediff.diff.jsonio import from_plain, to_plain
 
-REPORT_VERSION = 3
+REPORT_VERSION = 4
 
 Verdict = Literal["match", "diverged", "incomplete", "incomparable"]
 EXIT_CODES: dict[str, int] = {"match": 0, "diverged": 1, "incomparable": 2, "incomplete": 3}
@@ -239,6 +239,9 @@ class ContractDiff:
     differing: list[ContractEntry] = field(default_factory=list)
     only_a: dict[str, Any] = field(default_factory=dict)
     only_b: dict[str, Any] = field(default_factory=dict)
+    # what both sides resolved to the same value (contract.AGREEING: the aux states fed), so that a
+    # difference in what it is resolved from (the aux ids, read per target family) is told apart
+    agreeing: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
