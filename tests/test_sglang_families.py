@@ -88,6 +88,8 @@ def fed(name: str) -> dict[str, Case]:
         cases["second"] = SECOND, layers(2, 3, 4)
     if name == "gpt_oss":
         cases["final"] = [[1, 3, LAYERS]], layers(0, 2, LAYERS - 1)  # no +1 when max(ids) == L
+    if name in BRANCH:  # id L-1 is captured after the layer loop: the last layer's branch output too
+        cases["final"] = [[1, 2, LAYERS - 1]], branches(1, 2, LAYERS - 1)
     # no ids: [2, L//2, L-3] everywhere, [2, 3, 3] for 6 layers: the same boundary twice, captured once
     # (DeepSeek packs 3 slots and stops: test_deepseek_duplicate_ids_stop_the_forward)
     if name not in PACKED:
