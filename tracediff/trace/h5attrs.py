@@ -11,7 +11,7 @@ datasets hold fixed-size types only, which readers check before reading).
 
 Layouts the parser does not know (attributes in dense storage, shared messages, a newer superblock,
 a root object header of more than MAX_HEADER bytes) are read by h5py in a child process under a time
-limit. On the files h5py writes, the values read are the ones h5py reads (tests/test_readers_review.py).
+limit. On the files h5py writes, the values read are the ones h5py reads (tests/test_trace_checks.py).
 """
 
 from __future__ import annotations
