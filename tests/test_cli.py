@@ -42,6 +42,28 @@ def test_show_table_and_json(small_trace) -> None:
     assert data["complete"] and data["meta"]["source"] == "serving"
 
 
+@pytest.mark.parametrize("measured, said", [
+    (["target.layer.1", "target.layer.3", "target.layer.4"],
+     "aux ids [2, 4, 5] fed [layer 1, layer 3, layer 4]"),
+    (None, "aux ids [2, 4, 5]: no forward measured what the aux held"),
+])
+def test_show_says_which_target_served_and_what_each_aux_slot_held(tmp_path, measured, said) -> None:
+    """A serving trace names its target class and family and what the fc-input slots were fed, in one
+    line above the contract (the contract, the writer's updates included, stays below it)."""
+    with td.record(tmp_path / "serve.h5", source="serving",
+                   meta={"target_model_class": "sglang.srt.models.deepseek_v2.DeepseekV3ForCausalLM",
+                         "target_family": "deepseek_v2", "target_num_layers": 6, "aux_layer_ids": [2, 4, 5],
+                         "aux_capture_set": [2, 4, 5]}) as rec:
+        rec.update_contract(aux_slot_states=measured)
+        rec.log("target.aux", np.zeros((2, 6), np.float32), token_ids=[5, 6])
+    out = cli("show", str(tmp_path / "serve.h5"))
+    assert out.returncode == 0, out.stderr
+    [line] = [line for line in out.stdout.splitlines() if line.startswith("target: ")]
+    assert line == f"target: DeepseekV3ForCausalLM (family deepseek_v2, 6 layers) · {said}"
+    shown = json.loads(cli("show", str(tmp_path / "serve.h5"), "--json").stdout)
+    assert shown["contract"]["aux_slot_states"] == measured
+
+
 def test_show_stats_of_one_tensor(small_trace) -> None:
     out = cli("show", str(small_trace), "--name", "draft.fc_in", "--step", "1", "--json")
     stats = json.loads(out.stdout)

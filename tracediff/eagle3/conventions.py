@@ -85,8 +85,8 @@ class Capture:
             if not self.flags_guarded:
                 out.append("id L-1 raises IndexError; a negative id flags a layer from the end")
         if self.after_loop:
-            out.append("id L-1 (layers_to_capture L) captures the last layer's branch output" if self.branch
-                       else "id L-1 (layers_to_capture L) captures the last layer's output before the final norm")
+            what = "branch output" if self.branch else "output before the final norm"
+            out.append(f"id L-1 (layers_to_capture L) captures the last layer's {what}")
         elif not self.flags or self.flags_guarded:
             out.append("id L-1 selects nothing (the layer loop never reaches L): one slot short")
         if self.packed:

@@ -62,12 +62,33 @@ def _token_line(summary: TraceSummary) -> Text:
     return line.append(f", {conflicts} conflicting", style="yellow") if conflicts else line
 
 
+def _target_line(contract: dict) -> str | None:
+    """``target: DeepseekV3ForCausalLM (family deepseek_v2, 6 layers) · aux ids [2, 4, 5] fed [layer 1,
+    layer 3, layer 4]``: what served and what each fc-input slot held, where the contract says."""
+    from tracediff.eagle3.conventions import labels
+
+    model_class, family = contract.get("target_model_class"), contract.get("target_family")
+    if not isinstance(model_class, str):
+        return None
+    layers = contract.get("target_num_layers")
+    about = ", ".join(part for part in (f"family {family}" if family else "",
+                                        f"{layers} layers" if isinstance(layers, int) else "") if part)
+    line = f"target: {model_class.rsplit('.', 1)[-1]}" + (f" ({about})" if about else "")
+    slots = contract.get("aux_slot_states")
+    if isinstance(slots, list) and slots:
+        line += f" · aux ids {contract.get('aux_layer_ids')} fed {labels(slots)}"
+    elif contract.get("aux_capture_set"):
+        line += f" · aux ids {contract.get('aux_layer_ids')}: no forward measured what the aux held"
+    return line
+
+
 def render_summary(console: Console, summary: TraceSummary) -> None:
     for line in _run_lines(summary):
         console.print(line, highlight=False)
-    contract = dict(summary.meta.get("contract") or {})
-    for final in summary.finals:
-        contract.update((final or {}).get("contract") or {})
+    contract = summary.contract
+    target = _target_line(contract)
+    if target is not None:
+        console.print(Text(safe(target)), highlight=False, soft_wrap=True)
     if contract:
         console.print(Text("contract: " + safe(json.dumps(contract, sort_keys=True))), highlight=False,
                       soft_wrap=True)

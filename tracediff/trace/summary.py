@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -31,6 +31,7 @@ class TraceSummary:
     tensors: list[NameSummary]  # reserved ``__`` records are not tensors: never listed
     tokens: int = 0  # entries of the token table (declared or learned)
     token_requests: int = 0  # requests with known tokens
+    contract: dict = field(default_factory=dict)  # Trace.contract: as opened, updated by each file's writer
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -78,7 +79,7 @@ def summarize(trace: Trace) -> TraceSummary:
     table = trace.request_tokens()
     return TraceSummary(paths=[str(p) for p in trace.paths], complete=trace.complete, meta=trace.meta,
                         finals=trace.finals, tensors=tensors, tokens=len(table),
-                        token_requests=len(table.requests()))
+                        token_requests=len(table.requests()), contract=trace.contract)
 
 
 def tensor_stats(rows: TensorRows, head: int = 8) -> TensorStats:
