@@ -125,8 +125,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     runs once collection is done, when that test is selected. A long job in a process of its own (the
     sample generator's training) then runs on another core while the suite goes on, and its test only
     waits for it; one the run ends before is killed."""
-    if session.config.option.collectonly:
-        return
+    if session.config.option.collectonly or os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # under pytest-xdist every worker collects every test: the job's test starts it itself
     for item in session.items:
         for mark in item.iter_markers("start_early"):
             if mark.kwargs["start"] not in STARTED_EARLY:

@@ -22,6 +22,8 @@ from tracediff.integrations.sglang.models import model_role, target_layout  # no
 from tracediff.integrations.sglang.plugin import _Plugin  # noqa: E402
 from tracediff.record.launch import LaunchConfig  # noqa: E402
 
+pytestmark = pytest.mark.slow  # SGLang's real model code (its import and CPU set-up alone take ~10 s)
+
 
 def test_every_eagle3_class_has_its_role():
     """Targets are the classes that capture aux states for EAGLE-3 (VL wrappers included), drafts
@@ -42,7 +44,6 @@ def test_every_eagle3_class_has_its_role():
     assert model_role(deepseek_nextn.DeepseekV3ForCausalLMNextN) is None
 
 
-@pytest.mark.slow
 def test_a_missing_internal_is_one_warning_naming_class_and_internal(tmp_path, caplog):
     """A target whose text body lost an internal the recording reads is not recorded: the plugin
     warns once, naming the class and the internal; the model serves as if nothing were attached."""

@@ -216,6 +216,20 @@ def write_epochs(path, epochs) -> None:
             rec.log("h", rows, token_ids=TOKENS, request="R", step=step)
 
 
+def test_the_next_command_is_one_line_however_long_its_paths(tmp_path) -> None:
+    """The printed command pastes as printed: never wrapped at the terminal's width."""
+    deep = tmp_path / ("a-folder-with-a-long-name-" * 6) / "runs"
+    deep.mkdir(parents=True)
+    x = base_rows((8,))
+    write_epochs(deep / "a.h5", [(0, x)])
+    write_epochs(deep / "b.h5", [(0, x + 0.5)])
+    compared = cli("compare", str(deep / "a.h5"), str(deep / "b.h5"))
+    last = compared.stdout.strip().splitlines()[-1]
+    assert last.startswith("next: tracediff show ") and last.endswith("--position 0"), compared.stdout
+    shown = cli(*shlex.split(last.removeprefix("next: "))[1:])
+    assert shown.returncode == 0, shown.stderr
+
+
 def test_the_next_command_of_a_request_at_several_steps_shows_the_diverging_step(tmp_path) -> None:
     """Step 0 agrees, step 1 diverges at position 2: the printed command names step 1, and run as
     printed it shows the step-1 rows, their values and their largest differences."""

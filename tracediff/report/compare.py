@@ -263,7 +263,7 @@ def render(console: Console, report: Report) -> None:
             console.print(Text(f"  {safe(', '.join(names))}: {line}"), soft_wrap=True)
     command = next_command(report)
     if command is not None:
-        console.print(Text(f"next: {command}"))
+        console.print(Text(f"next: {command}"), soft_wrap=True)  # one line whatever the width: it pastes
 
 
 def to_markdown(report: Report) -> str:
