@@ -205,3 +205,18 @@ def test_a_mistyped_tensor_name_gets_the_closest_names(small_trace) -> None:
     assert done.exit_code == 2 and done.stderr.count("\n") == 1
     assert "a has no tensor named 'draft.fcin' (did you mean 'draft.fc_in'?): the map would hide" \
         in done.stderr
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("args, said", [
+    (("compare", "a.h5"), "error: tracediff compare: Missing argument 'b'. (see --help)"),
+    (("show", "a.h5", "--name", "h", "--step", "abc"), "error: tracediff show: Invalid value for '--step'"),
+    (("nosuch",), "error: tracediff: No such command 'nosuch'. (see --help)"),
+])
+def test_a_usage_error_is_one_error_line_at_the_real_entry_point(args, said) -> None:
+    """A missing argument, a value of the wrong kind or an unknown command is bad input like any
+    other: one ``error:`` line, exit 2, no box drawn around it (the console script's main)."""
+    done = run_cli(*args)
+    assert done.returncode == 2 and done.stdout == ""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(said), done.stderr

@@ -557,7 +557,29 @@ for _producer in PRODUCERS:
 
 
 def main() -> None:
-    app()
+    """The console entry point: the app, with a usage error (a missing argument, an option value of
+    the wrong kind) as one ``error:`` line and exit 2, as every other bad input is, not click's box."""
+    from typer import Abort
+
+    try:  # typer >= 0.2x vendors click as typer._click; earlier ones run click itself
+        from typer._click.exceptions import UsageError
+    except ImportError:
+        from click.exceptions import UsageError  # type: ignore[assignment]
+
+    command = typer.main.get_command(app)
+    try:
+        code = command.main(standalone_mode=False)
+    except UsageError as exc:
+        if not exc.format_message():  # no arguments at all: the help was printed (no_args_is_help)
+            sys.exit(exc.exit_code)
+        where = f"tracediff {exc.ctx.info_name}" if exc.ctx is not None and exc.ctx.parent is not None \
+            else "tracediff"
+        print(f"error: {where}: {exc.format_message()} (see --help)", file=sys.stderr)
+        sys.exit(2)
+    except Abort:
+        print("error: tracediff: aborted", file=sys.stderr)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 if __name__ == "__main__":
