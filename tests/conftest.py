@@ -120,6 +120,17 @@ def step_tensor(step: int, shape=(16, 32)) -> np.ndarray:
 STARTED_EARLY: dict[Callable[[], subprocess.Popen], subprocess.Popen] = {}
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files holding a ``start_early`` test run first (order kept otherwise): under pytest-xdist its
+    long job then starts at once on one worker while the other takes the rest of the suite, instead
+    of holding the run's last minutes alone (in one process the job is started in the background
+    when collection ends, and its test is best left where it is)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    early = {item.path for item in items if item.get_closest_marker("start_early")}
+    items.sort(key=lambda item: item.path not in early)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """``@pytest.mark.start_early(start=f)`` on a test: ``f()`` (which returns the process it started)
     runs once collection is done, when that test is selected. A long job in a process of its own (the
