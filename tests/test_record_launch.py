@@ -135,6 +135,12 @@ def test_processes_that_never_record_write_no_file_and_the_own_sitecustomize_sti
                      sys.executable, "-c", "import torch; torch.nn.Linear(2, 2)(torch.ones(1, 2))")
     assert nothing.returncode == 0 and "nothing was recorded" in nothing.stderr
     assert not list(tmp_path.glob("none*"))
+    failed = record("--out", str(tmp_path / "failed.h5"), "--watch", "0", "--",
+                    sys.executable, "-c", "import sys; sys.exit(3)")
+    said = failed.stderr.strip().splitlines()[-1]
+    assert failed.returncode == 3  # the command's own exit code, and its failure named first
+    assert said.startswith("tracediff: nothing was recorded: the command failed (exit 3) before anything "
+                           "was recorded; or "), failed.stderr
 
 
 runner = CliRunner()

@@ -528,7 +528,7 @@ def record_command(
               "and position only (placeholder token -1 - step): they align with another run of the same "
               "program, never with a trace of real tokens", file=sys.stderr)
     if not result.files:
-        print(f"tracediff: {nothing_recorded(config, PRODUCERS)}", file=sys.stderr)
+        print(f"tracediff: {nothing_recorded(config, PRODUCERS, result.exit_code)}", file=sys.stderr)
     raise typer.Exit(result.exit_code)
 
 

@@ -610,14 +610,16 @@ def written(out: Path) -> list[WrittenFile]:
     return files
 
 
-def nothing_recorded(config: LaunchConfig, producers: Sequence[Plugin] = ()) -> str:
-    """Why a run may have written no file, most likely first: the filters it was given, by name."""
+def nothing_recorded(config: LaunchConfig, producers: Sequence[Plugin] = (), exit_code: int = 0) -> str:
+    """Why a run may have written no file, most likely first: the command failed (its exit code), the
+    filters it was given (by name), what its producers know to hide tensors."""
+    failed = [f"the command failed (exit {exit_code}) before anything was recorded"] if exit_code else []
     filters = [*(f"--names {g}" for g in config.names), *(f"--exclude {g}" for g in config.exclude)]
     if config.requests is not None:
         filters.append(f"--requests {config.requests}")
     if config.match_prefix is not None:
         filters.append("--match-prefix " + ",".join(map(str, config.match_prefix)))
-    causes = [f"{' '.join(filters)} may have left out everything"] if filters else []
+    causes = failed + ([f"{' '.join(filters)} may have left out everything"] if filters else [])
     causes += [p.silent_hint for p in producers if p.plugin in config.plugins and p.silent_hint]
     causes.append("no plugin recorded a tensor, or the command's Python cannot import tracediff or ignores "
                   "PYTHONPATH (-E / -I)")
