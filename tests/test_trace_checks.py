@@ -5,7 +5,6 @@ memory than the index itself, and the parser reads exactly what h5py reads, with
 from __future__ import annotations
 
 import json
-import shutil
 import struct
 import time
 import tracemalloc
@@ -16,24 +15,14 @@ import numpy as np
 import pytest
 
 import tracediff as td
-from tests.test_readers_hostile import arrow_rewrite, h5_edit, refused, set_final, set_run_meta, write_trace
+from tests import test_readers_hostile as hostile
+from tests.test_readers_hostile import arrow_rewrite, h5_edit, refused, set_final, set_run_meta
 from tracediff.errors import TraceError
 from tracediff.trace import h5attrs
 from tracediff.trace.checks import RecordShapes, first_fault
 from tracediff.trace.convert import convert
 
-
-@pytest.fixture(scope="module")
-def originals(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("originals")
-    return {fmt: write_trace(root / f"t.{fmt}") for fmt in ("h5", "arrow")}
-
-
-@pytest.fixture
-def copy(originals, tmp_path):
-    def make(fmt: str) -> Path:
-        return Path(shutil.copy(originals[fmt], tmp_path / f"mutant.{fmt}"))
-    return make
+originals, copy = hostile.originals, hostile.copy  # the mutants' fixtures: one home, test_readers_hostile
 
 
 def metadata(path: Path) -> tuple[dict, dict]:
