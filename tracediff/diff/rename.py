@@ -28,6 +28,8 @@ def parse_pair(item: str) -> tuple[str, str]:
 def read_mapping_file(path: Path) -> dict[str, str]:
     """The mapping in ``path`` (either form); ``InputError`` with one line for anything else."""
     try:
+        if path.exists() and not path.is_file():  # a FIFO would block the read, a directory fail it
+            raise InputError(path, "not a regular file: not a mapping file")
         if path.stat().st_size > MAX_FILE_BYTES:
             raise InputError(path, f"over {MAX_FILE_BYTES >> 20} MiB: not a mapping file")
         text = path.read_text(encoding="utf-8")

@@ -7,8 +7,10 @@ handler, takes each one and keeps it. A forked child forgets its parent's writer
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
+import signal
 import threading
 import time
 import weakref
@@ -27,6 +29,11 @@ class Writers:
 
     def add(self, thread: threading.Thread, lock: threading.Lock) -> None:
         self.locks[thread] = lock
+        # at exit, after the recorder's close (registered next: exit handlers run last first) and
+        # before the fence, SIGINT is ignored by a call with no Python frame of its own for a
+        # Ctrl-C to be raised in; the fence does the same, should this one meet a pending Ctrl-C
+        atexit.unregister(_IGNORE_SIGINT)
+        atexit.register(_IGNORE_SIGINT)
 
     def remove(self, thread: threading.Thread) -> None:
         self.locks.pop(thread, None)
@@ -41,13 +48,36 @@ class Writers:
         would wait on it forever. Our own locks, not h5py's: nothing here depends on h5py's
         internals, and Arrow writers end on a whole batch too. A writer counts as running until it
         removes itself, never by ``Thread.is_alive``: a Ctrl-C that interrupts ``join`` leaves
-        CPython 3.11 reporting a running thread as ended, and skipping it hung exit."""
+        CPython 3.11 reporting a running thread as ended, and skipping it hung exit. From its start
+        on, SIGINT is ignored: however many Ctrl-Cs arrive, the fence is never skipped."""
+        while True:  # a Ctrl-C (or several) raised here must not skip the fence: it would hang exit
+            try:
+                if self.locks:
+                    _ignore_interrupts()
+                break
+            except KeyboardInterrupt:
+                continue
         locks = list(self.locks.values())
         deadline = time.monotonic() + EXIT_FENCE
         for lock in locks:
             if not lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
                 logger.warning("tracediff: waiting for a trace writer's current write to end before exit")
                 lock.acquire()  # without the GIL, for that one call
+
+
+_IGNORE_SIGINT = functools.partial(signal.signal, signal.SIGINT, signal.SIG_IGN)
+
+
+def _ignore_interrupts() -> None:
+    """From here to the end of the process, SIGINT does nothing: the fence and the shutdown after it
+    are bounded (one write call, then the interpreter's own cleanup), and a Ctrl-C that interrupted
+    the fence left a writer thread inside h5py for the shutdown to deadlock on (Ctrl-C twice at exit:
+    the first ends close()'s join, the second the fence). A Ctrl-C already caught but not yet raised
+    is then dropped too: CPython skips a pending signal whose handler is SIG_IGN."""
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread (a fence run by hand): its Ctrl-Cs are not raised here
+        pass
 
 
 WRITERS = Writers()  # this process's; fenced by the last exit handler (registered on import)

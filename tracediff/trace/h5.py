@@ -13,6 +13,8 @@ import itertools
 import os
 import stat
 import tempfile
+import time
+from glob import escape as glob_escape
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -152,6 +154,7 @@ class H5Writer:
             raise ValueError(f"HDF5 traces compress with 'gzip' or 'lzf', not {compression!r}")
         self._compression = compression
         self._meta_text = dumps_meta(meta)
+        _remove_stranded(self.path)
         f = self._file = h5py.File(self.path, "w", libver="latest")
         _write_attrs(f, self._meta_text)
         self._datasets = {name: _create(f, name, chunk, compression)
@@ -296,7 +299,7 @@ def _rewrite_compact(path: Path, identity: tuple[int, int], meta_text: str, valu
                 or before.st_nlink != 1 or (before.st_uid, before.st_gid) != (os.getuid(), os.getgid()) \
                 or _has_xattrs(path):
             return
-        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".compact")
+        fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.{os.getpid()}.", suffix=".compact")
     except OSError:
         return
     os.close(fd)
@@ -315,6 +318,42 @@ def _rewrite_compact(path: Path, identity: tuple[int, int], meta_text: str, valu
         _fsync_path(path.parent)
     except Exception:
         tmp.unlink(missing_ok=True)
+
+
+STRANDED_AGE = 600  # seconds after which a compaction copy that names no process is taken as stranded
+
+
+def _remove_stranded(path: Path) -> None:
+    """Remove the compaction copies (``.NAME.PID.XXXXXXXX.compact``) of this trace that a writer
+    killed while compacting left beside it: those whose process is gone, and unnamed ones (an older
+    tracediff's ``.NAME.XXXXXXXX.compact``) untouched for STRANDED_AGE. A live writer's copy stays."""
+    try:
+        candidates = list(Path(path).absolute().parent.glob(f".{glob_escape(Path(path).name)}.*.compact"))
+    except OSError:
+        return
+    prefix = f".{Path(path).name}."
+    for copy in candidates:
+        middle = copy.name[len(prefix): -len(".compact")].split(".")
+        try:
+            if len(middle) == 2 and middle[0].isdigit():
+                if _alive(int(middle[0])):
+                    continue
+            elif len(middle) != 1 or time.time() - os.lstat(copy).st_mtime < STRANDED_AGE:
+                continue
+            if stat.S_ISREG(os.lstat(copy).st_mode):
+                copy.unlink()
+        except OSError:
+            pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
 
 
 def _has_xattrs(path: Path) -> bool:
@@ -354,6 +393,7 @@ class H5TraceFile(TraceFile):
     def __init__(self, path: Path, part: int = 0) -> None:
         self.path = path
         self._fd = -1
+        _remove_stranded(path)
         self._file = _open_h5(path)
         try:
             self._fd = os.open(path, os.O_RDONLY)

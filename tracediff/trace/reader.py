@@ -117,9 +117,20 @@ class TokenTable:
 
 def detect_format(path: Path) -> str:
     """The format's name ('h5', 'arrow') by the file's magic bytes, whatever its extension."""
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(MAGIC_BYTES)
+    import os
+    import stat
+
+    try:  # without blocking: a FIFO (or a device) named as a trace must be refused, not waited on
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        try:
+            mode = os.fstat(fd).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError(path)
+            if not stat.S_ISREG(mode):
+                raise TraceError(path, "not a regular file (a FIFO, socket or device), not a trace file")
+            head = os.read(fd, MAGIC_BYTES)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         raise TraceError(path, "no such file") from None
     except IsADirectoryError:

@@ -1,0 +1,107 @@
+"""Ctrl-C, once or many times, at any moment of a tracediff process: it ends, within a bound.
+
+Each case is a real interpreter sent real SIGINTs, since what is promised (the process exits, the
+trace reads, no traceback) is about the whole process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import tracediff as td
+from tests.conftest import REPO
+
+HANG = 120  # seconds: a process still running then is taken to hang (a detector, not a speed claim)
+
+# A host whose HDF5 writer has a long backlog at exit: close() (run by the exit handler, with a long
+# close_timeout) waits on it, so Ctrl-Cs meet close()'s join, then the exit fence, then the shutdown.
+BUSY_AT_EXIT = """
+import sys, time
+import numpy as np
+import tracediff as td
+rec = td.record(sys.argv[1], queue_bytes=1 << 30, flush_interval=3600, flush_bytes=1 << 30, close_timeout=60)
+x, ids = np.zeros((1, 4), np.float32), np.arange(1)
+for step in range(int(sys.argv[2])):
+    rec.log("h", x, step=step, token_ids=ids, request="r")
+    if step == 99:
+        assert rec.flush()
+print("exiting", flush=True)
+"""
+
+
+def interrupt(proc: subprocess.Popen, first: float, count: int, every: float) -> None:
+    """Send SIGINT ``count`` times, ``every`` seconds apart, the first after ``first`` seconds."""
+    time.sleep(first)
+    for _ in range(count):
+        if proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGINT)
+        time.sleep(every)
+
+
+def finish(proc: subprocess.Popen) -> tuple[int | None, str]:
+    try:
+        _, err = proc.communicate(timeout=HANG)
+        return proc.returncode, err
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, err = proc.communicate()
+        return None, err
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+@pytest.mark.parametrize("every", [0.01, 0.05, 0.2])
+def test_a_host_sent_ctrl_c_again_and_again_while_exiting_with_a_busy_writer_exits(tmp_path, every) -> None:
+    """The first Ctrl-C ends close()'s join, later ones used to interrupt the exit fence, which was
+    then skipped: the shutdown froze the writer inside h5py and the host hung for good (10 runs in
+    72). Now SIGINT is ignored from the fence on; the host exits and the trace reads."""
+    path = tmp_path / "busy.h5"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_AT_EXIT, str(path), "60000"], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "exiting\n"
+    interrupt(proc, first=0.3, count=int(4 / every), every=every)
+    code, err = finish(proc)
+    assert code is not None, f"hung at exit after Ctrl-Cs every {every}s: {err[-2000:]}"
+    with td.open_trace(path) as trace:
+        steps = trace.index.step.tolist()
+    assert steps == list(range(len(steps))) and len(steps) >= 100
+
+
+# The console entry point, started by hand so the test knows when its ``try`` runs: a SIGINT before
+# that (the interpreter's start-up, the tracediff package's own imports) is out of its reach.
+ENTRY = "import sys; from tracediff.entry import main; print('started', flush=True); " \
+        "sys.argv[0] = 'tracediff'; main()"
+
+
+def test_the_console_script_is_the_entry_module() -> None:
+    text = (REPO / "pyproject.toml").read_text()
+    assert 'tracediff = "tracediff.entry:main"' in text
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.15, 0.3])
+def test_ctrl_c_while_the_command_line_imports_is_exit_130_without_a_traceback(tmp_path, delay) -> None:
+    """A Ctrl-C in the first second or so, while cli.py's imports run, printed a KeyboardInterrupt
+    traceback from the imports; now it is exit 130 and nothing on stderr but, at most, one line."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", ENTRY, "show", str(tmp_path / "missing.h5")], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "started\n"
+    time.sleep(delay)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)  # and a second, as an impatient user does
+    code, err = finish(proc)
+    if "no such file" in err:  # the command had already run to its end (the Ctrl-C came after): no test
+        pytest.skip("the command ended before the Ctrl-C")
+    assert code == 130, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
+    assert len(err.splitlines()) <= 1, err
