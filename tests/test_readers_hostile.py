@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import h5py
@@ -47,9 +48,9 @@ def copy(originals, tmp_path):
     return make
 
 
-def read_everything(path: Path) -> None:
+def read_everything(path: Path, verify: bool = True) -> None:
     """What show, show --name and convert read: summary, every record, the token table."""
-    with td.open_trace(path) as trace:
+    with td.open_trace(path, verify=verify) as trace:
         summarize(trace)
         for i in range(len(trace.index)):
             trace.read(i)
@@ -60,8 +61,10 @@ def read_everything(path: Path) -> None:
 
 
 def refused(path: Path, *words: str) -> str:
+    """The reader's own checks refuse the file (checksums off: they stand behind them, for
+    --no-verify and traces written before checksums; tests/test_checksums.py checks those)."""
     with pytest.raises(TraceError) as caught:
-        read_everything(path)
+        read_everything(path, verify=False)
     problem = caught.value.problem
     assert caught.value.path == str(path) and "\n" not in problem and len(problem) < 400
     for word in words:
@@ -225,6 +228,7 @@ def set_run_meta(path: Path, raw: bytes) -> None:
     if path.suffix == ".h5":
         with h5py.File(path, "r+") as f:
             f.attrs.create("meta", data=raw, dtype=h5py.string_dtype())  # the bytes as given
+            f.attrs["meta_crc32"] = np.int64(zlib.crc32(raw))  # as a writer of this metadata would
     else:
         arrow_rewrite(path, meta=raw)
 
@@ -293,6 +297,8 @@ def arrow_rewrite(path: Path, meta: bytes | None = None, final: bytes | None = N
     schema_meta = dict(reader.schema.metadata)
     schema_meta.update({k: v for k, v in ((b"tracediff.meta", meta), (b"tracediff.format_version", version))
                         if v is not None})
+    if meta is not None:  # as a writer of this metadata would
+        schema_meta[b"tracediff.meta_crc32"] = str(zlib.crc32(meta)).encode()
     batches = [reader.get_batch(b) for b in range(reader.num_record_batches)]
     for b in batches:  # pyarrow itself reads unvalidated batches unsafely: edit valid files only
         b.validate(full=True)

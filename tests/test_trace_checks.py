@@ -188,7 +188,7 @@ def test_the_root_attribute_parser_reads_what_h5py_reads(tmp_path, case) -> None
 
 def test_the_root_attribute_parser_reads_a_real_trace_without_a_child(copy) -> None:
     values = h5attrs._parse(copy("h5"))
-    assert values["format"] == b"tracediff" and values["format_version"] == 2
+    assert values["format"] == b"tracediff" and values["format_version"] == td.trace.FORMAT_VERSION
     assert json.loads(values["meta"])["source"] == "training"
 
 

@@ -47,6 +47,21 @@ def fail(path: str | Path, problem: str) -> NoReturn:
     raise typer.Exit(2)
 
 
+def _no_verify(value: bool) -> bool:
+    """Set for every trace this command opens (each call sets it: a process may run several)."""
+    from tracediff.trace import reader
+
+    reader.VERIFY = not value
+    return value
+
+
+def no_verify_option() -> Any:
+    """``--no-verify`` of the commands that read traces."""
+    return typer.Option(False, "--no-verify", callback=_no_verify,
+                        help="do not check the trace's checksums (a few percent faster; corrupt bytes then "
+                             "read silently)")
+
+
 def guarded(path: str | Path, action: Callable[[], None]) -> None:
     try:
         action()
@@ -73,6 +88,7 @@ def show(
     top: int | None = typer.Option(None, "--top", help="two traces: how many of the largest differences to "
                                    "list (default 10)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    no_verify: bool = no_verify_option(),
 ) -> None:
     """Metadata and the tensors of a trace, in execution order; or stats of one tensor. With two
     traces: one row of a tensor on both sides and its largest differences (compare's next step)."""
@@ -96,6 +112,9 @@ def show(
                     print(json.dumps(summary.to_dict(), indent=1))
                 else:
                     render_summary(console, summary)
+                    if not opened.checksummed or not opened.verify:
+                        print("unverified: " + ("written before checksums" if not opened.checksummed
+                                                else "--no-verify"))
                 return
             where = " ".join(f"{k}={v}" for k, v in (("step", step), ("request", request)) if v is not None)
             try:
@@ -145,6 +164,7 @@ def show_pair(a: Path, b: Path, name: str | None, name_b: str | None, request: s
 def convert(
     src: Path = typer.Argument(..., help="trace to read"),
     dst: Path = typer.Argument(..., help="trace to write; the format follows the extension"),
+    no_verify: bool = no_verify_option(),
 ) -> None:
     """Convert a trace between HDF5 and Arrow without loss."""
     from tracediff.trace.convert import convert as run_convert
@@ -176,6 +196,7 @@ def slice_command(
                                     "repeat or comma-separate)"),
     depths: list[str] = typer.Option([], "--depths", help="keep records of these draft depths: N or A:B "
                                      "(repeat or comma-separate)"),
+    no_verify: bool = no_verify_option(),
 ) -> None:
     """Write a smaller, valid trace: the records and rows a selection keeps, with the run metadata,
     contract, static records of the kept names and the kept requests' whole token sequences. Names
@@ -222,6 +243,7 @@ def bundle_command(
     mapping: list[str] = typer.Option([], "--map", help="NAME_IN_B=NAME_IN_A, as for compare"),
     align: str = typer.Option("prefix", "--align", help="prefix or step, as for compare"),
     min_coverage: float = typer.Option(0.95, "--min-coverage", help="as for compare"),
+    no_verify: bool = no_verify_option(),
 ) -> None:
     """A bug-report bundle of two traces: report.md (for a GitHub issue), report.json, report.html,
     small slices of both (a.h5 / b.h5) that reproduce the compare, stats.json for the rest. When the
@@ -287,6 +309,7 @@ def replay(
     d2t: str = typer.Option("offset", "--d2t", help="read d2t as offsets (right) or as a direct map"),
     depths: int = typer.Option(4, help="draft depths to unroll"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    no_verify: bool = no_verify_option(),
 ) -> None:
     """Run a draft offline on recorded target tensors: accuracy per depth, expected accept length."""
     need_torch()
@@ -399,6 +422,7 @@ def compare(
     same_target: bool = typer.Option(False, "--same-target", help="compare even when the target facts the "
                                      "contracts state (config sizes, embedding fingerprint) differ: you know "
                                      "the targets are the same model"),
+    no_verify: bool = no_verify_option(),
 ) -> None:
     """Align two traces by token prefix and draft depth; name the first diverging tensor and why.
 

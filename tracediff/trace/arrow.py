@@ -11,6 +11,7 @@ import io
 import mmap
 import os
 import tempfile
+import zlib
 from pathlib import Path
 from typing import BinaryIO, Sequence
 
@@ -31,6 +32,7 @@ from tracediff.trace.checks import (
 )
 from tracediff.trace.fileio import pread_into, prefetch
 from tracediff.trace.schema import (
+    CHECKSUMS_SINCE,
     CLOSING_RECORDS,
     FINAL_RECORD,
     FORMAT_NAME,
@@ -39,12 +41,17 @@ from tracediff.trace.schema import (
     MAX_NDIM,
     Record,
     RecordIndex,
+    check_meta_crc,
     check_version,
+    corrupt_record,
     dumps_meta,
+    record_checksums,
+    record_crc,
+    rows_crc,
 )
 from tracediff.trace.storage import StorageFormat, TraceFile, describe, register, trace_errors
 
-SCHEMA = pa.schema(
+SCHEMA_V2 = pa.schema(  # format versions 1 and 2: no checksums
     [
         ("name", pa.string()),
         ("seq_no", pa.int64()),
@@ -60,10 +67,14 @@ SCHEMA = pa.schema(
         ("data", pa.large_binary()),
     ]
 )
+# Format version 3 on: per record, the CRC32 of its bytes, of its own key columns and of its rows' keys
+CRC_COLUMNS = ("data_crc", "record_crc", "rows_crc")
+SCHEMA = pa.schema([*SCHEMA_V2, *(pa.field(key, pa.uint32()) for key in CRC_COLUMNS)])
 KEY_COLUMNS = ("name", "seq_no", "step", "rank", "depth", "dtype", "static", "shape")
-# The closing __index__ row: every record's key columns plus the batch and row that hold it.
-INDEX_SCHEMA = pa.schema([SCHEMA.field(k) for k in KEY_COLUMNS]
-                         + [pa.field("batch", pa.int32()), pa.field("row", pa.int32())])
+# The closing __index__ row: every record's key columns (and checksums) plus the batch and row that hold it.
+_WHERE = [pa.field("batch", pa.int32()), pa.field("row", pa.int32())]
+INDEX_SCHEMA_V2 = pa.schema([SCHEMA.field(k) for k in KEY_COLUMNS] + _WHERE)
+INDEX_SCHEMA = pa.schema([SCHEMA.field(k) for k in (*KEY_COLUMNS, *CRC_COLUMNS)] + _WHERE)
 INDEX_COLUMNS = tuple(INDEX_SCHEMA.names)
 ARROW_MAGIC = b"ARROW1\0\0"  # an IPC file's first 8 bytes
 FOOTER_END = b"ARROW1"  # an IPC file's last 6 bytes, written after its footer
@@ -111,6 +122,8 @@ def records_to_batch(records: Sequence[Record], data: pa.Array | None = None) ->
         _list_array([r.token_id for r in records], pa.int64()),
         _binary_array([r.data for r in records]) if data is None else data,
     ]
+    sums = np.array([record_checksums(r) for r in records], dtype=np.uint32).reshape(len(records), -1)
+    columns += [pa.array(sums[:, k], pa.uint32()) for k in range(len(CRC_COLUMNS))]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 
 
@@ -122,9 +135,11 @@ def key_table(batch: pa.RecordBatch, batch_no: int) -> pa.Table:
     names = batch.column("name")
     closing = pc.is_in(names, value_set=pa.array(sorted(CLOSING_RECORDS), pa.string()))
     rows = pc.indices_nonzero(pc.invert(pc.fill_null(closing, False))).cast(pa.int32())
-    columns = [batch.column(key).take(rows) for key in KEY_COLUMNS]
+    summed = batch.schema.names[-len(CRC_COLUMNS):] == list(CRC_COLUMNS)
+    keys = (*KEY_COLUMNS, *CRC_COLUMNS) if summed else KEY_COLUMNS
+    columns = [batch.column(key).take(rows) for key in keys]
     columns += [pa.array(np.full(len(rows), batch_no, np.int32)), rows]
-    return pa.Table.from_arrays(columns, schema=INDEX_SCHEMA)
+    return pa.Table.from_arrays(columns, schema=INDEX_SCHEMA if summed else INDEX_SCHEMA_V2)
 
 
 def key_columns(batch: pa.RecordBatch, batch_no: int) -> dict[str, list]:
@@ -296,6 +311,7 @@ class ArrowWriter:
                 "tracediff.format": FORMAT_NAME,
                 "tracediff.format_version": str(FORMAT_VERSION),
                 "tracediff.meta": dumps_meta(meta),
+                "tracediff.meta_crc32": str(zlib.crc32(dumps_meta(meta).encode())),
             }
         )
         self._file = WholeWrites(self._open_raw())
@@ -352,8 +368,9 @@ class ArrowTraceFile(TraceFile):
     closed (its closing batch written, its footer not, or not all of it) is read as a killed one: its
     ``__index__`` and ``__final__`` are not used, the close that would vouch for them never ended."""
 
-    def __init__(self, path: Path, part: int = 0) -> None:
+    def __init__(self, path: Path, part: int = 0, verify: bool = True) -> None:
         self.path = path
+        self.verify = verify
         self._fd = -1
         self._batches: dict[int, pa.RecordBatch] = {}
         self._data_columns: dict[int, tuple[pa.Buffer, np.ndarray, int | None]] = {}
@@ -378,9 +395,10 @@ class ArrowTraceFile(TraceFile):
         self._checked: set[int] = set()  # batches whose index entries were checked against them
         self._key_columns: dict[int, tuple[np.ndarray, ...]] = {}
         schema = self._open()
-        self.meta, self.version = _meta_from_schema(self.path, schema)
+        self.meta, self.version = _meta_from_schema(self.path, schema, self.verify)
         check_version(self.path, self.version, close=lambda: None)
-        if not schema.equals(SCHEMA, check_metadata=False):
+        self._summed = self.version >= CHECKSUMS_SINCE
+        if not schema.equals(SCHEMA if self._summed else SCHEMA_V2, check_metadata=False):
             raise TraceError(self.path, "Arrow columns do not match the tracediff schema (docs/FORMAT.md)")
         self.final: dict | None = None
         self.index, self.token_slots = self._load_index(part)
@@ -465,11 +483,18 @@ class ArrowTraceFile(TraceFile):
         if final is not None:
             self.final = final_meta(self.path, final)
         if blob is not None:
-            table, batches = _index_table(self.path, blob), n - 1
+            table, batches = _index_table(self.path, blob, self._summed), n - 1
         else:
             tables = [key_table(self._load_batch(b), b) for b in range(n)]
-            table, batches = pa.concat_tables(tables) if tables else INDEX_SCHEMA.empty_table(), n
-        return self._index_columns(table, batches, part)
+            empty = (INDEX_SCHEMA if self._summed else INDEX_SCHEMA_V2).empty_table()
+            table, batches = pa.concat_tables(tables) if tables else empty, n
+        found = self._index_columns(table, batches, part)
+        if self._summed and self.verify and last is not None:  # once the rules of both hold
+            names = last.column("name").to_pylist()
+            for what, text, name in (("final metadata", final, FINAL_RECORD), ("record index", blob, INDEX_RECORD)):
+                if text is not None:
+                    check_meta_crc(self.path, text, last.column("data_crc")[names.index(name)].as_py(), what)
+        return found
 
     def _footed(self) -> bool:
         """The file ends as a closed one does (a footer's end marker): its footer was written whole."""
@@ -505,10 +530,33 @@ class ArrowTraceFile(TraceFile):
         self._by_batch = np.argsort(batch, kind="stable")
         self._batch_starts = np.searchsorted(batch[self._by_batch], np.arange(batches + 1))
         cols = {key: table.column(key).to_numpy() for key in ("seq_no", "step", "rank", "depth")}
+        names = table.column("name").to_pylist()
+        self._names, self._steps = names, cols["step"]
+        self._rows_verified = np.zeros(len(names), dtype=bool)
+        if self._summed:
+            self.data_crcs = table.column("data_crc").to_numpy()
+            self._rows_crcs = table.column("rows_crc").to_numpy()
+            if self.verify:
+                self._check_records(table, names, dtypes, static, shape.to_pylist())
         return RecordIndex.tensors_of(part, {
-            **cols, "name": table.column("name").to_pylist(), "dtype": dtypes, "static": static,
+            **cols, "name": names, "dtype": dtypes, "static": static,
             "shape": shape.to_pylist(), "n_rows": shapes.n_rows, "nbytes": shapes.nbytes,
         })
+
+    def _check_records(self, table: pa.Table, names: list[str], dtypes: list[str], static: np.ndarray,
+                       shapes: list[list[int]]) -> None:
+        """Refuse the first record whose own key columns fail their checksum."""
+        fields = [table.column(k).to_pylist() for k in ("seq_no", "step", "rank", "depth", "record_crc")]
+        for slot, (seq_no, step, rank, depth, stored) in enumerate(zip(*fields)):
+            if record_crc(names[slot], dtypes[slot], seq_no, step, rank, depth, static[slot],
+                          shapes[slot]) != stored:
+                raise corrupt_record(self.path, slot, names[slot], step)
+
+    def record_nbytes(self, slot: int) -> int:
+        return int(self._nbytes_of[slot])
+
+    def describe_slot(self, slot: int) -> tuple[str, int]:
+        return self._names[slot], int(self._steps[slot])
 
     def _data(self, slot: int) -> tuple[pa.Buffer, int, int, int | None]:
         """The buffer holding a record's bytes, where in it they start and end, and the file offset
@@ -565,7 +613,12 @@ class ArrowTraceFile(TraceFile):
             b, row = self._locations[slot]
             offsets, *columns = self._batch_keys(b)
             start, stop = offsets[row], offsets[row + 1]
-            parts.append(tuple(column[start:stop] for column in columns))
+            part = tuple(column[start:stop] for column in columns)
+            if self.verify and self.data_crcs is not None and not self._rows_verified[slot]:
+                if rows_crc(*part) != int(self._rows_crcs[slot]):
+                    raise corrupt_record(self.path, slot, *self.describe_slot(slot))
+                self._rows_verified[slot] = True
+            parts.append(part)
         if not parts:
             return np.empty(0, dtype=object), np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         request, position, token_id = (np.concatenate(column) for column in zip(*parts))
@@ -618,10 +671,10 @@ def _no_nulls(path: Path, what: str, columns: list, names: list[str]) -> None:
                 raise TraceError(path, f"{what} has nulls in column {name!r}")
 
 
-def _index_table(path: Path, blob: bytes) -> pa.Table:
+def _index_table(path: Path, blob: bytes, summed: bool) -> pa.Table:
     """The ``__index__`` row's table, validated like a batch of the file."""
     reader = pa.ipc.open_stream(pa.py_buffer(blob))
-    if not reader.schema.equals(INDEX_SCHEMA, check_metadata=False):
+    if not reader.schema.equals(INDEX_SCHEMA if summed else INDEX_SCHEMA_V2, check_metadata=False):
         raise TraceError(path, "its __index__ does not have the index columns (docs/FORMAT.md)")
     table = reader.read_all()
     try:
@@ -632,12 +685,17 @@ def _index_table(path: Path, blob: bytes) -> pa.Table:
     return table
 
 
-def _meta_from_schema(path: Path, schema: pa.Schema) -> tuple[dict, int]:
+def _meta_from_schema(path: Path, schema: pa.Schema, verify: bool = True) -> tuple[dict, int]:
     raw = schema.metadata or {}
     if raw.get(b"tracediff.format") != FORMAT_NAME.encode():
         raise TraceError(path, "not a tracediff trace (Arrow file without tracediff metadata)")
     version = format_version(path, raw.get(b"tracediff.format_version"))
-    return run_meta(path, raw.get(b"tracediff.meta", b"{}")), version
+    meta = raw.get(b"tracediff.meta", b"{}")
+    parsed = run_meta(path, meta)  # the rules of metadata first, then its checksum
+    if verify and version >= CHECKSUMS_SINCE:
+        stored = raw.get(b"tracediff.meta_crc32")
+        check_meta_crc(path, meta, stored.decode("ascii", "replace") if stored is not None else None)
+    return parsed, version
 
 
 FORMAT = register(StorageFormat(name="arrow", suffixes=(".arrow", ".ipc", ".feather"), magic=b"ARROW1",

@@ -14,6 +14,7 @@ import os
 import stat
 import tempfile
 import time
+import zlib
 from glob import escape as glob_escape
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -36,13 +37,19 @@ from tracediff.trace.checks import (
 from tracediff.trace.fileio import pread_into, prefetch
 from tracediff.trace.h5attrs import SIGNATURE, root_attributes
 from tracediff.trace.schema import (
+    CHECKSUMS_SINCE,
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_NDIM,
     Record,
     RecordIndex,
+    check_meta_crc,
     check_version,
+    corrupt_record,
     dumps_meta,
+    record_checksums,
+    record_crc,
+    rows_crc,
 )
 from tracediff.trace.storage import StorageFormat, TraceFile, describe, register, trace_errors
 
@@ -65,6 +72,9 @@ RECORD_COLUMNS: dict[str, np.dtype] = {
     "row_start": np.dtype(np.int64),
     "n_rows": np.dtype(np.int64),
 }
+# Format version 3 on: per record, the CRC32 of its bytes, of its own key columns and of its rows' keys
+# (the columns of records/checksums)
+CRC_COLUMNS = ("data_crc", "record_crc", "rows_crc")
 ROW_COLUMNS: dict[str, np.dtype] = {
     "request": np.dtype(np.int32),
     "position": np.dtype(np.int64),
@@ -79,11 +89,13 @@ ROW_COLUMNS: dict[str, np.dtype] = {
 DATASETS: dict[str, tuple[np.dtype, int | None, int]] = {
     **{f"records/{key}": (dtype, None, 1024) for key, dtype in RECORD_COLUMNS.items()},
     "records/shape": (np.dtype(np.int64), MAX_NDIM, 1024),
+    "records/checksums": (np.dtype(np.uint32), len(CRC_COLUMNS), 1024),
     **{f"rows/{key}": (dtype, None, 8192) for key, dtype in ROW_COLUMNS.items()},
     "strings/bytes": (np.dtype(np.uint8), None, 8192),
     "strings/ends": (np.dtype(np.int64), None, 1024),
     "data": (np.dtype(np.uint8), None, 1 << 20),
     "final": (np.dtype(np.uint8), None, 4096),
+    "final_crc": (np.dtype(np.uint32), None, 1),  # the CRC32 of "final", written just before it
 }
 
 
@@ -107,6 +119,7 @@ def _write_attrs(f: h5py.File, meta_text: str) -> None:
     f.attrs["format"] = FORMAT_NAME
     f.attrs["format_version"] = FORMAT_VERSION
     f.attrs["meta"] = meta_text
+    f.attrs["meta_crc32"] = np.int64(zlib.crc32(meta_text.encode()))
 
 
 def _append(dset: h5py.Dataset, values: np.ndarray) -> int:
@@ -202,12 +215,14 @@ class H5Writer:
             "position": _joined([r.position for r in records], np.int64, total_rows),
             "token_id": _joined([r.token_id for r in records], np.int64, total_rows),
         }
+        sums = np.array([record_checksums(r) for r in records], dtype=np.uint32).reshape(n, len(CRC_COLUMNS))
         # Order matters for readers of a killed file: payloads first, the index that points at them last.
         self._write_data(data, raws, data_end, int(nbytes.sum()))
         for key, values in rows.items():
             _append(self._datasets[f"rows/{key}"], values)
         strings.flush(self._datasets["strings/bytes"], self._datasets["strings/ends"])
         _append(self._datasets["records/shape"], shapes)
+        _append(self._datasets["records/checksums"], sums)
         for key in RECORD_COLUMNS:
             _append(self._datasets[f"records/{key}"], columns[key])
         self._file.flush()
@@ -261,7 +276,9 @@ class H5Writer:
         _redirect(self._file)
 
     def close(self, final: dict) -> None:
-        _append(self._datasets["final"], np.frombuffer(dumps_meta(final).encode(), dtype=np.uint8))
+        text = dumps_meta(final).encode()
+        _append(self._datasets["final_crc"], np.array([zlib.crc32(text)], dtype=np.uint32))
+        _append(self._datasets["final"], np.frombuffer(text, dtype=np.uint8))
         stored = sum(d.size * d.dtype.itemsize for d in self._datasets.values())
         values = {name: d[:] for name, d in self._datasets.items()} if stored < COMPACT_BELOW else None
         self._file.close()
@@ -390,8 +407,9 @@ class H5TraceFile(TraceFile):
     with the others and with the final metadata. A file whose writer was killed keeps the longest
     prefix of records that are whole and sound."""
 
-    def __init__(self, path: Path, part: int = 0) -> None:
+    def __init__(self, path: Path, part: int = 0, verify: bool = True) -> None:
         self.path = path
+        self.verify = verify
         self._fd = -1
         _remove_stranded(path)
         self._file = _open_h5(path)
@@ -414,11 +432,19 @@ class H5TraceFile(TraceFile):
         if not isinstance(meta, bytes):
             raise TraceError(self.path, f"run metadata is {meta}, not a string")
         self.meta = run_meta(self.path, meta)
+        checksummed = self.version >= CHECKSUMS_SINCE  # checked once the rules of metadata hold
+        if checksummed and self.verify:
+            check_meta_crc(self.path, meta, attrs.get("meta_crc32"))
         final = self._column("final", np.dtype(np.uint8))
         if len(final) > MAX_META_BYTES:
             raise TraceError(self.path, f"final metadata of {len(final)} bytes; a trace holds at most "
                                         f"{MAX_META_BYTES}")
-        self.final = final_meta(self.path, final[:].tobytes()) if len(final) else None
+        final_text = final[:].tobytes() if len(final) else b""
+        self.final = final_meta(self.path, final_text) if len(final) else None
+        if checksummed and self.verify and len(final):
+            stored = self._column("final_crc", np.dtype(np.uint32))
+            check_meta_crc(self.path, final_text, int(stored[0]) if self._length(stored) else None,
+                           "final metadata")
         self.index, self.token_slots = self._build_index(part)
         check_record_count(self.path, self.final, len(self.index))
 
@@ -480,10 +506,12 @@ class H5TraceFile(TraceFile):
         """The tensor records' index and the slots of the ``__tokens__`` records."""
         strings = self._strings()
         columns = {key: self._column(f"records/{key}", dtype) for key, dtype in RECORD_COLUMNS.items()}
+        checks_d = self._column("records/checksums", np.dtype(np.uint32), len(CRC_COLUMNS)) \
+            if self.version >= CHECKSUMS_SINCE else None
         shape_d = self._column("records/shape", np.dtype(np.int64), MAX_NDIM)
         rows_d = {key: self._column(f"rows/{key}", dtype) for key, dtype in ROW_COLUMNS.items()}
         data = self._column("data", np.dtype(np.uint8))
-        lengths = [self._length(d) for d in (*columns.values(), shape_d)]
+        lengths = [self._length(d) for d in (*columns.values(), shape_d) + ((checks_d,) if checks_d is not None else ())]
         row_lengths = [self._length(d) for d in rows_d.values()]
         if self.complete and (len(set(lengths)) > 1 or len(set(row_lengths)) > 1):
             raise TraceError(self.path, "the records/* (or rows/*) datasets differ in length "
@@ -501,6 +529,13 @@ class H5TraceFile(TraceFile):
                 refuse(self.path, fault)
             n = fault[0]  # a killed writer: keep the records before the first that is not whole
         cols = {k: v[:n] for k, v in cols.items()}
+        if checks_d is not None:
+            checks = checks_d[:n]
+            cols.update({key: np.ascontiguousarray(checks[:, k]) for k, key in enumerate(CRC_COLUMNS)})
+        self.data_crcs = cols.get("data_crc")
+        self._rows_verified = np.zeros(n, dtype=bool)
+        if self.verify and self.data_crcs is not None:
+            self._check_records(cols, shapes[:n], strings)
         self._strings_table = np.array(strings, dtype=object)
         self._cols = cols
         self._rows = rows_d
@@ -520,6 +555,21 @@ class H5TraceFile(TraceFile):
             "nbytes": cols["data_nbytes"],
             "shape": [s[:d] for s, d in zip(shapes[:n].tolist(), ndim)],
         })
+
+    def _check_records(self, cols: dict[str, np.ndarray], shapes: np.ndarray, strings: list[str]) -> None:
+        """Refuse the first record whose own key columns fail their checksum."""
+        fields = [cols[k].tolist() for k in ("name", "dtype", "seq_no", "step", "rank", "depth", "static",
+                                              "ndim", "record_crc")]
+        for slot, (name, dtype, seq_no, step, rank, depth, static, ndim, stored) in enumerate(zip(*fields)):
+            shape = shapes[slot, :ndim]
+            if record_crc(strings[name], strings[dtype], seq_no, step, rank, depth, static, shape) != stored:
+                raise corrupt_record(self.path, slot, strings[name], step)
+
+    def record_nbytes(self, slot: int) -> int:
+        return int(self._cols["data_nbytes"][slot])
+
+    def describe_slot(self, slot: int) -> tuple[str, int]:
+        return str(self._strings_table[self._cols["name"][slot]]), int(self._cols["step"][slot])
 
     @staticmethod
     def _faults(cols: dict[str, np.ndarray], shapes: np.ndarray, n_strings: int, n_rows: int, n_data: int,
@@ -656,7 +706,24 @@ class H5TraceFile(TraceFile):
         keys = self._keys()
         starts, counts = self._cols["row_start"][slots], self._cols["n_rows"][slots]
         rows = np.arange(int(counts.sum())) + np.repeat(starts - (np.cumsum(counts) - counts), counts)
-        return self._strings_table[keys["request"][rows]], keys["position"][rows], keys["token_id"][rows]
+        request = self._strings_table[keys["request"][rows]]
+        position, token_id = keys["position"][rows], keys["token_id"][rows]
+        if self.verify and self.data_crcs is not None:
+            self._check_rows(slots, counts, request, position, token_id)
+        return request, position, token_id
+
+    def _check_rows(self, slots: np.ndarray, counts: np.ndarray, request: np.ndarray, position: np.ndarray,
+                    token_id: np.ndarray) -> None:
+        """Refuse the first of these records whose rows' keys fail their checksum (each checked once)."""
+        ends = np.cumsum(counts)
+        stored = self._cols["rows_crc"]
+        for slot, end, count in zip(slots.tolist(), ends.tolist(), counts.tolist()):
+            if self._rows_verified[slot]:
+                continue
+            at = slice(end - count, end)
+            if rows_crc(request[at], position[at], token_id[at]) != int(stored[slot]):
+                raise corrupt_record(self.path, slot, *self.describe_slot(slot))
+            self._rows_verified[slot] = True
 
     def _keys(self) -> dict[str, np.ndarray]:
         """The rows/* columns up to the last row a record holds, request ids checked."""

@@ -27,7 +27,7 @@ from tracediff.errors import TraceError
 from tracediff.trace.checks import MAX_META_BYTES
 
 SIGNATURE = b"\x89HDF\r\n\x1a\n"
-WANTED = ("format", "format_version", "meta")
+WANTED = ("format", "format_version", "meta", "meta_crc32")  # meta_crc32: format version 3 on
 MAX_CHUNKS = 64  # object header chunks followed (ours have one)
 MAX_BLOCK = 1 << 20  # bytes of one header chunk or superblock field block
 MAX_HEADER = 1 << 20  # bytes of all the root header's chunks together (ours: under 1 KiB)

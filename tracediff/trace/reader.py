@@ -19,6 +19,7 @@ from tracediff.trace.schema import Record, RecordIndex, tokens_record
 from tracediff.trace.storage import MAGIC_BYTES, TraceFile, by_magic, by_name
 
 PREFETCH = 16  # records read ahead by rows()
+VERIFY = True  # open_trace's default: check checksums as records are read (the CLI's --no-verify clears it)
 SPAN_GAP = 1 << 20
 
 
@@ -159,9 +160,9 @@ def rank_files(path: str | Path) -> list[Path]:
     return [p for _, p in found] or [path]
 
 
-def open_file(path: Path, part: int = 0) -> TraceFile:
-    """One file of a trace, read by the format its magic bytes name."""
-    return by_name(detect_format(path)).reader(path, part)
+def open_file(path: Path, part: int = 0, verify: bool = True) -> TraceFile:
+    """One file of a trace, read by the format its magic bytes name; ``verify``: check its checksums."""
+    return by_name(detect_format(path)).reader(path, part, verify=verify)
 
 
 def _check_names(file: TraceFile) -> None:
@@ -175,13 +176,14 @@ def _check_names(file: TraceFile) -> None:
 class Trace:
     """A trace opened for reading: metadata, the record index, and tensors on demand."""
 
-    def __init__(self, paths: Sequence[str | Path]) -> None:
+    def __init__(self, paths: Sequence[str | Path], verify: bool = True) -> None:
+        self.verify = verify
         self.files: list[TraceFile] = []
         self._map: np.ndarray | None = None  # the file mapped for in-place reads (single-file traces)
         self._mmap: mmap.mmap | None = None
         try:
             for part, path in enumerate(paths):
-                self.files.append(open_file(Path(path), part))
+                self.files.append(open_file(Path(path), part, verify=verify))
                 _check_names(self.files[-1])
         except BaseException:
             self.close()
@@ -207,6 +209,18 @@ class Trace:
     @property
     def complete(self) -> bool:
         return all(f.complete for f in self.files)
+
+    @property
+    def checksummed(self) -> bool:
+        """Whether every file carries checksums (written in format version 3 on); an older trace
+        opens all the same, unverified."""
+        return all(f.checksummed for f in self.files)
+
+    def check_records(self, records: np.ndarray) -> None:
+        """Refuse the first of these records (index positions) whose bytes fail their checksum."""
+        idx = self.index
+        for i in np.unique(records).tolist():
+            self.files[idx.part[i]].check_data(int(idx.slot[i]))
 
     @cached_property
     def contract(self) -> dict:
@@ -251,8 +265,10 @@ class Trace:
         file, slot = self.files[idx.part[i]], int(idx.slot[i])
         request, position, token_id = file.read_keys(slot)
         dtype = idx.dtype[i]
+        raw = file.read_raw(slot)
+        file.check_data(slot, raw)
         return Record(
-            name=idx.name[i], data=file.read_raw(slot).view(storage_dtype(dtype)).reshape(idx.shape[i]),
+            name=idx.name[i], data=raw.view(storage_dtype(dtype)).reshape(idx.shape[i]),
             dtype=dtype, seq_no=int(idx.seq_no[i]), step=int(idx.step[i]), rank=int(idx.rank[i]),
             depth=int(idx.depth[i]), static=bool(idx.static[i]),
             request=request, position=position, token_id=token_id,
@@ -365,6 +381,7 @@ class Trace:
         row_bytes = keys.row_nbytes
         flat = out.reshape(-1).view(np.uint8)
         starts, stops = self._runs(keys, rows)
+        self.check_records(keys.record[rows])
         idx = self.index
         for k, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist())):
             if k % PREFETCH == 0:  # keep the disk busy with the next window while we copy this one
@@ -381,6 +398,7 @@ class Trace:
         unless the trace is one file whose records involved lie uncompressed in it."""
         if len(self.files) != 1:
             return None
+        self.check_records(keys.record[rows])  # before anything reads them in place
         if self._offsets is None:
             self._offsets = self.files[0].data_offsets()
         base = self._offsets[self.index.slot[keys.record[rows]]]
@@ -464,8 +482,12 @@ class Trace:
         self.close()
 
 
-def open_trace(path: str | Path | Sequence[str | Path]) -> Trace:
-    """Open a trace file, a trace split over ``stem.rankN.ext`` files, or an explicit list of files."""
+def open_trace(path: str | Path | Sequence[str | Path], verify: bool | None = None) -> Trace:
+    """Open a trace file, a trace split over ``stem.rankN.ext`` files, or an explicit list of files.
+    ``verify`` (default: ``VERIFY``, true unless the CLI was given --no-verify): check checksums,
+    the metadata and record keys at open, each record's bytes and row keys when first read; a
+    mismatch is a TraceError naming the record."""
+    verify = VERIFY if verify is None else verify
     if isinstance(path, (str, Path)):
-        return Trace(rank_files(path))
-    return Trace(list(path))
+        return Trace(rank_files(path), verify=verify)
+    return Trace(list(path), verify=verify)

@@ -4,11 +4,14 @@ A trace is run metadata plus an ordered stream of records; a record is one logge
 its place in the run (name, seq_no, step, rank, depth) and, unless it is static, one
 (request, position, token_id) key per row of its first axis (position -1: a padding row).
 Version 2 adds the token table: reserved ``__tokens__`` records whose rows are its entries.
+Version 3 adds checksums (CRC32): of each record's bytes, of its key columns and of the metadata.
 """
 
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -19,7 +22,8 @@ from tracediff.errors import TraceError
 from tracediff.trace.dtypes import decode
 
 FORMAT_NAME = "tracediff"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+CHECKSUMS_SINCE = 3  # the first format version whose traces carry checksums
 MAX_NDIM = 8  # the most dims a record may have, in either format (HDF5's shape column; docs/FORMAT.md)
 
 # Names that tracediff's EAGLE-3 tooling understands; any other dotted name may be recorded too.
@@ -190,3 +194,55 @@ def check_version(path: str | Path, version: int, close: Callable[[], None]) -> 
 def dumps_meta(meta: dict) -> str:
     """Metadata as JSON; refuses values JSON cannot hold rather than stringify them silently."""
     return json.dumps(meta, sort_keys=True, allow_nan=False)
+
+
+# Checksums (format version 3, docs/FORMAT.md "Checksums"): CRC32 (zlib) of canonical bytes, the same
+# in both formats, so a converted or sliced record keeps its checksums.
+_FIELDS = struct.Struct("<5q")
+
+
+def data_crc(raw: np.ndarray | bytes | memoryview) -> int:
+    """CRC32 of a record's tensor bytes."""
+    return zlib.crc32(raw)
+
+
+def record_crc(name: str, dtype: str, seq_no: int, step: int, rank: int, depth: int, static: bool,
+               shape: tuple[int, ...] | list[int]) -> int:
+    """CRC32 of a record's own key columns: seq_no, step, rank, depth, static and shape (int64 LE),
+    then name and dtype (UTF-8, each ended by a NUL)."""
+    head = _FIELDS.pack(int(seq_no), int(step), int(rank), int(depth), int(bool(static)))
+    dims = np.asarray(shape, dtype="<i8").tobytes()
+    return zlib.crc32(name.encode() + b"\0" + dtype.encode() + b"\0", zlib.crc32(dims, zlib.crc32(head)))
+
+
+def rows_crc(request, position: np.ndarray, token_id: np.ndarray) -> int:
+    """CRC32 of a record's per-row keys: position, token_id (int64 LE), then the request ids (UTF-8,
+    joined by NUL)."""
+    crc = zlib.crc32(np.ascontiguousarray(position, dtype="<i8"))
+    crc = zlib.crc32(np.ascontiguousarray(token_id, dtype="<i8"), crc)
+    texts = request.tolist() if isinstance(request, np.ndarray) else list(request)
+    return zlib.crc32("\0".join(texts).encode(), crc)
+
+
+def record_checksums(record: Record) -> tuple[int, int, int]:
+    """(data, record, rows) checksums of a record as a writer stores them."""
+    raw = np.ascontiguousarray(record.data).reshape(-1).view(np.uint8)
+    return (data_crc(raw),
+            record_crc(record.name, record.dtype, record.seq_no, record.step, record.rank, record.depth,
+                       record.static, record.data.shape),
+            rows_crc(record.request, record.position, record.token_id))
+
+
+def corrupt_record(path: str | Path, slot: int, name: object, step: object, what: str = "") -> TraceError:
+    """The error of a record whose bytes or keys fail their checksum."""
+    return TraceError(path, f"corrupt trace: record {slot} ({name}, step {step}) fails its checksum{what}")
+
+
+def check_meta_crc(path: str | Path, text: bytes, stored: object, what: str = "run metadata") -> None:
+    """Refuse metadata whose stored checksum (an int, or its decimal text) is missing or wrong."""
+    try:
+        expected = int(stored)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        raise TraceError(path, f"corrupt trace: its {what} has no checksum") from None
+    if zlib.crc32(text) != expected:
+        raise TraceError(path, f"corrupt trace: its {what} fails its checksum")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Concatenate, ParamSpec, Protocol, Sequence, TypeVar, runtime_checkable
@@ -21,10 +22,11 @@ import numpy as np
 import pyarrow as pa
 
 from tracediff.errors import TraceError
-from tracediff.trace.schema import Record, RecordIndex
+from tracediff.trace.schema import Record, RecordIndex, corrupt_record
 
 BUILTIN = ("tracediff.trace.h5", "tracediff.trace.arrow")  # modules that register a format on import
 MAGIC_BYTES = 8  # how much of a file's head the registry looks at
+VERIFY_PIECE = 4 << 20  # bytes of a record read at a time to check its checksum
 
 
 class TraceWriter(Protocol):
@@ -58,6 +60,42 @@ class TraceFile(Protocol):
     final: dict | None  # end-of-run metadata; None when the writer never closed the file
     index: RecordIndex  # its tensor records (reserved ``__`` ones left out)
     token_slots: np.ndarray  # slots of its ``__tokens__`` records
+    verify: bool  # whether reads check checksums (open_trace(..., verify=False): they do not)
+    # Per file slot: the CRC32 of the record's bytes; None for a file written before checksums
+    data_crcs: np.ndarray | None = None
+
+    @property
+    def checksummed(self) -> bool:
+        """Whether the file carries checksums (format version 3 on)."""
+        return self.data_crcs is not None
+
+    def check_data(self, slot: int, raw: np.ndarray | None = None) -> None:
+        """Refuse a record whose bytes (``raw`` when the caller has read them all, else read here a
+        piece at a time) fail their checksum; each record is checked once. Nothing to check in a
+        file without checksums, or opened with verify=False."""
+        if not self.verify or self.data_crcs is None:
+            return
+        done: set[int] = self.__dict__.setdefault("_data_verified", set())
+        if slot in done:
+            return
+        if raw is not None:
+            crc = zlib.crc32(np.ascontiguousarray(raw).reshape(-1).view(np.uint8))
+        else:
+            n = self.record_nbytes(slot)
+            crc, piece = 0, np.empty(min(n, VERIFY_PIECE), dtype=np.uint8)
+            for at in range(0, n, VERIFY_PIECE):
+                part = piece[: min(VERIFY_PIECE, n - at)]
+                self.read_into(slot, part, at)
+                crc = zlib.crc32(part, crc)
+        if crc != int(self.data_crcs[slot]):
+            raise corrupt_record(self.path, slot, *self.describe_slot(slot))
+        done.add(slot)
+
+    def record_nbytes(self, slot: int) -> int:
+        """Bytes of the record at a file slot."""
+
+    def describe_slot(self, slot: int) -> tuple[str, int]:
+        """(name, step) of the record at a file slot, as its index holds them."""
 
     @property
     def complete(self) -> bool:
@@ -94,7 +132,7 @@ class StorageFormat:
     suffixes: tuple[str, ...]  # lower case, with the dot; the first is the one to write
     magic: bytes  # the file's first bytes
     writer: Callable[[Path, dict, str | None], TraceWriter]  # (path, run metadata, compression)
-    reader: Callable[[Path, int], TraceFile]  # (path, part: its place in a multi-file trace)
+    reader: Callable[..., TraceFile]  # (path, part: its place in a multi-file trace, verify=bool)
 
 
 _FORMATS: dict[str, StorageFormat] = {}

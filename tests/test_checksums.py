@@ -1,0 +1,211 @@
+"""Checksums (format version 3): a flipped byte in a record's tensor bytes, its key columns or the
+metadata of a real trace is refused with one error line naming it; ``--no-verify`` reads it; a trace
+written before checksums opens and says it is unverified; convert and slice write valid checksums.
+
+The byte to flip is found from the file itself: the record's exact bytes searched for in the file,
+HDF5's chunk index for a dataset's bytes (h5py), pyarrow's buffer addresses in a memory map."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import tracediff as td
+from tests.conftest import REPO, cli
+from tracediff.errors import TraceError
+from tracediff.trace.convert import convert
+
+H = np.linspace(-1, 1, 2 * 64, dtype=np.float32).reshape(2, 64)
+
+
+def write_trace(path: Path) -> Path:
+    """Two tensors over three flushes, one request; every record's bytes unique in the file."""
+    with td.record(path, source="training") as rec:
+        for step in range(3):
+            rec.log("h", H + 10 * step, step=step, token_ids=np.arange(2) + 1000 * step,
+                    positions=np.arange(2) + 2 * step, request="r")
+            rec.log("g", H * (step + 2) + 0.5, step=step, token_ids=np.arange(2) + 1000 * step,
+                    positions=np.arange(2) + 2 * step, request="r")
+            rec.flush()
+    return path
+
+
+@pytest.fixture(scope="module")
+def originals(tmp_path_factory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("originals")
+    return {fmt: write_trace(root / f"t.{fmt}") for fmt in ("h5", "arrow")}
+
+
+@pytest.fixture
+def copy(originals, tmp_path):
+    def make(fmt: str) -> Path:
+        return Path(shutil.copy(originals[fmt], tmp_path / f"mutant.{fmt}"))
+    return make
+
+
+def flip(path: Path, at: int) -> None:
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        byte = fh.read(1)[0]
+        fh.seek(at)
+        fh.write(bytes([byte ^ 0x01]))
+
+
+def the_record(path: Path, name: str, step: int) -> tuple[int, np.ndarray]:
+    """(file slot, raw bytes) of one record, read without checksums."""
+    with td.open_trace(path, verify=False) as trace:
+        i = int(trace.select(name=name, step=step)[0])
+        return int(trace.index.slot[i]), trace.read(i).data.reshape(-1).view(np.uint8).copy()
+
+
+def data_byte(path: Path, name: str, step: int) -> int:
+    """A byte of the record's tensor: its exact bytes are found once in the file."""
+    raw = path.read_bytes()
+    wanted = the_record(path, name, step)[1].tobytes()
+    at = raw.find(wanted)
+    assert at >= 0 and raw.find(wanted, at + 1) < 0
+    return at + len(wanted) // 2
+
+
+def h5_dataset_byte(path: Path, dataset: str, entry: int) -> int:
+    """File offset of entry ``entry`` of a 1-D chunked, unfiltered HDF5 dataset (HDF5's chunk index)."""
+    with h5py.File(path, "r") as f:
+        dset = f[dataset]
+        chunk = dset.chunks[0]
+        info = dset.id.get_chunk_info_by_coord(((entry // chunk) * chunk,))
+        return info.byte_offset + (entry % chunk) * dset.dtype.itemsize
+
+
+def arrow_value_byte(path: Path, column: str, name: str, step: int) -> int:
+    """File offset of the first value of ``column`` (a list column) in the batch row of one record."""
+    with pa.memory_map(str(path), "r") as source:
+        base = source.read_buffer(1).address  # the map's first byte: a buffer's address - base is its offset
+        source.seek(0)
+        reader = pa.ipc.open_file(source)
+        for b in range(reader.num_record_batches):
+            batch = reader.get_batch(b)
+            names, steps = batch.column("name").to_pylist(), batch.column("step").to_pylist()
+            for row, (n, s) in enumerate(zip(names, steps)):
+                if (n, s) == (name, step):
+                    values = batch.column(column)
+                    first = values.offsets[row].as_py()
+                    buffer = values.values.buffers()[1]
+                    return buffer.address - base + (values.values.offset + first) * 8
+    raise AssertionError(f"no record {name} step {step}")
+
+
+def key_byte(path: Path, name: str, step: int) -> int:
+    """A byte of the record's first token id (its key columns)."""
+    if path.suffix == ".h5":
+        with h5py.File(path, "r") as f:
+            with td.open_trace(path, verify=False) as trace:
+                slot = int(trace.index.slot[trace.select(name=name, step=step)[0]])
+            row = int(f["records/row_start"][slot])
+        return h5_dataset_byte(path, "rows/token_id", row)
+    return arrow_value_byte(path, "token_id", name, step)
+
+
+def one_error_line(stderr: str, path: Path, slot: int, name: str, step: int) -> None:
+    assert stderr.strip().splitlines() == [
+        f"error: {path}: corrupt trace: record {slot} ({name}, step {step}) fails its checksum"]
+
+
+def test_a_trace_written_now_carries_checksums_and_reads_whole(originals, fmt) -> None:
+    with td.open_trace(originals[fmt]) as trace:
+        assert trace.checksummed and trace.files[0].version == td.trace.FORMAT_VERSION
+        for i in range(len(trace.index)):
+            trace.read(i)
+        trace.rows("g")
+        assert len(trace.request_tokens()) == 6
+
+
+@pytest.mark.parametrize("where", ["tensor", "keys"])
+def test_a_flipped_byte_of_a_record_fails_compare_and_show_naming_it(originals, copy, fmt, where) -> None:
+    path = copy(fmt)
+    slot, _ = the_record(path, "g", 1)
+    flip(path, data_byte(path, "g", 1) if where == "tensor" else key_byte(path, "g", 1))
+    compared = cli("compare", str(originals[fmt]), str(path))
+    assert compared.returncode == 2
+    one_error_line(compared.stderr, path, slot, "g", 1)
+    shown = cli("show", str(path), "--name", "g")
+    assert shown.returncode == 2
+    one_error_line(shown.stderr, path, slot, "g", 1)
+    with pytest.raises(TraceError, match=f"record {slot} \\(g, step 1\\) fails its checksum"):
+        with td.open_trace(path) as trace:
+            trace.rows("g")
+
+
+@pytest.mark.parametrize("where", ["tensor", "keys"])
+def test_no_verify_reads_the_flipped_record(copy, fmt, where) -> None:
+    path = copy(fmt)
+    flip(path, data_byte(path, "g", 1) if where == "tensor" else key_byte(path, "g", 1))
+    shown = cli("show", str(path), "--name", "g", "--no-verify")
+    assert shown.returncode == 0 and shown.stderr == ""
+    with td.open_trace(path, verify=False) as trace:
+        assert trace.rows("g").data.shape == (6, 64)
+    summary = cli("show", str(path), "--no-verify")
+    assert summary.returncode == 0 and "unverified: --no-verify" in summary.stdout
+
+
+def test_a_flipped_step_of_a_record_fails_at_open(copy) -> None:
+    """A record's own key columns are checked when the index is loaded: show lists nothing wrong."""
+    path = copy("h5")
+    slot, _ = the_record(path, "g", 1)
+    flip(path, h5_dataset_byte(path, "records/step", slot))  # step 1 -> 0
+    shown = cli("show", str(path))
+    assert shown.returncode == 2
+    one_error_line(shown.stderr, path, slot, "g", 0)
+
+
+def test_flipped_run_metadata_fails_at_open(copy, fmt) -> None:
+    """The metadata still parses (training -> traininf): only its checksum tells. An Arrow file
+    holds its schema twice, at its head and in its footer, which readers of a closed file use."""
+    path = copy(fmt)
+    raw, text = path.read_bytes(), b'"source": "training"'
+    at = raw.rfind(text)
+    assert raw.count(text) == (1 if fmt == "h5" else 2)
+    flip(path, at + len(text) - 2)
+    shown = cli("show", str(path))
+    assert shown.returncode == 2
+    assert shown.stderr.strip().splitlines() == [f"error: {path}: corrupt trace: its run metadata fails its checksum"]
+    with td.open_trace(path, verify=False) as trace:
+        assert trace.meta["source"] == "traininf"
+
+
+def test_a_trace_written_before_checksums_opens_unverified() -> None:
+    old = REPO / "tests" / "data" / "format_v1_serving.h5"
+    with td.open_trace(old) as trace:
+        assert not trace.checksummed
+        for i in range(len(trace.index)):
+            trace.read(i)
+    shown = cli("show", str(old))
+    assert shown.returncode == 0 and "unverified: written before checksums" in shown.stdout
+
+
+@pytest.mark.parametrize("route", ["h5>arrow>h5", "arrow>h5>arrow"])
+def test_convert_and_slice_keep_checksums_valid(originals, tmp_path, route) -> None:
+    first, second, third = route.split(">")
+    a, b = tmp_path / f"a.{second}", tmp_path / f"b.{third}"
+    convert(originals[first], a)
+    convert(a, b)
+    sliced = tmp_path / f"s.{first}"
+    assert cli("slice", str(b), "--out", str(sliced), "--steps", "1:3").returncode == 0
+    with td.open_trace(originals[first]) as source:
+        crcs = {(n, s): source.files[0].data_crcs[slot]
+                for n, s, slot in zip(source.index.name, source.index.step, source.index.slot)}
+    for path in (a, b, sliced):
+        with td.open_trace(path) as trace:
+            assert trace.checksummed
+            for i in range(len(trace.index)):
+                trace.read(i)
+            trace.rows("g")
+            trace.request_tokens()
+            file = trace.files[0]
+            for n, s, slot in zip(trace.index.name, trace.index.step, trace.index.slot):
+                assert file.data_crcs[slot] == crcs[(n, s)]
+        assert cli("compare", str(originals[first]), str(path)).returncode != 2
