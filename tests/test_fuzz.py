@@ -1,7 +1,8 @@
 """A seeded mutation fuzzer over small real traces of both formats, and the crashers found by one.
 
 Every command that reads traces (``show``, ``show --name``, ``compare``, ``convert``, and ``show``
-of what convert wrote) runs on each mutant in its own process, with one time limit and one memory
+of what convert wrote; on fewer mutants ``slice``, ``bundle``, ``compare --html`` and ``show A B``)
+runs on each mutant in its own process, with one time limit and one memory
 limit each. The promise checked: no signal, no hang, no traceback (stderr is empty, or exactly one
 ``error:`` line with exit 2), an exit code the command defines, and no input file changed.
 
@@ -381,10 +382,14 @@ def drive(plan_path: str) -> None:
     Path(plan["results"]).write_text(json.dumps([results[k] for k in range(len(jobs))]))
 
 
-def run_plan(root: Path, jobs: list[dict], originals: dict[str, Path]) -> list[dict]:
+def run_plan(root: Path, jobs: list[dict], originals: dict[str, Path], making=None) -> list[dict]:
+    """``making``: commands() or another maker of (what, argv, codes[, output]) from (original,
+    mutant, out), run on the originals to warm the driver up."""
     plan, results = root / "plan.json", root / "results.json"
-    warm_up = [argv for kind, original in originals.items()
-               for _, argv, _ in commands(original, original, root / f"warm_{kind.replace('-', '_')}")]
+    warm = root / "warm"
+    warm.mkdir(exist_ok=True)
+    warm_up = [made[1] for kind, original in originals.items()
+               for made in (making or commands)(original, original, warm / f"warm_{kind.replace('-', '_')}")]
     plan.write_text(json.dumps({"jobs": jobs, "results": str(results), "warm_up": warm_up}))
     env = {**os.environ, "PYTHONPATH": str(REPO), "TORCHDYNAMO_DISABLE": "1"}
     budget = 120 + len(jobs) * TIMEOUT / PARALLEL / 10
@@ -407,6 +412,8 @@ def problem(job: dict, result: dict) -> str | None:
     if result["signal"] is not None:
         return f"killed by signal {signal.Signals(result['signal']).name}"
     code, err = result["code"], Path(job["stderr"]).read_text(errors="replace")
+    if job.get("notes"):  # a command whose notes on what a selection matched go to stderr (slice)
+        err = "".join(line for line in err.splitlines(keepends=True) if not line.startswith("tracediff: note: "))
     lines = err.splitlines()
     if code not in job["codes"]:
         return f"exit {code} (defined: {sorted(job['codes'])}): {err[-1500:]}"
@@ -460,6 +467,70 @@ def test_mutated_traces_never_crash_hang_or_traceback(tmp_path) -> None:
     unapplied = [what for _, what in mutants if "not applied" in what]
     assert len(unapplied) < len(mutants) // 20, unapplied[:5]  # the mutation tools themselves work
     assert codes[2] > len(mutants) // 4 and codes[0] > len(mutants) // 4  # mutants both refused and read
+
+
+def more_commands(original: Path, mutant: Path, out: Path) -> list[tuple[str, list[str], set[int], Path]]:
+    """(what, argv, exit codes, the output it may write) of the other commands that read traces:
+    the output exists only after an exit other than 2."""
+    ext = mutant.suffix
+    return [
+        ("slice", ["slice", str(mutant), "-o", str(out.with_name(out.name + "_slice" + ext)), "--names", "h"],
+         {0, 2}, out.with_name(out.name + "_slice" + ext)),
+        ("bundle", ["bundle", str(original), str(mutant), "-o", str(out.with_name(out.name + "_bundle"))],
+         {0, 2}, out.with_name(out.name + "_bundle")),
+        ("compare --html", ["compare", str(original), str(mutant), "--html",
+                            str(out.with_name(out.name + ".html"))], {0, 1, 2, 3}, out.with_name(out.name + ".html")),
+        ("show A B", ["show", str(original), str(mutant), "--name", "h"], {0, 2}, None),
+        ("show B A", ["show", str(mutant), str(original), "--name", "g"], {0, 2}, None),
+    ]
+
+
+MORE_MUTANTS = int(36 * SCALE)  # each runs every command of more_commands
+
+
+@pytest.mark.slow
+@pytest.mark.subprocess
+def test_mutated_traces_never_crash_hang_traceback_or_leave_output_in_the_other_reading_commands(tmp_path) -> None:
+    """slice, bundle, compare --html and show of two traces, on mutants of both formats: the same
+    promises as above, and no stray output: a refused input (exit 2) leaves none of the command's
+    output, and no command leaves a hidden or temporary file beside the traces or in its output."""
+    originals = traces(tmp_path)
+    kinds = list(originals)
+    ranges = {kind: structure(path) for kind, path in originals.items()}
+    jobs, mutants, outputs = [], [], []
+    for i in range(MORE_MUTANTS):
+        kind = kinds[i % 3]
+        rng = random.Random(f"{SEED}:more:{i}")
+        original = originals[kind]
+        mutant = tmp_path / f"m{i}{'.lz4' if kind == 'arrow-lz4' else ''}{original.suffix}"
+        shutil.copy(original, mutant)
+        mutants.append((mutant, f"mutant {i} of {original.name} (seed {SEED}, more): {mutate(mutant, rng, ranges[kind])}"))
+        (tmp_path / f"o{i}").mkdir()
+        for name, argv, codes, output in more_commands(original, mutant, tmp_path / f"o{i}" / "out"):
+            k = len(jobs)
+            jobs.append({"argv": argv, "codes": sorted(codes), "what": f"{name}: {mutants[-1][1]}",
+                         "stdout": str(tmp_path / f"j{k}.out"), "stderr": str(tmp_path / f"j{k}.err"),
+                         "notes": name == "slice"})
+            outputs.append(output)
+    listed = set(os.listdir(tmp_path))
+    before = {p: digest(p) for p in [*originals.values(), *(m for m, _ in mutants)]}
+    results = run_plan(tmp_path, jobs, originals, making=more_commands)
+    failures = [f"{job['what']}\n  $ tracediff {' '.join(job['argv'])}\n  {why}"
+                for job, result in zip(jobs, results) if (why := problem(job, result)) is not None]
+    failures += [f"{p} changed by reading it" for p in before if before[p] != digest(p)]
+    for job, result, output in zip(jobs, results, outputs):
+        if output is not None and result["code"] == 2 and output.exists():
+            failures.append(f"{job['what']}\n  $ tracediff {' '.join(job['argv'])}\n  exit 2 left {output}")
+    stray = [p for p in tmp_path.rglob("*") if p.name.startswith(".") or p.suffix in (".tmp", ".partial")]
+    stray += [tmp_path / name for name in set(os.listdir(tmp_path)) - listed
+              if name not in ("plan.json", "results.json", "warm") and not name.startswith("j")]
+    failures += [f"stray file {p}" for p in stray]
+    ran = [r for r in results if not r.get("skipped")]
+    codes = {c: sum(r["code"] == c for r in ran) for c in (0, 1, 2, 3)}
+    print(f"\nfuzz (more): {len(mutants)} mutants, {len(ran)} commands; exits {codes}; "
+          f"slowest {max(r['seconds'] for r in ran):.1f} s")
+    assert not failures, f"{len(failures)} failures (files kept in {tmp_path}):\n" + "\n".join(failures[:20])
+    assert codes[2] > len(jobs) // 8 and codes[0] > len(jobs) // 8  # mutants both refused and read
 
 
 @pytest.mark.subprocess

@@ -194,8 +194,10 @@ def _slice(trace: Trace, dst: Path, selection: Selection) -> SliceResult:
         writer = _open_output(out, meta)
         try:
             parts.append(_copy_part(trace, part, plans[part][0], tokens[part], writer, out))
-        except BaseException:
+        except BaseException:  # a source that fails mid-copy (a corrupt record): no partial slice left
             writer.abort()
+            for k in [*written[: written.index(part)], part]:
+                outputs[k].unlink(missing_ok=True)
             raise
     seen: set[str] = set()
     if selection.requests is not None:  # the requests named that a kept row or token entry holds
