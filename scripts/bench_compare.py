@@ -1,7 +1,8 @@
 """Benchmark: a full `tracediff compare` of two large traces against the cold-read disk speed and
 against the layout SGLang's dumper writes (one pickled file per tensor per forward pass, loaded
 with torch.load(weights_only=True) and compared tensor by tensor), run side by side on the same
-tensors; plus time to the first divergence with --stop-at-first, and peak memory at two sizes.
+tensors; plus time to the first divergence with --stop-at-first, peak memory at two sizes, and the
+cost of checking checksums (the same compare with --no-verify, interleaved with the verified runs).
 
 The traces are serving-like: every step a decode batch of BATCH requests logs three bfloat16
 tensors (aux hidden states, draft hidden, draft logits); each request runs REQUEST_LEN steps. The
@@ -172,12 +173,15 @@ def measure(base: Path, steps: int, with_baseline: bool, reps: int) -> dict:
     tensor_bytes = 2 * steps * STEP_BYTES
     cli = (f"sys.argv = ['tracediff', 'compare', {str(a)!r}, {str(b)!r}, '--json']\n"
            "from tracediff.cli import main; main()")
-    disk, runs = [], []
+    disk, runs, unverified = [], [], []
     for _ in range(reps):
         disk.append(pair_read_speed([a, b]) / 1e9)
         drop_all([a, b])
         runs.append(run_child(cli))
+        drop_all([a, b])
+        unverified.append(run_child(cli.replace("'--json'", "'--json', '--no-verify'"))[0])
     seconds = sorted(r[0] for r in runs)[reps // 2]
+    no_verify_s = sorted(unverified)[reps // 2]
     out = runs[0][3]
     report = json.loads(out[: out.rindex("}") + 1])
     result = {
@@ -185,6 +189,8 @@ def measure(base: Path, steps: int, with_baseline: bool, reps: int) -> dict:
         "disk_read_gbs": sorted(disk)[reps // 2], "disk_read_gbs_runs": disk,
         "compare_s": seconds, "compare_s_runs": [r[0] for r in runs],
         "compare_gbs": tensor_bytes / seconds / 1e9,
+        "compare_no_verify_s": no_verify_s, "compare_no_verify_s_runs": unverified,
+        "verify_cost": seconds / no_verify_s - 1,
         "compare_peak_rss_mb": max(r[1] for r in runs), "compare_peak_anon_mb": max(r[2] for r in runs),
         "verdict": report["verdict"], "coverage": report["coverage"]["fraction"],
         "first_divergence": {"name": report["first_divergence"]["name"],
@@ -231,6 +237,7 @@ def main() -> None:
     results["summary"] = {
         "compare_gbs": large["compare_gbs"],
         "compare_vs_disk": large["compare_gbs"] / large["disk_read_gbs"],
+        "verify_cost": large["verify_cost"],
         "compare_vs_dumper": large["dumper_s"] / large["compare_s"],
         "stop_at_first_speedup": large["compare_s"] / large["stop_at_first_s"],
         "peak_rss_growth": large["compare_peak_rss_mb"] / results["small"]["compare_peak_rss_mb"],

@@ -7,6 +7,10 @@ Every figure is measured in the same run as its baseline:
   overhead  a simulated forward (torch matmul loop, ~5 ms a step, logging ~1 MB a step):
             no recorder vs recorder on vs a recorder that filters everything out
 
+With --verify-cost, instead (no torch needed), for each format: the cost of checking checksums,
+verify vs --no-verify interleaved on the same files, each from a cold cache: reading all rows of one
+name, a cold open plus one step, and a full CLI compare of the trace against a copy of it.
+
 With --tiny, instead, for each format side by side (a flood of tiny records, 16 bytes and one row
 each): records/s one writer sustains on batches of WRITE_BATCH records; records/s a host logging
 as fast as it can gets written, and how many the full queue dropped meanwhile; and the file size of
@@ -14,6 +18,7 @@ a small trace (10 KB of tensors in 10 flushes).
 
 Usage: python scripts/bench_trace.py [--steps 2000] [--dir /tmp/bench] [--out bench.json]
        python scripts/bench_trace.py --tiny [--tiny-records 200000]
+       python scripts/bench_trace.py --verify-cost [--steps 400] [--reps 3]
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import json
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -98,19 +105,19 @@ def record_steps(path: Path, steps: int, torch) -> tuple[float, int, int]:
     return time.perf_counter() - start, logged, sum(rec.dropped.values())
 
 
-def read_one_name(path: Path, name: str) -> tuple[float, int]:
+def read_one_name(path: Path, name: str, verify: bool = True) -> tuple[float, int]:
     drop_cache(path)
     start = time.perf_counter()
-    with td.open_trace(path) as trace:
+    with td.open_trace(path, verify=verify) as trace:
         rows = trace.rows(name)
     return time.perf_counter() - start, rows.data.nbytes
 
 
-def read_one_step(path: Path, step: int) -> tuple[float, float]:
+def read_one_step(path: Path, step: int, verify: bool = True) -> tuple[float, float]:
     """(seconds to open cold, seconds to read every record of one step)."""
     drop_cache(path)
     start = time.perf_counter()
-    with td.open_trace(path) as trace:
+    with td.open_trace(path, verify=verify) as trace:
         opened = time.perf_counter()
         for name in ROW_WIDTHS:
             trace.rows(name, step=step)
@@ -237,6 +244,62 @@ def small_trace_bytes(path: Path) -> int:
     return path.stat().st_size
 
 
+def numpy_steps(path: Path, steps: int) -> int:
+    """A trace of ``steps`` steps of the ROW_WIDTHS tensors as float16 (bfloat16's size, no torch);
+    the bytes logged."""
+    rng = np.random.default_rng(0)
+    pool = [{name: rng.standard_normal((ROWS, width), dtype=np.float32).astype(np.float16)
+             for name, width in ROW_WIDTHS.items()} for _ in range(4)]
+    logged = 0
+    with td.record(path, source="bench", on_full="block", block_timeout=60) as rec:
+        for step in range(steps):
+            for name, x in pool[step % len(pool)].items():
+                rec.log(name, x, step=step, token_ids=np.arange(ROWS), request="bench")
+                logged += x.nbytes
+    return logged
+
+
+def cli_compare(a: Path, b: Path, verify: bool) -> float:
+    """Seconds of ``tracediff compare A B --json`` in a fresh interpreter, cold cache."""
+    drop_cache(a)
+    drop_cache(b)
+    args = ["compare", str(a), str(b), "--json", *([] if verify else ["--no-verify"])]
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", "import sys; from tracediff.cli import main; "
+                           f"sys.argv = ['tracediff', *{args!r}]; main()"], capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    if done.returncode not in (0, 1):
+        raise RuntimeError(done.stderr)
+    return seconds
+
+
+def verify_cost(work: Path, formats: list[str], steps: int, reps: int) -> dict:
+    """verify vs --no-verify, interleaved, on the same files (medians of ``reps``)."""
+    results: dict = {"steps": steps, "reps": reps}
+    for fmt in formats:
+        a, b = work / f"a.{fmt}", work / f"b.{fmt}"
+        logged = numpy_steps(a, steps)
+        shutil.copyfile(a, b)
+        runs: dict[str, list[float]] = {}
+        for _ in range(reps):
+            for verify, tag in ((True, "verify"), (False, "no_verify")):
+                seconds, nbytes = read_one_name(a, "draft.fc_in", verify)
+                runs.setdefault(f"read_name_gbs_{tag}", []).append(nbytes / seconds / 1e9)
+                opened, step = read_one_step(a, steps // 2, verify)
+                runs.setdefault(f"open_plus_step_ms_{tag}", []).append((opened + step) * 1e3)
+                runs.setdefault(f"compare_s_{tag}", []).append(cli_compare(a, b, verify))
+        out = {"trace_gb": a.stat().st_size / 1e9, "tensor_gb": logged / 1e9,
+               **{k: statistics.median(v) for k, v in runs.items()}, "runs": runs}
+        out["read_name_cost"] = out["read_name_gbs_no_verify"] / out["read_name_gbs_verify"] - 1
+        out["open_plus_step_cost"] = out["open_plus_step_ms_verify"] / out["open_plus_step_ms_no_verify"] - 1
+        out["compare_cost"] = out["compare_s_verify"] / out["compare_s_no_verify"] - 1
+        a.unlink()
+        b.unlink()
+        results[fmt] = out
+        print(fmt, json.dumps({k: v for k, v in out.items() if k != "runs"}), flush=True)
+    return results
+
+
 def tiny(work: Path, formats: list[str], n: int) -> dict:
     results: dict = {"records": n}
     for fmt in formats:
@@ -258,8 +321,19 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     parser.add_argument("--tiny", action="store_true", help="tiny records and small traces instead")
     parser.add_argument("--tiny-records", type=int, default=200_000)
+    parser.add_argument("--verify-cost", action="store_true", help="checksums: verify vs --no-verify")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(dir=args.dir))
+    if args.verify_cost:
+        try:
+            results = verify_cost(work, list(filter(None, args.formats.split(","))), args.steps,
+                                  min(args.reps, 5))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        print(json.dumps({k: v for k, v in results.items()}, indent=1))
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1))
+        return
     if args.tiny:
         try:
             results = tiny(work, list(filter(None, args.formats.split(","))), args.tiny_records)

@@ -209,3 +209,74 @@ def test_convert_and_slice_keep_checksums_valid(originals, tmp_path, route) -> N
             for n, s, slot in zip(trace.index.name, trace.index.step, trace.index.slot):
                 assert file.data_crcs[slot] == crcs[(n, s)]
         assert cli("compare", str(originals[first]), str(path)).returncode != 2
+
+
+# --- every byte that holds a trace's content: a flip is refused or changes nothing ----------------
+
+def snapshot(path: Path) -> tuple:
+    """Everything a trace says: metadata, final metadata, each record whole, the token table."""
+    with td.open_trace(path) as trace:
+        records = []
+        for i in range(len(trace.index)):
+            r = trace.read(i)
+            records.append((r.name, r.dtype, r.seq_no, r.step, r.rank, r.depth, r.static, r.data.shape,
+                            r.data.tobytes(), r.request.tolist(), r.position.tolist(), r.token_id.tolist()))
+        tokens = trace.request_tokens()
+        return (trace.meta, trace.finals, records, tokens.request.tolist(), tokens.position.tolist(),
+                tokens.token_id.tolist())
+
+
+def content_ranges(path: Path) -> list[tuple[int, int]]:
+    """(file offset, length) of the bytes that hold the trace's content, as the libraries place them:
+    the chunks of every HDF5 dataset (h5py's chunk index; HDF5's own structures are fuzzed by
+    tests/test_fuzz.py in child processes), or every buffer of every Arrow batch (pyarrow), the
+    closing batch's ``__index__`` stream included."""
+    found: list[tuple[int, int]] = []
+    if path.suffix == ".h5":
+        with h5py.File(path, "r") as f:
+            def visit(_name: str, obj) -> None:
+                if isinstance(obj, h5py.Dataset) and obj.chunks is not None:
+                    obj.id.chunk_iter(lambda info: found.append((info.byte_offset, info.size)))
+            f.visititems(visit)
+        return found
+    with pa.memory_map(str(path), "r") as source:
+        base = source.read_buffer(1).address
+        source.seek(0)
+        reader = pa.ipc.open_file(source)
+        for b in range(reader.num_record_batches):
+            batch = reader.get_batch(b)
+            for column in batch.columns:
+                arrays = [column] + ([column.values] if isinstance(column, pa.ListArray) else [])
+                found += [(buffer.address - base, buffer.size) for array in arrays
+                          for buffer in array.buffers() if buffer is not None and buffer.size]
+    return found
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_flipped_content_byte_is_refused_or_changes_nothing(originals, tmp_path, fmt, seed) -> None:
+    """Seeded flips anywhere in a trace's content (tensor bytes, key columns, string table, index,
+    metadata): never read differently without an error."""
+    import random
+
+    rng = random.Random(f"checksums:{fmt}:{seed}")
+    original = originals[fmt]
+    expected = snapshot(original)
+    ranges = content_ranges(original)
+    meta_at = original.read_bytes().rfind(b'"source": "training"')
+    refused = 0
+    for k in range(40):
+        path = Path(shutil.copy(original, tmp_path / f"m{k}.{fmt}"))
+        if k % 8 == 0:
+            at = meta_at + rng.randrange(len(b'"source": "training"'))
+        else:
+            start, size = rng.choice(ranges)
+            at = start + rng.randrange(size)
+        flip(path, at)
+        try:
+            got = snapshot(path)
+        except TraceError as exc:
+            assert "\n" not in exc.problem
+            refused += 1
+            continue
+        assert got == expected, f"byte {at} flipped: read without error, but differently"
+    assert refused >= 10  # most content bytes matter
