@@ -280,3 +280,21 @@ def test_a_flipped_content_byte_is_refused_or_changes_nothing(originals, tmp_pat
             continue
         assert got == expected, f"byte {at} flipped: read without error, but differently"
     assert refused >= 10  # most content bytes matter
+
+
+def test_a_flipped_byte_of_a_large_record_fails_compare(tmp_path, fmt) -> None:
+    """Records of a MiB or more are checked over the file's mapping, where compare reads them in place."""
+    big = np.linspace(-1, 1, 512 * 1024, dtype=np.float32).reshape(512, 1024)
+    original = tmp_path / f"big.{fmt}"
+    with td.record(original, source="training") as rec:
+        for step in range(2):
+            rec.log("h", big + step, step=step, token_ids=np.arange(512), positions=np.arange(512) + 512 * step,
+                    request="r")
+            rec.flush()
+    path = Path(shutil.copy(original, tmp_path / f"mutant.{fmt}"))
+    slot, _ = the_record(path, "h", 1)
+    flip(path, data_byte(path, "h", 1))
+    compared = cli("compare", str(original), str(path))
+    assert compared.returncode == 2
+    one_error_line(compared.stderr, path, slot, "h", 1)
+    assert cli("compare", str(original), str(path), "--no-verify").returncode != 2

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import mmap
 import re
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
@@ -116,6 +118,18 @@ class TokenTable:
         return self.position[rows], self.token_id[rows]
 
 
+_CRC_POOL: ThreadPoolExecutor | None = None
+
+
+def _crc_pool() -> ThreadPoolExecutor:
+    """One thread that computes checksums of bytes already read while the next are read (zlib
+    releases the GIL over large buffers)."""
+    global _CRC_POOL
+    if _CRC_POOL is None:
+        _CRC_POOL = ThreadPoolExecutor(1, thread_name_prefix="tracediff-crc")
+    return _CRC_POOL
+
+
 def detect_format(path: Path) -> str:
     """The format's name ('h5', 'arrow') by the file's magic bytes, whatever its extension."""
     import os
@@ -217,10 +231,25 @@ class Trace:
         return all(f.checksummed for f in self.files)
 
     def check_records(self, records: np.ndarray) -> None:
-        """Refuse the first of these records (index positions) whose bytes fail their checksum."""
+        """Refuse the first of these records (index positions) whose bytes fail their checksum. In a
+        single-file trace whose records lie uncompressed in the file, the checksum is computed over
+        the file's mapping (no copy; the pages are then in the page cache for the read that follows,
+        and unmapped again: resident memory stays flat)."""
         idx = self.index
-        for i in np.unique(records).tolist():
-            self.files[idx.part[i]].check_data(int(idx.slot[i]))
+        todo = [i for i in np.unique(records).tolist() if self.files[idx.part[i]].unchecked(int(idx.slot[i]))]
+        if not todo:
+            return
+        if len(self.files) == 1 and self._offsets is None:
+            self._offsets = self.files[0].data_offsets()
+        for i in todo:
+            file, slot = self.files[idx.part[i]], int(idx.slot[i])
+            at = int(self._offsets[slot]) if len(self.files) == 1 and self._offsets is not None else -1
+            n = int(idx.nbytes[i])
+            if at < 0 or n < SPAN_GAP:
+                file.check_data(slot)
+                continue
+            file.check_data(slot, self.mapped()[at : at + n])
+            self.release(self._spans(np.array([at]), np.array([at + n])))
 
     @cached_property
     def contract(self) -> dict:
@@ -381,16 +410,24 @@ class Trace:
         row_bytes = keys.row_nbytes
         flat = out.reshape(-1).view(np.uint8)
         starts, stops = self._runs(keys, rows)
-        self.check_records(keys.record[rows])
         idx = self.index
+        first = keys.record[rows[starts]]  # the record of each run
+        whole = (keys.within[rows[starts]] == 0) & (stops - starts == idx.n_rows[first])
+        self.check_records(first[~whole])  # records read in part: checked on their own, first
+        sums: list[tuple[TraceFile, int, Future]] = []
         for k, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist())):
             if k % PREFETCH == 0:  # keep the disk busy with the next window while we copy this one
                 ahead = slice(k + (PREFETCH if k else 0), k + 2 * PREFETCH)
                 for s, e in zip(starts[ahead].tolist(), stops[ahead].tolist()):
                     self.prefetch(keys, rows[s:e])
             i = keys.record[rows[start]]
-            self.files[idx.part[i]].read_into(int(idx.slot[i]), flat[start * row_bytes : stop * row_bytes],
-                                              int(keys.within[rows[start]]) * row_bytes)
+            file, slot = self.files[idx.part[i]], int(idx.slot[i])
+            piece = flat[start * row_bytes : stop * row_bytes]
+            file.read_into(slot, piece, int(keys.within[rows[start]]) * row_bytes)
+            if whole[k] and file.unchecked(slot):  # read whole: its checksum over the bytes read (no
+                sums.append((file, slot, _crc_pool().submit(zlib.crc32, piece)))  # second read), meanwhile
+        for file, slot, crc in sums:
+            file.check_data(slot, crc=crc.result())
         return out
 
     def row_offsets(self, keys: RowKeys, rows: np.ndarray) -> np.ndarray | None:

@@ -69,16 +69,18 @@ class TraceFile(Protocol):
         """Whether the file carries checksums (format version 3 on)."""
         return self.data_crcs is not None
 
-    def check_data(self, slot: int, raw: np.ndarray | None = None) -> None:
+    def check_data(self, slot: int, raw: np.ndarray | None = None, crc: int | None = None) -> None:
         """Refuse a record whose bytes (``raw`` when the caller has read them all, else read here a
         piece at a time) fail their checksum; each record is checked once. Nothing to check in a
-        file without checksums, or opened with verify=False."""
+        file without checksums, or opened with verify=False. ``crc``: the caller's CRC32 of them."""
         if not self.verify or self.data_crcs is None:
             return
         done: set[int] = self.__dict__.setdefault("_data_verified", set())
         if slot in done:
             return
-        if raw is not None:
+        if crc is not None:  # the caller computed it over the record's bytes
+            pass
+        elif raw is not None:
             crc = zlib.crc32(np.ascontiguousarray(raw).reshape(-1).view(np.uint8))
         else:
             n = self.record_nbytes(slot)
@@ -90,6 +92,10 @@ class TraceFile(Protocol):
         if crc != int(self.data_crcs[slot]):
             raise corrupt_record(self.path, slot, *self.describe_slot(slot))
         done.add(slot)
+
+    def unchecked(self, slot: int) -> bool:
+        """Whether reading this record's bytes still owes a check of its checksum."""
+        return self.verify and self.data_crcs is not None and slot not in self.__dict__.get("_data_verified", ())
 
     def record_nbytes(self, slot: int) -> int:
         """Bytes of the record at a file slot."""
