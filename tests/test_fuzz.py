@@ -413,7 +413,8 @@ def problem(job: dict, result: dict) -> str | None:
         return f"killed by signal {signal.Signals(result['signal']).name}"
     code, err = result["code"], Path(job["stderr"]).read_text(errors="replace")
     if job.get("notes"):  # a command whose notes on what a selection matched go to stderr (slice)
-        err = "".join(line for line in err.splitlines(keepends=True) if not line.startswith("tracediff: note: "))
+        err = "".join(line for line in err.splitlines(keepends=True)
+                      if not line.startswith("tracediff: note: "))
     lines = err.splitlines()
     if code not in job["codes"]:
         return f"exit {code} (defined: {sorted(job['codes'])}): {err[-1500:]}"
@@ -472,14 +473,13 @@ def test_mutated_traces_never_crash_hang_or_traceback(tmp_path) -> None:
 def more_commands(original: Path, mutant: Path, out: Path) -> list[tuple[str, list[str], set[int], Path]]:
     """(what, argv, exit codes, the output it may write) of the other commands that read traces:
     the output exists only after an exit other than 2."""
-    ext = mutant.suffix
+    ext, html = mutant.suffix, out.with_name(out.name + ".html")
     return [
         ("slice", ["slice", str(mutant), "-o", str(out.with_name(out.name + "_slice" + ext)), "--names", "h"],
          {0, 2}, out.with_name(out.name + "_slice" + ext)),
         ("bundle", ["bundle", str(original), str(mutant), "-o", str(out.with_name(out.name + "_bundle"))],
          {0, 2}, out.with_name(out.name + "_bundle")),
-        ("compare --html", ["compare", str(original), str(mutant), "--html",
-                            str(out.with_name(out.name + ".html"))], {0, 1, 2, 3}, out.with_name(out.name + ".html")),
+        ("compare --html", ["compare", str(original), str(mutant), "--html", str(html)], {0, 1, 2, 3}, html),
         ("show A B", ["show", str(original), str(mutant), "--name", "h"], {0, 2}, None),
         ("show B A", ["show", str(mutant), str(original), "--name", "g"], {0, 2}, None),
     ]
@@ -490,7 +490,7 @@ MORE_MUTANTS = int(36 * SCALE)  # each runs every command of more_commands
 
 @pytest.mark.slow
 @pytest.mark.subprocess
-def test_mutated_traces_never_crash_hang_traceback_or_leave_output_in_the_other_reading_commands(tmp_path) -> None:
+def test_mutants_never_crash_hang_traceback_or_leave_output_in_the_other_reading_commands(tmp_path) -> None:
     """slice, bundle, compare --html and show of two traces, on mutants of both formats: the same
     promises as above, and no stray output: a refused input (exit 2) leaves none of the command's
     output, and no command leaves a hidden or temporary file beside the traces or in its output."""
@@ -504,7 +504,8 @@ def test_mutated_traces_never_crash_hang_traceback_or_leave_output_in_the_other_
         original = originals[kind]
         mutant = tmp_path / f"m{i}{'.lz4' if kind == 'arrow-lz4' else ''}{original.suffix}"
         shutil.copy(original, mutant)
-        mutants.append((mutant, f"mutant {i} of {original.name} (seed {SEED}, more): {mutate(mutant, rng, ranges[kind])}"))
+        what = mutate(mutant, rng, ranges[kind])
+        mutants.append((mutant, f"mutant {i} of {original.name} (seed {SEED}, more): {what}"))
         (tmp_path / f"o{i}").mkdir()
         for name, argv, codes, output in more_commands(original, mutant, tmp_path / f"o{i}" / "out"):
             k = len(jobs)

@@ -7,7 +7,6 @@ before ``cli.main`` could handle anything. Here the imports themselves are insid
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 
