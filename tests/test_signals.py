@@ -104,3 +104,42 @@ def test_ctrl_c_while_the_command_line_imports_is_exit_130_without_a_traceback(t
     assert code == 130, err[-2000:]
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-2000:]
     assert len(err.splitlines()) <= 1, err
+
+
+# The exit fence run in a process's main thread, as the last exit handler runs it, while a writer is
+# inside a call into its file and the user presses Ctrl-C again and again; the call ends after 1 s.
+FENCE_UNDER_CTRL_C = """
+import os, signal, threading, time
+from tracediff.record.exit_fence import Writers
+lock = threading.Lock()
+lock.acquire()
+writers = Writers()
+writers.add(threading.Thread(target=lambda: None), lock)
+ready = threading.Event()
+def press():
+    ready.wait()
+    time.sleep(0.1)  # the fence is waiting on the lock
+    for _ in range(20):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.02)
+    time.sleep(0.5)
+    lock.release()
+threading.Thread(target=press, daemon=True).start()
+try:
+    ready.set()
+    writers.fence()
+except KeyboardInterrupt:
+    print("fence skipped by a Ctrl-C", flush=True)
+else:
+    print("fenced" if lock.locked() else "lock not held", flush=True)
+"""
+
+
+@pytest.mark.subprocess
+def test_ctrl_c_pressed_again_and_again_never_skips_the_exit_fence() -> None:
+    """The fence used to end on the KeyboardInterrupt of a Ctrl-C, leaving the writer free to enter
+    h5py during the shutdown; now it ignores SIGINT and takes the lock once the call ends."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", FENCE_UNDER_CTRL_C], env=env, capture_output=True, text=True,
+                          timeout=HANG)
+    assert done.stdout == "fenced\n", done.stdout + done.stderr[-2000:]
