@@ -560,8 +560,9 @@ class H5TraceFile(TraceFile):
         """Refuse the first record whose own key columns fail their checksum."""
         fields = [cols[k].tolist() for k in ("name", "dtype", "seq_no", "step", "rank", "depth", "static",
                                               "ndim", "record_crc")]
+        dims = shapes.tolist()
         for slot, (name, dtype, seq_no, step, rank, depth, static, ndim, stored) in enumerate(zip(*fields)):
-            shape = shapes[slot, :ndim]
+            shape = dims[slot][:ndim]
             if record_crc(strings[name], strings[dtype], seq_no, step, rank, depth, static, shape) != stored:
                 raise corrupt_record(self.path, slot, strings[name], step)
 

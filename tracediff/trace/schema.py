@@ -198,7 +198,6 @@ def dumps_meta(meta: dict) -> str:
 
 # Checksums (format version 3, docs/FORMAT.md "Checksums"): CRC32 (zlib) of canonical bytes, the same
 # in both formats, so a converted or sliced record keeps its checksums.
-_FIELDS = struct.Struct("<5q")
 
 
 def data_crc(raw: np.ndarray | bytes | memoryview) -> int:
@@ -210,9 +209,10 @@ def record_crc(name: str, dtype: str, seq_no: int, step: int, rank: int, depth: 
                shape: tuple[int, ...] | list[int]) -> int:
     """CRC32 of a record's own key columns: seq_no, step, rank, depth, static and shape (int64 LE),
     then name and dtype (UTF-8, each ended by a NUL)."""
-    head = _FIELDS.pack(int(seq_no), int(step), int(rank), int(depth), int(bool(static)))
-    dims = np.asarray(shape, dtype="<i8").tobytes()
-    return zlib.crc32(name.encode() + b"\0" + dtype.encode() + b"\0", zlib.crc32(dims, zlib.crc32(head)))
+    dims = [int(d) for d in shape]
+    head = struct.pack(f"<{5 + len(dims)}q", int(seq_no), int(step), int(rank), int(depth), int(bool(static)),
+                       *dims)
+    return zlib.crc32(b"".join((head, name.encode(), b"\0", dtype.encode(), b"\0")))
 
 
 def rows_crc(request, position: np.ndarray, token_id: np.ndarray) -> int:
