@@ -172,7 +172,8 @@ def test_flipped_run_metadata_fails_at_open(copy, fmt) -> None:
     flip(path, at + len(text) - 2)
     shown = cli("show", str(path))
     assert shown.returncode == 2
-    assert shown.stderr.strip().splitlines() == [f"error: {path}: corrupt trace: its run metadata fails its checksum"]
+    assert shown.stderr.strip().splitlines() == [
+        f"error: {path}: corrupt trace: its run metadata fails its checksum"]
     with td.open_trace(path, verify=False) as trace:
         assert trace.meta["source"] == "traininf"
 
@@ -288,8 +289,8 @@ def test_a_flipped_byte_of_a_large_record_fails_compare(tmp_path, fmt) -> None:
     original = tmp_path / f"big.{fmt}"
     with td.record(original, source="training") as rec:
         for step in range(2):
-            rec.log("h", big + step, step=step, token_ids=np.arange(512), positions=np.arange(512) + 512 * step,
-                    request="r")
+            rec.log("h", big + step, step=step, token_ids=np.arange(512),
+                    positions=np.arange(512) + 512 * step, request="r")
             rec.flush()
     path = Path(shutil.copy(original, tmp_path / f"mutant.{fmt}"))
     slot, _ = the_record(path, "h", 1)

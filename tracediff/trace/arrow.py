@@ -491,7 +491,8 @@ class ArrowTraceFile(TraceFile):
         found = self._index_columns(table, batches, part)
         if self._summed and self.verify and last is not None:  # once the rules of both hold
             names = last.column("name").to_pylist()
-            for what, text, name in (("final metadata", final, FINAL_RECORD), ("record index", blob, INDEX_RECORD)):
+            for what, text, name in (("final metadata", final, FINAL_RECORD),
+                                     ("record index", blob, INDEX_RECORD)):
                 if text is not None:
                     check_meta_crc(self.path, text, last.column("data_crc")[names.index(name)].as_py(), what)
         return found

@@ -511,7 +511,8 @@ class H5TraceFile(TraceFile):
         shape_d = self._column("records/shape", np.dtype(np.int64), MAX_NDIM)
         rows_d = {key: self._column(f"rows/{key}", dtype) for key, dtype in ROW_COLUMNS.items()}
         data = self._column("data", np.dtype(np.uint8))
-        lengths = [self._length(d) for d in (*columns.values(), shape_d) + ((checks_d,) if checks_d is not None else ())]
+        sized = (*columns.values(), shape_d, *((checks_d,) if checks_d is not None else ()))
+        lengths = [self._length(d) for d in sized]
         row_lengths = [self._length(d) for d in rows_d.values()]
         if self.complete and (len(set(lengths)) > 1 or len(set(row_lengths)) > 1):
             raise TraceError(self.path, "the records/* (or rows/*) datasets differ in length "

@@ -95,7 +95,8 @@ class TraceFile(Protocol):
 
     def unchecked(self, slot: int) -> bool:
         """Whether reading this record's bytes still owes a check of its checksum."""
-        return self.verify and self.data_crcs is not None and slot not in self.__dict__.get("_data_verified", ())
+        done = self.__dict__.get("_data_verified", ())
+        return self.verify and self.data_crcs is not None and slot not in done
 
     def record_nbytes(self, slot: int) -> int:
         """Bytes of the record at a file slot."""
