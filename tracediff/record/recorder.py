@@ -43,12 +43,13 @@ import numpy as np
 from tracediff.record.exit_fence import RECORDERS, WRITERS
 from tracediff.record.filters import RecordFilter
 from tracediff.record.host import HostCopy, host_bytes, is_torch_tensor, tag_of_tensor, unrecordable
-from tracediff.record.meta import rank_and_world, rank_path, run_meta, storable
+from tracediff.record.meta import meta_bytes, rank_and_world, rank_path, run_meta, storable
 from tracediff.record.queue import (
     ABANDONED,
     CLOSED,
     RECORD_OVERHEAD,
     ROW_BYTES,
+    STOPPED,
     Learn,
     Pending,
     QueueAccounting,
@@ -56,6 +57,7 @@ from tracediff.record.queue import (
 from tracediff.record.rowkeys import LogRowKeys, RowContext, resolve_keys, resolve_rows, sequence_keys
 from tracediff.record.tokens import TokenBook
 from tracediff.record.writer_thread import WriterThread
+from tracediff.trace.metarules import MAX_META_BYTES, clean_text, clean_tree, valid_text
 from tracediff.trace.schema import RESERVED_PREFIX, dumps_meta
 from tracediff.trace.writer import TraceWriter, format_for, open_writer
 
@@ -146,7 +148,16 @@ class Recorder(QueueAccounting, WriterThread):
             if not self.path.parent.is_dir():
                 raise FileNotFoundError(f"output directory {self.path.parent} does not exist")
             contract = storable(meta or {}, self.strict, self.path)
-            opening = run_meta(source, contract, self.rank, self.world_size, self.filter)
+            opening = run_meta(source if isinstance(source, str) else str(source), contract, self.rank,
+                               self.world_size, self.filter)
+            opening, cleaned = clean_tree(opening)  # source, filters, host names: what a reader takes
+            if cleaned:
+                logger.warning("tracediff: run metadata for %s holds strings that are not valid Unicode "
+                               "(lone surrogates): written with them escaped (\\udcXX)", self.path)
+            if len(dumps_meta(opening)) > MAX_META_BYTES:
+                logger.warning("tracediff: run metadata for %s is more than a trace may hold: its contract "
+                               "is left out", self.path)
+                opening["contract"] = {}
             dumps_meta(opening)
             self._writer = open_writer(self.path, opening, format, compression)
         except Exception as exc:  # a recorder that cannot start must not stop the host
@@ -188,8 +199,7 @@ class Recorder(QueueAccounting, WriterThread):
         """Record a per-token tensor. Omitted keys come from the current context; ``attention_mask``
         (shaped like token_ids, 0 = padding) gives padded rows position -1."""
         if not self._active:
-            if self._closing and self.stopped is None and self._thread is not None:
-                self._drop(name, CLOSED)  # a call racing close(), or after it
+            self._drop_inactive(name)
             return
         try:
             self._log(name, tensor, step, request, positions, token_ids, depth, attention_mask)
@@ -202,12 +212,15 @@ class Recorder(QueueAccounting, WriterThread):
         """Record a tensor without a token axis (a weight, d2t, a config tensor); with ``once``, only
         the first call for a name records (for callers that run every step)."""
         if not self._active or (once and name in self._static_once):
-            if not self._active and self._closing and self.stopped is None and self._thread is not None:
-                self._drop(name, CLOSED)
+            if not self._active:
+                self._drop_inactive(name)
             return
         try:
             if once:
                 self._static_once.add(name)
+            if not valid_text(name):
+                self._refuse_text(name, "a name")
+                return
             _check_name(name)
             if self.filter.keep_name(name) and (tensor := self._array(name, tensor)) is not None:
                 if self.strict:
@@ -225,7 +238,13 @@ class Recorder(QueueAccounting, WriterThread):
         if not self._active:
             return
         try:
-            self._learn(sequence_keys(request, token_ids, start), None, declared=True)
+            keys = sequence_keys(request, token_ids, start)
+            if not _valid_requests(keys):
+                if self.strict:
+                    raise ValueError(f"request id {request!r} is not valid Unicode (a lone surrogate)")
+                self.token_calls_dropped += 1
+                return
+            self._learn(keys, None, declared=True)
         except Exception as exc:
             if self.strict:
                 raise
@@ -250,7 +269,8 @@ class Recorder(QueueAccounting, WriterThread):
         """Add contract metadata learned during the run (e.g. resolved aux ids); written at close.
         Arrays and tensors become lists; a value JSON cannot hold (NaN, an object) is left out with
         a warning (raised in strict mode), so that it cannot cost the trace its final metadata."""
-        self._contract_updates.update(storable(values, self.strict, self.path))
+        self._contract_updates.update(storable(values, self.strict, self.path,
+                                               used=meta_bytes(self._contract_updates)))
 
     def watch(self, module: Any, output: str | None = None, *, input: str | None = None) -> Any:
         """Record a torch module's output (and/or first input) on every forward."""
@@ -316,6 +336,9 @@ class Recorder(QueueAccounting, WriterThread):
     def _log(self, name: str, tensor: Any, step: int | None, request: Any, positions: Any, token_ids: Any,
              depth: int | None, attention_mask: Any) -> None:
         ctx = self._ctx
+        if not valid_text(name):
+            self._refuse_text(name, "a name")
+            return
         _check_name(name)
         if depth is not None and depth < 0:
             raise ValueError(f"depth must be >= 0 (0: rows fed by the target), got {depth}")
@@ -330,12 +353,17 @@ class Recorder(QueueAccounting, WriterThread):
         learned = _same_keys(seen, self._last_learned)
         if not keep:  # filtered out: its keys still teach the token table
             if not learned and token_ids is not None:
-                self._learn(resolve_keys(step, token_ids, positions, request, attention_mask), seen)
+                keys = resolve_keys(step, token_ids, positions, request, attention_mask)
+                if _valid_requests(keys):
+                    self._learn(keys, seen)
             return
         tensor = self._array(name, tensor)
         if tensor is None:
             return
         keys = resolve_rows(tuple(tensor.shape), step, token_ids, positions, request, attention_mask)
+        if not _valid_requests(keys):
+            self._refuse_text(name, "a request id")
+            return
         if self.strict:
             self._check_layout(name, (False, tag_of_tensor(tensor), tuple(tensor.shape[keys.lead_ndim:])))
         if not learned:
@@ -406,6 +434,22 @@ class Recorder(QueueAccounting, WriterThread):
             if self._queued - self._token_queued >= self.flush_bytes:  # else it waits for the interval:
                 self._cv.notify_all()  # waking the writer for each record costs the host its GIL
 
+    def _drop_inactive(self, name: str) -> None:
+        """A record logged while not recording: counted when recording was under way (a call
+        racing close(), or after it; after a failure stopped the writer), not when it never began."""
+        if self._thread is None:
+            return
+        if self._closing and self.stopped is None:
+            self._drop(clean_text(name), CLOSED)
+        elif self.stopped is not None and self.stopped.startswith(("error in", "disk nearly full")):
+            self._drop(clean_text(name), STOPPED)
+
+    def _refuse_text(self, name: str, what: str) -> None:
+        """A record whose name or request id holds a lone surrogate, which no trace can store."""
+        if self.strict:
+            raise ValueError(f"{clean_text(name)}: {what} that is not valid Unicode (a lone surrogate)")
+        self._refuse(clean_text(name), f"{what} that is not valid Unicode")
+
     def _refuse(self, name: str, why: str) -> None:
         """A tensor no trace can hold: dropped and counted; the first one is warned about."""
         self._drop(name, f"unrecordable: {why}")
@@ -459,6 +503,11 @@ def _check_name(name: str) -> None:
                          f"{RESERVED_PREFIX!r} belong to the trace format)")
     if "\x00" in name:
         raise ValueError(f"tensor name {name!r} holds a NUL character")
+
+
+def _valid_requests(keys: LogRowKeys) -> bool:
+    """Whether every request id of a call is valid Unicode (one per call or batch row: cheap)."""
+    return all(valid_text(r) for r in keys.request_ids)
 
 
 def record(path: str | Path, **options: Any) -> Recorder:

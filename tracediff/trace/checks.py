@@ -18,10 +18,9 @@ import numpy as np
 
 from tracediff.errors import TraceError
 from tracediff.trace.dtypes import STORAGE
+from tracediff.trace.metarules import MAX_DEPTH, MAX_META_BYTES, tree_problem  # shared with the recorder
 from tracediff.trace.schema import MAX_NDIM
 
-MAX_META_BYTES = 16 << 20  # run or final metadata; real ones are a few KiB
-MAX_DEPTH = 32  # nesting of metadata JSON (contracts nest 3 or 4 deep)
 MAX_RECORD_LOG2 = 62  # a record's bytes must fit an int64 with room to add offsets
 
 ITEMSIZE = {tag: dtype.itemsize for tag, dtype in STORAGE.items()}
@@ -97,19 +96,10 @@ def _no_constant(name: str) -> float:
 def _check_tree(path: str | Path, value: dict, what: str) -> None:
     """Nesting within MAX_DEPTH, and every string encodable (JSON escapes can make lone surrogates,
     which no terminal or file can take)."""
-    stack: list[tuple[dict | list, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise TraceError(path, f"{what} is JSON nested more than {MAX_DEPTH} deep")
-        for child in [*node.keys(), *node.values()] if isinstance(node, dict) else node:
-            if isinstance(child, str):
-                try:
-                    child.encode("utf-8")
-                except UnicodeEncodeError:
-                    raise TraceError(path, f"{what} holds a string that is not valid Unicode") from None
-            elif isinstance(child, (dict, list)):
-                stack.append((child, depth + 1))
+    problem = tree_problem(value)
+    if problem is not None:
+        verb = "is" if problem.startswith("JSON") else "holds"
+        raise TraceError(path, f"{what} {verb} {problem}")
 
 
 def check_keys(path: str | Path, meta: dict, schema: dict[str, tuple[str, ...]], what: str) -> dict:

@@ -1,0 +1,101 @@
+"""What the recorder is given never costs the trace: metadata the reader would refuse is escaped or
+left out at the call (one warning), and one bad record costs that record, counted (issue 19)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tracediff as td
+from tests.conftest import cli
+from tracediff.trace.metarules import MAX_META_BYTES
+
+
+def nested(levels: int) -> dict:
+    value: object = 1
+    for _ in range(levels):
+        value = {"a": value}
+    return value  # type: ignore[return-value]
+
+
+def log_some(rec, n: int = 3) -> None:
+    for i in range(n):
+        rec.log("x", np.full((2, 4), i, np.float32), token_ids=np.arange(2), request="r", step=i)
+
+
+@pytest.fixture(params=["h5", "arrow"])
+def path(request, tmp_path):
+    return tmp_path / f"t.{request.param}"
+
+
+def reads_whole(path, n: int = 3):
+    trace = td.open_trace(path)
+    assert len(trace.select(name="x")) == n
+    return trace
+
+
+@pytest.mark.parametrize("options", [
+    {"meta": {"deep": nested(40)}},
+    {"meta": {"script": "/data/caf\udce9.py"}},
+    {"meta": {"k\udce9": 1}},
+    {"source": "run\udce9"},
+    {"names": ["x", "y\udce9"]},
+], ids=["deep", "surrogate-value", "surrogate-key", "surrogate-source", "surrogate-filter"])
+def test_run_metadata_the_reader_refuses_is_fixed_at_the_call_and_every_tensor_is_kept(path, options, caplog):
+    with td.record(path, **options) as rec:
+        log_some(rec)
+    trace = reads_whole(path)
+    meta = trace.meta
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1
+    if "meta" in options and "deep" in options["meta"]:
+        assert "deep" not in meta["contract"]
+    if options.get("meta") == {"script": "/data/caf\udce9.py"}:
+        assert meta["contract"]["script"] == "/data/caf\\udce9.py"
+
+
+def test_run_metadata_over_the_readers_limit_is_left_out_not_the_trace(path):
+    with td.record(path, meta={"big": "x" * (MAX_META_BYTES + 10)}) as rec:
+        log_some(rec)
+    reads_whole(path)
+
+
+def test_contract_updates_the_reader_would_refuse_are_fixed_or_left_out(path):
+    with td.record(path) as rec:
+        log_some(rec)
+        rec.update_contract(deep=nested(40), script="caf\udce9", **{"k\udce9": 2})
+        rec.update_contract(big="y" * (MAX_META_BYTES // 2))
+        rec.update_contract(bigger="z" * (MAX_META_BYTES // 2))
+    reads_whole(path)
+    assert cli("show", str(path)).returncode == 0
+
+
+def test_a_lone_surrogate_in_a_name_or_request_costs_that_record_only(path):
+    with td.record(path) as rec:
+        for i in range(200):
+            name = "x\udce9" if i == 76 else "x"
+            rec.log(name, np.zeros((2, 4), np.float32), token_ids=np.arange(2), request="r", step=i)
+        rec.log("y", np.zeros((2, 4), np.float32), token_ids=np.arange(2), request="r\udce9")
+        rec.log("y", np.zeros((2, 4), np.float32), token_ids=np.arange(2), request=["ok", "r\udce9"])
+        rec.request_tokens("q\udce9", [1, 2, 3])
+        log_some(rec, 0)
+    assert rec.stopped is None and rec.records_written == 199
+    assert rec.dropped_reasons == {"unrecordable: a name that is not valid Unicode": 1,
+                                   "unrecordable: a request id that is not valid Unicode": 2}
+    trace = td.open_trace(path)
+    assert len(trace.select(name="x")) == 199
+    assert trace.finals[0]["dropped_records"] == 3
+    shown = cli("show", str(path))
+    assert shown.returncode == 0 and "3" in shown.stdout
+
+
+def test_records_logged_after_a_failure_are_counted_as_dropped(path):
+    rec = td.record(path)
+    log_some(rec, 76)
+    rec.log("__tokens__", np.zeros((2, 4), np.float32), token_ids=np.arange(2))  # misuse: stops recording
+    assert rec.stopped is not None
+    log_some(rec, 124)
+    rec.close()
+    assert rec.records_written == 76 and rec.dropped_reasons == {"stopped": 124}
+    final = td.open_trace(path).finals[0]  # closed when recording stopped, before the later calls
+    assert final["records"] == 76 and "__tokens__" in final["stopped"]

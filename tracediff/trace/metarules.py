@@ -1,0 +1,83 @@
+"""What trace metadata may hold: one home for the rules readers enforce and the recorder keeps.
+
+A reader refuses metadata over ``MAX_META_BYTES``, nested deeper than ``MAX_DEPTH`` or holding a
+string that is not valid Unicode (a lone surrogate, as ``sys.argv`` paths can hold); the recorder
+checks what it is given against the same rules, so that what it writes always reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MAX_META_BYTES = 16 << 20  # run or final metadata; real ones are a few KiB
+MAX_DEPTH = 32  # nesting of metadata JSON (contracts nest 3 or 4 deep)
+
+
+def valid_text(text: str) -> bool:
+    """Whether ``text`` encodes as UTF-8 (no lone surrogates)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def clean_text(text: str) -> str:
+    """``text`` with each lone surrogate written as a visible escape (``\\udce9``)."""
+    return text if valid_text(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def tree_problem(value: Any, depth: int = 1) -> str | None:
+    """What a reader would refuse in a JSON tree (``depth``: the level ``value`` sits at), or None."""
+    stack: list[tuple[Any, int]] = [(value, depth)]
+    while stack:
+        node, level = stack.pop()
+        if level > MAX_DEPTH:
+            return f"JSON nested more than {MAX_DEPTH} deep"
+        for child in [*node.keys(), *node.values()] if isinstance(node, dict) else node:
+            if isinstance(child, str):
+                if not valid_text(child):
+                    return "a string that is not valid Unicode"
+            elif isinstance(child, (dict, list, tuple)):
+                stack.append((child, level + 1))
+    return None
+
+
+def too_deep(value: Any, depth: int) -> bool:
+    """Whether ``value`` at level ``depth`` nests deeper than a reader takes (lists, tuples, dicts)."""
+    stack: list[tuple[Any, int]] = [(value, depth)]
+    while stack:
+        node, level = stack.pop()
+        if isinstance(node, (dict, list, tuple)):
+            if level > MAX_DEPTH:
+                return True
+            stack.extend((child, level + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return False
+
+
+def clean_tree(value: Any) -> tuple[Any, bool]:
+    """``value`` with every string (keys too) made valid Unicode; and whether anything changed.
+    Call on trees already known to be within MAX_DEPTH."""
+    if isinstance(value, str):
+        out = clean_text(value)
+        return out, out is not value
+    if isinstance(value, dict):
+        changed, out = False, {}
+        for key, child in value.items():
+            new_key, c1 = clean_tree(key) if isinstance(key, str) else (key, False)
+            new_child, c2 = clean_tree(child)
+            out[new_key] = new_child
+            changed = changed or c1 or c2
+        return (out, True) if changed else (value, False)
+    if isinstance(value, (list, tuple)):
+        pairs = [clean_tree(child) for child in value]
+        if any(c for _, c in pairs):
+            return [v for v, _ in pairs], True
+        return value, False
+    return value, False
+
+
+__all__ = ["MAX_DEPTH", "MAX_META_BYTES", "clean_text", "clean_tree", "too_deep", "tree_problem",
+           "valid_text"]
