@@ -99,3 +99,41 @@ def test_records_logged_after_a_failure_are_counted_as_dropped(path):
     assert rec.records_written == 76 and rec.dropped_reasons == {"stopped": 124}
     final = td.open_trace(path).finals[0]  # closed when recording stopped, before the later calls
     assert final["records"] == 76 and "__tokens__" in final["stopped"]
+
+
+SECOND_WRITER = """
+import sys, numpy as np, tracediff as td
+rec = td.record(sys.argv[1])
+print("active", rec.active, flush=True)
+for i in range(100):
+    rec.log("theirs", np.zeros((2, 4), np.float32), token_ids=np.arange(2), request="b", step=i)
+rec.close()
+print("host still running", flush=True)
+"""
+
+
+@pytest.mark.subprocess
+def test_a_second_process_recording_to_the_same_path_is_refused_and_its_host_keeps_running(path):
+    from tests.test_recorder_host_safety import finish, start_python
+
+    rec = td.record(path)
+    for i in range(100):
+        rec.log("x", np.zeros((2, 4), np.float32), token_ids=np.arange(2), request="a", step=i)
+    code, out, err = finish(start_python(SECOND_WRITER, str(path)), timeout=120)
+    rec.close()
+    assert code == 0 and "active False" in out and "host still running" in out
+    assert err.count("another recorder is writing") == 1
+    trace = td.open_trace(path)
+    assert trace.names() == ["x"] and len(trace.select(name="x")) == 100
+    assert list(path.parent.iterdir()) == [path]  # the lock file goes with the recorder
+
+
+def test_the_path_is_free_again_once_the_first_recorder_closed(path):
+    with td.record(path) as first:
+        log_some(first)
+        second = td.record(path)
+        assert not second.active and "another recorder" in second.stopped
+    with td.record(path) as third:
+        assert third.active
+        log_some(third)
+    reads_whole(path)

@@ -44,6 +44,7 @@ from tracediff.record.exit_fence import RECORDERS, WRITERS
 from tracediff.record.filters import RecordFilter
 from tracediff.record.host import HostCopy, host_bytes, is_torch_tensor, tag_of_tensor, unrecordable
 from tracediff.record.meta import meta_bytes, rank_and_world, rank_path, run_meta, storable
+from tracediff.record.pathlock import TraceLock
 from tracediff.record.queue import (
     ABANDONED,
     CLOSED,
@@ -141,6 +142,7 @@ class Recorder(QueueAccounting, WriterThread):
         self._thread: threading.Thread | None = None
         self._writer: TraceWriter | None = None
         self._io = threading.Lock()  # held by the writer thread inside each call into the file
+        self._lock = TraceLock(self.path)
         if not enabled:
             return
         try:
@@ -159,8 +161,11 @@ class Recorder(QueueAccounting, WriterThread):
                                "is left out", self.path)
                 opening["contract"] = {}
             dumps_meta(opening)
+            if not self._lock.acquire():
+                raise RuntimeError(f"another recorder is writing {self.path}: two writers would corrupt it")
             self._writer = open_writer(self.path, opening, format, compression)
         except Exception as exc:  # a recorder that cannot start must not stop the host
+            self._lock.release()
             if self.strict:
                 raise
             self._fail("open", exc)
@@ -174,6 +179,7 @@ class Recorder(QueueAccounting, WriterThread):
             WRITERS.remove(thread)
             self._fail("start", exc)
             self._finish()
+            self._lock.release()
             if self.strict:
                 raise
             return
@@ -468,6 +474,7 @@ class Recorder(QueueAccounting, WriterThread):
         self._queue = deque()
         self.stopped = self.stopped or "forked: this recorder records in the parent process"
         atexit.unregister(self.close)
+        self._lock.forked()
         if self._writer is not None:
             try:
                 self._writer.forked()

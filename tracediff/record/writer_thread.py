@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tracediff.record.exit_fence import RECORDERS, WRITERS
+from tracediff.record.pathlock import TraceLock
 from tracediff.record.queue import Learn, Pending
 from tracediff.record.tokens import TokenBook
 from tracediff.trace.schema import Record, tokens_record
@@ -48,6 +49,7 @@ class WriterThread:
     _book: TokenBook
     _writer: TraceWriter | None
     _io: threading.Lock  # held by the writer thread inside each call into the file
+    _lock: TraceLock  # this trace's one-writer lock, released once the file is closed
     _layouts: dict[str, tuple]
     _mixed: set[str]
     _contract_updates: dict
@@ -100,7 +102,10 @@ class WriterThread:
             self._fail("writer", exc)
         finally:
             self._discard(backlog)
-            self._finish()
+            try:
+                self._finish()
+            finally:
+                self._lock.release()  # the next recorder on this path may start
             WRITERS.remove(threading.current_thread())
             RECORDERS.discard(self)
 
