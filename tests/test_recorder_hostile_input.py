@@ -137,3 +137,24 @@ def test_the_path_is_free_again_once_the_first_recorder_closed(path):
         assert third.active
         log_some(third)
     reads_whole(path)
+
+
+KILLED_HOLDER = """
+import os, signal, sys, numpy as np, tracediff as td
+rec = td.record(sys.argv[1])
+rec.log("x", np.zeros((2, 4), np.float32), token_ids=np.arange(2), request="a")
+rec.flush()
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.subprocess
+def test_a_lock_left_by_a_killed_recorder_does_not_block_the_next(path):
+    from tests.test_recorder_host_safety import finish, start_python
+
+    code, _, _ = finish(start_python(KILLED_HOLDER, str(path)), timeout=120)
+    assert code is not None and code < 0
+    with td.record(path) as rec:
+        assert rec.active
+        log_some(rec)
+    reads_whole(path)
