@@ -10,7 +10,11 @@ Rules it keeps for the host (training job or server), whatever the caller logs:
   most ``ABANDON_GRACE`` seconds later, and leaves the trace readable up to its last flush.
 - Failures: any failure is logged once, stops recording and never raises into the caller. A tensor
   no trace can hold (an unknown dtype, more than 8 dims, a meta tensor) is refused at ``log``:
-  dropped, counted with its reason, one warning; recording goes on.
+  dropped, counted with its reason, one warning; recording goes on. So is a record whose name or
+  request id holds a lone surrogate. Metadata (``meta``, ``source``, ``update_contract``) is held
+  to the reader's rules (``trace/metarules.py``) at the call: lone surrogates escaped, values too
+  deep or too big left out, one warning each: what is written always reads.
+- One writer per trace: a second recorder on a path another one (any process) writes is refused.
 - Accounting: every record a ``log`` call hands over is written or counted in ``dropped`` (by name)
   and ``dropped_reasons`` (queue full, closed, abandoned, unrecordable), also calls racing
   ``close``. Strict mode (``strict=True`` or ``TRACEDIFF_STRICT=1``), for people writing an
