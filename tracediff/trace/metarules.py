@@ -64,13 +64,13 @@ def clean_tree(value: Any) -> tuple[Any, bool]:
         out = clean_text(value)
         return out, out is not value
     if isinstance(value, dict):
-        changed, out = False, {}
+        changed, tree = False, {}
         for key, child in value.items():
             new_key, c1 = clean_tree(key) if isinstance(key, str) else (key, False)
             new_child, c2 = clean_tree(child)
-            out[new_key] = new_child
+            tree[new_key] = new_child
             changed = changed or c1 or c2
-        return (out, True) if changed else (value, False)
+        return (tree, True) if changed else (value, False)
     if isinstance(value, (list, tuple)):
         pairs = [clean_tree(child) for child in value]
         if any(c for _, c in pairs):

@@ -426,9 +426,9 @@ class Trace:
             file.read_into(slot, piece, int(keys.within[rows[start]]) * row_bytes)
             if whole[k] and file.unchecked(slot):  # read whole: its checksum over the bytes read (no
                 if piece.nbytes < SPAN_GAP:  # second read); a large record's in a thread, meanwhile
-                    file.check_data(slot, crc=zlib.crc32(piece))
+                    file.check_data(slot, crc=zlib.crc32(piece.data))
                 else:
-                    sums.append((file, slot, _crc_pool().submit(zlib.crc32, piece)))
+                    sums.append((file, slot, _crc_pool().submit(zlib.crc32, piece.data)))
         for file, slot, crc in sums:
             file.check_data(slot, crc=crc.result())
         return out

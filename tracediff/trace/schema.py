@@ -202,7 +202,7 @@ def dumps_meta(meta: dict) -> str:
 
 def data_crc(raw: np.ndarray | bytes | memoryview) -> int:
     """CRC32 of a record's tensor bytes."""
-    return zlib.crc32(raw)
+    return zlib.crc32(raw.data if isinstance(raw, np.ndarray) else raw)
 
 
 def record_crc(name: str, dtype: str, seq_no: int, step: int, rank: int, depth: int, static: bool,
@@ -218,8 +218,8 @@ def record_crc(name: str, dtype: str, seq_no: int, step: int, rank: int, depth: 
 def rows_crc(request, position: np.ndarray, token_id: np.ndarray) -> int:
     """CRC32 of a record's per-row keys: position, token_id (int64 LE), then the request ids (UTF-8,
     joined by NUL)."""
-    crc = zlib.crc32(np.ascontiguousarray(position, dtype="<i8"))
-    crc = zlib.crc32(np.ascontiguousarray(token_id, dtype="<i8"), crc)
+    crc = zlib.crc32(np.ascontiguousarray(position, dtype="<i8").data)
+    crc = zlib.crc32(np.ascontiguousarray(token_id, dtype="<i8").data, crc)
     texts = request.tolist() if isinstance(request, np.ndarray) else list(request)
     return zlib.crc32("\0".join(texts).encode(), crc)
 

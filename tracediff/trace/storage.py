@@ -81,14 +81,14 @@ class TraceFile(Protocol):
         if crc is not None:  # the caller computed it over the record's bytes
             pass
         elif raw is not None:
-            crc = zlib.crc32(np.ascontiguousarray(raw).reshape(-1).view(np.uint8))
+            crc = zlib.crc32(np.ascontiguousarray(raw).reshape(-1).view(np.uint8).data)
         else:
             n = self.record_nbytes(slot)
             crc, piece = 0, np.empty(min(n, VERIFY_PIECE), dtype=np.uint8)
             for at in range(0, n, VERIFY_PIECE):
                 part = piece[: min(VERIFY_PIECE, n - at)]
                 self.read_into(slot, part, at)
-                crc = zlib.crc32(part, crc)
+                crc = zlib.crc32(part.data, crc)
         if crc != int(self.data_crcs[slot]):
             raise corrupt_record(self.path, slot, *self.describe_slot(slot))
         done.add(slot)
