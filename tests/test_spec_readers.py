@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import zlib
 
 import h5py
 import numpy as np
@@ -33,8 +34,9 @@ def logged(tmp_path):
 def test_hdf5_by_the_spec(logged) -> None:
     paths, bits, tokens = logged
     with h5py.File(paths["h5"], "r") as f:
-        assert f.attrs["format"] == "tracediff" and f.attrs["format_version"] == 2
+        assert f.attrs["format"] == "tracediff" and f.attrs["format_version"] == 3
         assert json.loads(f.attrs["meta"])["contract"] == {"aux_layer_ids": [1]}
+        assert f.attrs["meta_crc32"] == zlib.crc32(f.attrs["meta"].encode())
         ends = f["strings/ends"][:]
         blob = f["strings/bytes"][:].tobytes()
         strings = [blob[s:e].decode() for s, e in zip(np.concatenate([[0], ends[:-1]]), ends)]
@@ -46,10 +48,17 @@ def test_hdf5_by_the_spec(logged) -> None:
         start, n = rec["data_offset"][i], rec["data_nbytes"][i]
         raw = f["data"][start : start + n].view(np.uint16).reshape(shape)
         assert np.array_equal(raw, bits)
+        data_crc, record_crc, rows_crc = f["records/checksums"][i]
+        assert data_crc == zlib.crc32(f["data"][start : start + n].tobytes())
+        fields = [rec["seq_no"][i], 3, rec["rank"][i], 2, 0, *shape]
+        assert record_crc == zlib.crc32(np.array(fields, "<i8").tobytes() + b"draft.hidden\0bfloat16\0")
         rows = slice(rec["row_start"][i], rec["row_start"][i] + rec["n_rows"][i])
         assert f["rows/token_id"][rows].tolist() == tokens.tolist()
         assert f["rows/position"][rows].tolist() == list(range(5))
         assert {strings[r] for r in f["rows/request"][rows]} == {"r9"}
+        keys = np.concatenate([f["rows/position"][rows], f["rows/token_id"][rows]]).astype("<i8").tobytes()
+        assert rows_crc == zlib.crc32(keys + b"\0".join([b"r9"] * 5))
+        assert f["final_crc"][0] == zlib.crc32(f["final"][:].tobytes())
         assert json.loads(f["final"][:].tobytes())["records"] == 2
 
 
@@ -57,12 +66,18 @@ def test_arrow_by_the_spec(logged) -> None:
     paths, bits, tokens = logged
     reader = pa.ipc.open_file(str(paths["arrow"]))
     meta = reader.schema.metadata
-    assert meta[b"tracediff.format"] == b"tracediff" and meta[b"tracediff.format_version"] == b"2"
+    assert meta[b"tracediff.format"] == b"tracediff" and meta[b"tracediff.format_version"] == b"3"
+    assert int(meta[b"tracediff.meta_crc32"]) == zlib.crc32(meta[b"tracediff.meta"])
     table = reader.read_all()
     row = table.filter(pc.equal(table["name"], "draft.hidden")).to_pylist()[0]
     assert (row["dtype"], row["step"], row["depth"], row["static"]) == ("bfloat16", 3, 2, False)
     raw = np.frombuffer(row["data"], dtype=np.uint16).reshape(row["shape"])
     assert np.array_equal(raw, bits)
+    assert row["data_crc"] == zlib.crc32(row["data"])
+    fields = np.array([row["seq_no"], 3, row["rank"], 2, 0, *row["shape"]], "<i8").tobytes()
+    assert row["record_crc"] == zlib.crc32(fields + b"draft.hidden\0bfloat16\0")
+    keys = np.array(row["position"] + row["token_id"], "<i8").tobytes()
+    assert row["rows_crc"] == zlib.crc32(keys + b"\0".join([b"r9"] * 5))
     assert row["token_id"] == tokens.tolist() and row["request"] == ["r9"] * 5
     reserved = {r["name"]: r["data"] for r in table.to_pylist() if r["name"].startswith("__")}
     assert json.loads(reserved["__final__"])["closed"] is True
