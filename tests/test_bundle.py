@@ -270,7 +270,7 @@ def test_an_unwritable_output_is_one_error_line_before_the_compare(tmp_path) -> 
     (tmp_path / "b.h5").write_bytes(b"not a trace")
     done = CliRunner().invoke(app, ["bundle", str(TRAINING), str(tmp_path / "b.h5"), "-o", "/proc/bug"])
     assert (done.exit_code, done.stdout) == (2, "")
-    assert done.stderr == "error: /proc/bug: cannot write a bundle there (No such file or directory)\n"
+    assert done.stderr == "error: /proc/bug: cannot write there (No such file or directory)\n"
     out = tmp_path / "o"
     done = CliRunner().invoke(app, ["bundle", str(TRAINING), str(tmp_path / "b.h5"), "-o", str(out)])
     assert done.exit_code == 2 and done.stderr.startswith(f"error: {tmp_path / 'b.h5'}: ")
@@ -319,7 +319,7 @@ def test_bad_input_is_one_error_line_and_leaves_nothing(tmp_path, case) -> None:
                 "budget": "error: --budget: expected a size such as 1MB, 500k or 2MiB, got '1x'",
                 "too_small": f"error: {out}: not even the smallest bundle fits the budget of 50 kB (50000 "
                              "bytes): it takes ",
-                "zip_exists": f"error: {out.with_name('out.zip')}: exists: a bundle never overwrites a file"}
+                "zip_exists": f"error: {out.with_name('out.zip')}: exists: pass --force to replace it"}
     assert done.exit_code == 2 and done.stdout == "" and done.stderr.count("\n") == 1
     assert done.stderr.startswith(expected[case])
     if case == "not_empty":

@@ -206,7 +206,8 @@ def test_bad_dumps_are_one_line_and_leave_no_trace(dumper, tmp_path) -> None:
     assert missing.returncode == 2 and missing.stderr == f"error: {tmp_path / 'nowhere'}: no such directory\n"
     out.write_bytes(b"precious")
     exists = cli("import", "sglang-dump", str(tmp_path / "dumps"), "-o", str(out))
-    assert exists.returncode == 2 and exists.stderr.count("\n") == 1 and "already exists" in exists.stderr
+    assert exists.returncode == 2 and exists.stderr.count("\n") == 1
+    assert "exists: pass --force to replace it" in exists.stderr
     assert out.read_bytes() == b"precious"
 
 

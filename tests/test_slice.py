@@ -237,8 +237,7 @@ def test_an_existing_output_is_never_overwritten(trace_path, tmp_path) -> None:
     out.write_bytes(b"mine")
     done = CliRunner().invoke(app, ["slice", str(trace_path), "-o", str(out)])
     assert (done.exit_code, done.stdout) == (2, "")
-    assert done.stderr == f"error: {out}: exists: a slice never overwrites a file (remove it, or choose " \
-                          "another name)\n"
+    assert done.stderr == f"error: {out}: exists: pass --force to replace it (nothing was written)\n"
     assert out.read_bytes() == b"mine"
 
 

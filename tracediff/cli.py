@@ -62,6 +62,19 @@ def no_verify_option() -> Any:
                              "read silently)")
 
 
+def force_option(what: str = "the output") -> Any:
+    """``--force`` of the commands that write: an existing output is refused without it."""
+    return typer.Option(False, "--force", help=f"replace {what} if it exists: only a regular file that is "
+                        "none of the inputs is ever replaced (never a link, device, FIFO or directory)")
+
+
+def wrote(paths: Any) -> Text:
+    """``wrote A, B``: the file names as data (no markup, control characters as escapes)."""
+    from tracediff.report.text import safe
+
+    return Text(f"wrote {', '.join(safe(p) for p in paths)}")
+
+
 def guarded(path: str | Path, action: Callable[[], None]) -> None:
     try:
         action()
@@ -163,29 +176,29 @@ def show_pair(a: Path, b: Path, name: str | None, name_b: str | None, request: s
 @app.command()
 def convert(
     src: Path = typer.Argument(..., help="trace to read"),
-    dst: Path = typer.Argument(..., help="trace to write; the format follows the extension"),
+    dst: Path = typer.Argument(..., help="trace to write (a new file, or with --force a regular file to "
+                               "replace); the format follows the extension"),
+    force: bool = force_option("DST"),
     no_verify: bool = no_verify_option(),
 ) -> None:
-    """Convert a trace between HDF5 and Arrow without loss."""
+    """Convert a trace between HDF5 and Arrow without loss. The output appears whole or not at all."""
     from tracediff.trace.convert import convert as run_convert
     from tracediff.trace.writer import format_for
 
-    if dst.exists() and dst.resolve() == src.resolve():
-        fail(dst, "output would overwrite the input")
     try:
         format_for(dst)
     except ValueError as exc:
         fail(dst, str(exc).split(": ", 1)[-1])
-    guarded(src, lambda: console.print(f"wrote {', '.join(map(str, run_convert(src, dst)))}"))
+    guarded(src, lambda: console.print(wrote(run_convert(src, dst, force=force))))
 
 
 @app.command("slice")
 def slice_command(
     trace: Path = typer.Argument(..., help="trace to read (.h5 / .arrow, or the stem of per-rank files)"),
     out: Path = typer.Option(..., "--out", "-o", help="the smaller trace to write (.h5 or .arrow): a new "
-                             "file (never overwritten; nor the stem or a new rank file of existing rank "
-                             "files); a trace of rank files is sliced per rank (OUT stem + .rankN; a rank "
-                             "file the selection keeps nothing of is not written)"),
+                             "file (replaced only with --force; never the stem or a new rank file of "
+                             "existing rank files); a trace of rank files is sliced per rank (OUT stem + "
+                             ".rankN; a rank file the selection keeps nothing of is not written)"),
     names: list[str] = typer.Option([], "--names", help="keep tensors whose names match this glob (repeat "
                                     "for more; taken whole: a comma is part of the glob)"),
     requests: list[str] = typer.Option([], "--requests", help="keep the rows and tokens of this request "
@@ -196,6 +209,7 @@ def slice_command(
                                     "repeat or comma-separate)"),
     depths: list[str] = typer.Option([], "--depths", help="keep records of these draft depths: N or A:B "
                                      "(repeat or comma-separate)"),
+    force: bool = force_option("--out"),
     no_verify: bool = no_verify_option(),
 ) -> None:
     """Write a smaller, valid trace: the records and rows a selection keeps, with the run metadata,
@@ -213,9 +227,9 @@ def slice_command(
     selection = Selection(names=parse_list(names), requests=parse_list(requests),
                           positions=spans["--positions"], steps=spans["--steps"], depths=spans["--depths"])
     results = []
-    guarded(trace, lambda: results.append(slice_trace(trace, out, selection)))
+    guarded(trace, lambda: results.append(slice_trace(trace, out, selection, force=force)))
     result = results[0]
-    console.print(Text(f"wrote {', '.join(map(str, result.paths))}: {result.describe()}"))
+    console.print(wrote(result.paths).append(f": {result.describe()}"))
     for option, unmatched in (("--names", result.unmatched_names),
                               ("--requests", result.unmatched_requests)):
         if unmatched:
@@ -233,7 +247,7 @@ def slice_command(
 def bundle_command(
     a: Path = typer.Argument(..., help="baseline trace (e.g. training)"),
     b: Path = typer.Argument(..., help="trace to check against it (e.g. serving)"),
-    out: Path = typer.Option(..., "--out", "-o", help="directory to write (new, or empty)"),
+    out: Path = typer.Option(..., "--out", "-o", help="directory to write (new, or empty; never replaced)"),
     budget: str = typer.Option("1MB", "--budget", help="at most this size on disk for the directory's files "
                                "together, and with --zip for the zip on its own too (you attach one or the "
                                "other): e.g. 500k, 2MB, 1MiB"),
@@ -243,6 +257,7 @@ def bundle_command(
     mapping: list[str] = typer.Option([], "--map", help="NAME_IN_B=NAME_IN_A, as for compare"),
     align: str = typer.Option("prefix", "--align", help="prefix or step, as for compare"),
     min_coverage: float = typer.Option(0.95, "--min-coverage", help="as for compare"),
+    force: bool = force_option("DIR.zip"),
     no_verify: bool = no_verify_option(),
 ) -> None:
     """A bug-report bundle of two traces: report.md (for a GitHub issue), report.json, report.html,
@@ -263,11 +278,11 @@ def bundle_command(
     _, rename = compare_options(tol, mapping, align, min_coverage)
     made = []
     guarded(a, lambda: made.append(make_bundle(a, b, out, budget=size, zip=zip_, tol=tol, rename=rename,
-                                               align=align, min_coverage=min_coverage)))
+                                               align=align, min_coverage=min_coverage, force=force)))
     bundle = made[0]
-    zipped = "" if bundle.zip is None else f" and {bundle.zip} ({bundle.zip_size} bytes)"
-    console.print(Text(f"wrote {out} ({bundle.total} bytes in {len(bundle.files)} files){zipped}, each "
-                       f"within the budget of {human(size)} ({size} bytes); read {out / 'report.md'}"))
+    zipped = "" if bundle.zip is None else f" and {safe(bundle.zip)} ({bundle.zip_size} bytes)"
+    console.print(Text(f"wrote {safe(out)} ({bundle.total} bytes in {len(bundle.files)} files){zipped}, each "
+                       f"within the budget of {human(size)} ({size} bytes); read {safe(out / 'report.md')}"))
     for line in bundle.left_out:
         console.print(Text(f"  left out to fit the budget: {safe(line)}"))
     if bundle.profiles_dropped:
@@ -275,7 +290,8 @@ def bundle_command(
                            f"{len(bundle.profiles_dropped)} tensors in report.json and report.html"))
     empty = [p.name for side in bundle.sides for p in side.sliced.empty]
     if empty:
-        console.print(Text(f"  not written (the slice keeps nothing of that rank file): {', '.join(empty)}"))
+        console.print(Text(f"  not written (the slice keeps nothing of that rank file): "
+                           f"{', '.join(map(safe, empty))}"))
     check = bundle.verification
     if check.reproduced and check.report is not None:
         console.print(Text(f"  the slices reproduce the compare: {check.report.verdict}"))
@@ -418,10 +434,12 @@ def compare(
     stop_at_first: bool = typer.Option(False, "--stop-at-first", help="stop reading at the first divergence "
                                        "(fast on large traces; tensors not fully read show as unchecked)"),
     html: Path | None = typer.Option(None, "--html", help="also write the report as one self-contained HTML "
-                                     "page (heatmap, error curves, slots, tokens; opens in any browser)"),
+                                     "page (heatmap, error curves, slots, tokens; opens in any browser): a "
+                                     "new file, or with --force a regular file to replace"),
     same_target: bool = typer.Option(False, "--same-target", help="compare even when the target facts the "
                                      "contracts state (config sizes, embedding fingerprint) differ: you know "
                                      "the targets are the same model"),
+    force: bool = force_option("the --html file"),
     no_verify: bool = no_verify_option(),
 ) -> None:
     """Align two traces by token prefix and draft depth; name the first diverging tensor and why.
@@ -437,8 +455,10 @@ def compare(
     rename.update(given)
     if as_json and markdown:
         fail("--json", "choose one of --json and --markdown")
-    if html is not None and (html.is_dir() or not html.parent.is_dir()):
-        fail(html, "is a directory" if html.is_dir() else f"no such directory: {html.parent}")
+    if html is not None:
+        from tracediff.trace.output import check_output
+
+        guarded(html, lambda: check_output(html, [a, b], force))  # before the compare, which may take long
     reports = []
 
     def run() -> None:
@@ -454,7 +474,7 @@ def compare(
     if html is not None:
         from tracediff.report.html import write_html
 
-        guarded(html, lambda: write_html(report, html))
+        guarded(html, lambda: write_html(report, html, force=force))
     from tracediff.report.compare import render, to_markdown
     from tracediff.report.text import safe
 
@@ -521,6 +541,7 @@ def record_command(
                                      "at_startup(config, recorder))"),
     eager_only: bool = typer.Option(False, "--eager-only", help="a server that replays CUDA graphs: accept "
                                     "a trace of its eager forwards only"),
+    force: bool = force_option("--out (and its rank files)"),
 ) -> None:
     """Run CMD and record its tensors: tracediff record --out run.h5 OPTIONS -- CMD ARGS...
 
@@ -540,13 +561,15 @@ def record_command(
                           eager_only=eager_only)
     config = replace(config, plugins=plugins_for(config, argv, plugin, PRODUCERS))
     results = []
-    guarded(out, lambda: results.append(run_launch(config, argv, PRODUCERS)))
+    guarded(out, lambda: results.append(run_launch(config, argv, PRODUCERS, force=force)))
     result = results[0]
+    from tracediff.report.text import safe
+
     for f in result.files:
         state = "" if f.closed else (" (not closed: its process was killed, ended with os._exit, or its "
                                      "writer stopped; readable up to its last flush)")
-        print(f"tracediff: wrote {f.path}: {f.records} records{state}", file=sys.stderr)
-    untokened = [str(f.path) for f in result.files if f.row_keys in ("step_position", "mixed")]
+        print(f"tracediff: wrote {safe(f.path)}: {f.records} records{state}", file=sys.stderr)
+    untokened = [safe(f.path) for f in result.files if f.row_keys in ("step_position", "mixed")]
     if untokened:
         print(f"tracediff: note: {', '.join(untokened)}: rows of calls without token ids are keyed by step "
               "and position only (placeholder token -1 - step): they align with another run of the same "

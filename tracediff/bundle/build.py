@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 import shutil
-import tempfile
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +32,7 @@ from tracediff.diff.jsonio import to_plain
 from tracediff.diff.results import Report
 from tracediff.diff.verdict import MIN_COVERAGE
 from tracediff.errors import InputError
+from tracediff.trace.output import check_output, staged_directory, staged_output
 from tracediff.trace.reader import Trace, detect_format, open_trace
 from tracediff.trace.slice import Selection, planned_bytes, slice_trace
 from tracediff.trace.storage import by_name
@@ -63,35 +64,43 @@ class _Options:
 
 def make_bundle(a: str | Path, b: str | Path, out: str | Path, *, budget: int = DEFAULT_BUDGET,
                 zip: bool = False, tol: list[str] | None = None, rename: dict[str, str] | None = None,
-                align: str = "prefix", min_coverage: float = MIN_COVERAGE) -> Bundle:
+                align: str = "prefix", min_coverage: float = MIN_COVERAGE, force: bool = False) -> Bundle:
     """Write the bundle of traces ``a`` (baseline) and ``b`` into the new directory ``out`` (and the zip
     ``zip_path(out)`` with ``zip``): the directory's files together at most ``budget`` bytes on disk,
-    and the zip too.
+    and the zip too. Both are built in a staging directory beside them and appear whole
+    (``trace/output.py``): the directory first, then the zip.
 
     Raises InputError (one line) for unreadable traces, an ``out`` that exists and is not empty or
-    cannot be written (checked before the compare), a zip that exists, and a budget that not even the
-    smallest bundle fits; nothing is left behind then."""
+    cannot be written (checked before the compare), a zip that exists (unless ``force``: then a regular
+    file is replaced), a link or non-regular file at either, and a budget that not even the smallest
+    bundle fits; nothing is left behind then."""
     out = Path(out)
     zip_file = zip_path(out) if zip else None
-    _check_output(out, zip_file)
-    created = _claim(out, zip_file)
-    try:
+    _check_output(out, zip_file, [a, b], force)
+    with ExitStack() as stack:  # the zip's staging is left last: the directory is published first
+        staged_zip = None if zip_file is None else stack.enter_context(staged_output(zip_file, [a, b], force))
+        work = stack.enter_context(staged_directory(out, [a, b]))
         options = _Options(list(tol or []), dict(rename or {}), align, min_coverage)
         report = options.run(a, b)
         with open_trace(a) as ta, open_trace(b) as tb:
-            maker = _Maker(report, ta, tb, out, options, budget, zip_file)
+            maker = _Maker(report, ta, tb, work, options, budget, staged_zip)
             maker.commands = _commands(a, b, out, budget, zip, options, maker.files)
-            return maker.build()
-    except BaseException as exc:
-        for path in out.iterdir():
-            _remove(path)
-        if created:
-            out.rmdir()
-        if zip_file is not None:
-            zip_file.unlink(missing_ok=True)
-        if isinstance(exc, OSError):  # e.g. the disk filled up while writing
-            raise InputError(exc.filename or out, exc.strerror or str(exc)) from None
-        raise
+            bundle = maker.build()
+    return _published(bundle, work, out, zip_file)
+
+
+def _published(bundle: Bundle, work: Path, out: Path, zip_file: Path | None) -> Bundle:
+    """``bundle`` with the paths it names where the files now are (``out``), not the staging ones."""
+    def moved(path: Path) -> Path:
+        return out / path.name if path.parent == work else path
+
+    bundle.directory, bundle.zip = out, zip_file
+    for side in bundle.sides:
+        sliced = side.sliced
+        sliced.paths, sliced.empty = [moved(p) for p in sliced.paths], [moved(p) for p in sliced.empty]
+        for part in sliced.parts:
+            part.path = moved(part.path)
+    return bundle
 
 
 def zip_path(out: Path) -> Path:
@@ -103,28 +112,14 @@ def zip_path(out: Path) -> Path:
     return named.with_name(named.name + ".zip")
 
 
-def _check_output(out: Path, zip_file: Path | None) -> None:
+def _check_output(out: Path, zip_file: Path | None, inputs: list[str | Path], force: bool) -> None:
     if not out.parent.is_dir():
         raise InputError(out, f"directory {out.parent} does not exist")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if not out.is_symlink() and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InputError(out, "exists and is not an empty directory: a bundle goes into a new one")
-    if zip_file is not None and zip_file.exists():
-        raise InputError(zip_file, "exists: a bundle never overwrites a file")
-
-
-def _claim(out: Path, zip_file: Path | None) -> bool:
-    """Create ``out`` (True) or take the empty directory it names (False), and check that files can be
-    written there and next to the zip: before the compare, which may take long."""
-    created = not out.exists()
-    try:
-        out.mkdir(exist_ok=True)
-        for directory in [out, *([] if zip_file is None else [zip_file.parent])]:
-            tempfile.TemporaryFile(dir=directory).close()
-    except OSError as exc:
-        if created and out.is_dir():
-            out.rmdir()
-        raise InputError(out, f"cannot write a bundle there ({exc.strerror or exc})") from None
-    return created
+    check_output(out, inputs, directory=True)  # never through a link
+    if zip_file is not None:
+        check_output(zip_file, inputs, force)
 
 
 def _remove(path: Path) -> None:

@@ -452,10 +452,14 @@ def plugins_for(config: LaunchConfig, command: Sequence[str], extra: Sequence[st
     return tuple(dict.fromkeys([*found, *extra]))
 
 
-def check(config: LaunchConfig, command: Sequence[str], producers: Sequence[Plugin] = ()) -> None:
-    """Everything that makes a launch pointless, as one InputError, before anything starts."""
+def check(config: LaunchConfig, command: Sequence[str], producers: Sequence[Plugin] = (),
+          force: bool = False) -> None:
+    """Everything that makes a launch pointless, as one InputError, before anything starts. Existing
+    outputs (``existing_outputs``) are refused unless ``force``, and even then anything but a regular
+    file (a link, dangling or not, a device, a FIFO, a directory)."""
     if not command:
         raise InputError("--", "no command to run: tracediff record --out run.h5 -- CMD ARGS...")
+    from tracediff.trace.output import check_output
     from tracediff.trace.storage import unwritable_suffix
 
     out = Path(config.out)
@@ -463,8 +467,12 @@ def check(config: LaunchConfig, command: Sequence[str], producers: Sequence[Plug
         raise InputError(out, problem)
     if not out.parent.is_dir():
         raise InputError(out, f"output directory {out.parent} does not exist")
-    if taken := existing_outputs(out):
-        raise InputError(taken[0], "already exists: choose another --out (a trace is never overwritten)")
+    taken = existing_outputs(out)
+    for path in taken:  # a link (dangling too), device, FIFO or directory: never, even with --force
+        check_output(path, (), force=True)
+    if taken and not force:
+        raise InputError(taken[0], "already exists: choose another --out, or pass --force to replace it "
+                                   "(a trace is never overwritten unasked)")
     if config.every < 1:
         raise InputError("--every", f"must be >= 1, got {config.every}")
     if any(not glob.strip() for glob in config.watch):
@@ -507,12 +515,21 @@ def child_env(config: LaunchConfig, base: dict[str, str] | None = None) -> dict[
 _FORWARDED = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGINT")
 
 
-def run(config: LaunchConfig, command: Sequence[str], producers: Sequence[Plugin] = ()) -> LaunchResult:
+def run(config: LaunchConfig, command: Sequence[str], producers: Sequence[Plugin] = (),
+        force: bool = False) -> LaunchResult:
     """Run CMD under ``config``; its exit status (128 + N when killed by signal N) and the trace
     files it wrote. ``--out`` is taken relative to the launcher's directory, whatever CMD's is.
-    Signals reach the child once: a terminal's Ctrl-C already reaches it directly."""
+    Signals reach the child once: a terminal's Ctrl-C already reaches it directly. With ``force``,
+    the regular files a run would write over (``--out`` and its rank and process files) are removed
+    first (the recording writes the trace in place as it runs: it cannot be staged)."""
     config = replace(config, out=os.path.abspath(config.out))
-    check(config, command, producers)
+    check(config, command, producers, force)
+    if force:
+        for path in existing_outputs(Path(config.out)):
+            try:
+                path.unlink()
+            except OSError as exc:
+                raise InputError(path, f"cannot replace: {exc.strerror or exc}") from None
     terminals = _terminal_fds()
     try:
         try:

@@ -6,12 +6,10 @@ A pure function of the typed ``Report``: the page re-runs nothing. Every piece o
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from tracediff.diff.findings import Diagnosis
 from tracediff.diff.results import Report
-from tracediff.errors import InputError
 from tracediff.report.compare import (
     NO_EXPLANATION,
     coverage_line,
@@ -31,6 +29,7 @@ from tracediff.report.html_heatmap import heatmap_svg
 from tracediff.report.html_parts import contract_html, slot_evidence, slot_matrix, tensor_table, tokens_html
 from tracediff.report.html_style import CSS
 from tracediff.report.svg import divergence, esc, num
+from tracediff.trace.output import staged_output
 
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:"
 FIRST_METRICS = ("cosine", "rel_l2", "max_rel", "max_abs", "argmax_agree", "kl", "equal")
@@ -190,15 +189,10 @@ def render_html(report: Report) -> str:
 
 
 
-def write_html(report: Report, path: Path) -> None:
-    """The page at ``path``, written beside it and renamed into place (a reader never sees half a
-    page); InputError for a path that is one of the compared traces or cannot be written."""
-    if path.exists() and any(path.resolve() == Path(p).resolve() for p in report.a.paths + report.b.paths):
-        raise InputError(path, "output would overwrite a compared trace")
-    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        staged.write_text(render_html(report), encoding="utf-8")
-        os.replace(staged, path)
-    except OSError as exc:
-        staged.unlink(missing_ok=True)
-        raise InputError(path, f"cannot write the HTML report: {exc.strerror or exc}") from None
+def write_html(report: Report, path: Path, force: bool = False) -> None:
+    """The page at ``path``, written beside it and published whole (``trace/output.py``): an existing
+    path is refused unless ``force``, and then only a regular file that is none of the compared traces
+    is replaced (never a FIFO, device, directory or link). InputError (one line) otherwise."""
+    text = render_html(report)
+    with staged_output(path, [*report.a.paths, *report.b.paths], force) as staged:
+        staged.write_text(text, encoding="utf-8")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fnmatch
 import glob
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from tracediff.errors import InputError
+from tracediff.trace.output import check_outputs, staged_outputs
 from tracediff.trace.reader import Trace, open_trace, rank_files
 from tracediff.trace.schema import FORMAT_VERSION, Record, tokens_record
 from tracediff.trace.writer import TraceWriter, format_for, open_writer
@@ -153,12 +153,15 @@ class SliceResult:
                f"{count(self.tokens, 'request token')} ({count(self.bytes, 'byte')})"
 
 
-def slice_trace(src: str | Path | Trace, dst: str | Path, selection: Selection) -> SliceResult:
+def slice_trace(src: str | Path | Trace, dst: str | Path, selection: Selection,
+                force: bool = False) -> SliceResult:
     """Write what ``selection`` keeps of ``src`` into ``dst`` (format by its suffix). A trace split
     over rank files is sliced per rank: ``dst`` stem + ``.rankR`` for each (readable together as
     ``dst``, like the original); a rank file the selection keeps nothing of (no record, no token) is
     not written (``empty`` names it), unless no rank file keeps anything. The source is only read;
-    ``dst`` may not be one of its files, nor join an existing trace's rank files.
+    ``dst`` may not be one of its files, nor join an existing trace's rank files; an existing output
+    is refused unless ``force`` (then only a regular file is replaced). The outputs are written beside
+    their targets and published whole (``trace/output.py``): a failure leaves none of them.
 
     Raises InputError (TraceError for the source) with one line for the CLI."""
     dst = Path(dst)
@@ -167,9 +170,9 @@ def slice_trace(src: str | Path | Trace, dst: str | Path, selection: Selection) 
     except ValueError as exc:
         raise InputError(dst, str(exc).split(": ", 1)[-1]) from None
     if isinstance(src, Trace):
-        return _slice(src, dst, selection)
+        return _slice(src, dst, selection, force)
     with open_trace(src) as trace:
-        return _slice(trace, dst, selection)
+        return _slice(trace, dst, selection, force)
 
 
 def _output_paths(trace: Trace, dst: Path) -> list[Path]:
@@ -179,26 +182,29 @@ def _output_paths(trace: Trace, dst: Path) -> list[Path]:
     return [dst.with_name(f"{dst.stem}.rank{part}{dst.suffix}") for part in range(len(trace.files))]
 
 
-def _slice(trace: Trace, dst: Path, selection: Selection) -> SliceResult:
+def _slice(trace: Trace, dst: Path, selection: Selection, force: bool) -> SliceResult:
     outputs = _output_paths(trace, dst)
-    _check_outputs(dst, outputs, trace.paths)
+    _check_outputs(dst, outputs, trace.paths, force)
     plans = [_plan(trace, np.flatnonzero(trace.index.part == k), selection) for k in range(len(outputs))]
     tokens = [_tokens(trace, part, selection) for part in range(len(outputs))]
     held = [bool(plan[0]) or bool(len(kept[1])) for plan, kept in zip(plans, tokens)]
     written = [k for k in range(len(outputs)) if held[k]] or [0]  # an empty slice is still one valid trace
     parts: list[SlicePart] = []
-    for part in written:
-        file, out = trace.files[part], outputs[part]
-        meta = {**file.meta, "format_version": FORMAT_VERSION,
-                "sliced_from": {"path": str(file.path), "selection": selection.to_dict()}}
-        writer = _open_output(out, meta)
-        try:
-            parts.append(_copy_part(trace, part, plans[part][0], tokens[part], writer, out))
-        except BaseException:  # a source that fails mid-copy (a corrupt record): no partial slice left
-            writer.abort()
-            for k in [*written[: written.index(part)], part]:
-                outputs[k].unlink(missing_ok=True)
-            raise
+    with staged_outputs([outputs[k] for k in written], trace.paths, force) as staging:
+        for part in written:
+            file, out = trace.files[part], outputs[part]
+            meta = {**file.meta, "format_version": FORMAT_VERSION,
+                    "sliced_from": {"path": str(file.path), "selection": selection.to_dict()}}
+            writer = _open_output(staging / out.name, out, meta)
+            try:
+                parts.append(_copy_part(trace, part, plans[part][0], tokens[part], writer, out))
+            except BaseException:  # a corrupt record, a full disk, Ctrl-C: no partial slice left
+                try:
+                    writer.abort()
+                except Exception:
+                    pass
+                raise
+        size = sum((staging / outputs[k].name).stat().st_size for k in written)
     seen: set[str] = set()
     if selection.requests is not None:  # the requests named that a kept row or token entry holds
         for plan, kept in zip(plans, tokens):
@@ -208,24 +214,17 @@ def _slice(trace: Trace, dst: Path, selection: Selection) -> SliceResult:
     paths = [outputs[k] for k in written]
     return SliceResult(paths=paths, records=sum(p.records for p in parts), rows=sum(p.rows for p in parts),
                        tokens=sum(p.tokens for p in parts), names=[n for n in every if n in names],
-                       bytes=sum(p.stat().st_size for p in paths), parts=parts,
+                       bytes=size, parts=parts,
                        empty=[out for k, out in enumerate(outputs) if k not in written],
                        unmatched_names=[g for g in selection.names or ()
                                         if not any(fnmatch.fnmatchcase(n, g) for n in every)],
                        unmatched_requests=[r for r in selection.requests or () if r not in seen])
 
 
-def _check_outputs(dst: Path, outputs: list[Path], sources: list[Path]) -> None:
-    """Refuse outputs that would overwrite a file, the input above all, or hide rank files."""
-    for out in outputs:
-        if not out.parent.is_dir():
-            raise InputError(out, f"output directory {out.parent} does not exist")
-        if out.exists() and any(out.resolve() == s.resolve() or _same_file(out, s) for s in sources):
-            raise InputError(out, "output would overwrite the input")
-    for out in outputs:
-        if out.exists():
-            raise InputError(out, "exists: a slice never overwrites a file (remove it, or choose another "
-                                  "name)")
+def _check_outputs(dst: Path, outputs: list[Path], sources: list[Path], force: bool) -> None:
+    """Refuse outputs that would overwrite a file unless forced (the input, a link or a non-regular
+    file ever), or hide rank files."""
+    check_outputs(outputs, sources, force)
     siblings = [] if dst.exists() else [p for p in rank_files(dst) if p != dst]
     if len(outputs) == 1 and siblings:
         raise InputError(dst, f"is the stem of the rank files {', '.join(p.name for p in siblings)}: a "
@@ -252,20 +251,11 @@ def _rank_set(path: Path) -> list[Path]:
                   if named.fullmatch(p.name) and p.is_file())
 
 
-def _same_file(a: Path, b: Path) -> bool:
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
-def _open_output(path: Path, meta: dict) -> TraceWriter:
+def _open_output(path: Path, target: Path, meta: dict) -> TraceWriter:
     try:
         return open_writer(path, meta)
     except ValueError as exc:
-        raise InputError(path, str(exc).split(": ", 1)[-1]) from None
-    except OSError as exc:
-        raise InputError(path, f"cannot write: {exc.strerror or exc}") from None
+        raise InputError(target, str(exc).split(": ", 1)[-1]) from None
 
 
 def planned_bytes(trace: Trace, selection: Selection) -> int:

@@ -41,6 +41,7 @@ from tracediff.errors import InputError
 from tracediff.integrations.torch_files import load_tensors
 from tracediff.record.host import tag_of_tensor
 from tracediff.record.recorder import Recorder
+from tracediff.trace.output import check_outputs, staged_outputs
 from tracediff.trace.storage import unwritable_suffix
 
 PREFIX = "non_intrusive__"
@@ -294,7 +295,7 @@ def _segments(positions: np.ndarray, seq_lens: np.ndarray | None, batch_rows: in
     return np.array(sizes) if start == len(positions) else None
 
 
-def import_sglang_dump(source: Path, out: Path) -> DumpImported:
+def import_sglang_dump(source: Path, out: Path, force: bool = False) -> DumpImported:
     """Write the dumps under ``source`` as a serving trace at ``out`` (per-rank files for several ranks)."""
     files = dump_files(source)
     if problem := unwritable_suffix(out):
@@ -307,16 +308,11 @@ def import_sglang_dump(source: Path, out: Path) -> DumpImported:
         by_rank[dump.rank].append(dump)
     world = max(by_rank) + 1 if len(by_rank) > 1 else 1
     paths = [out.with_name(f"{out.stem}.rank{r}{out.suffix}") if world > 1 else out for r in sorted(by_rank)]
-    if taken := [p for p in paths if p.exists()]:
-        raise InputError(taken[0], "already exists: choose another output (nothing was written)")
+    check_outputs(paths, files, force)  # an existing output only with force; never a link or an input
     done = DumpImported(files=len(files), records=0, steps=0, paths=paths, steps_without_tokens=0, skipped=0)
-    try:
+    with staged_outputs(paths, files, force) as staging:  # no partial trace
         for rank in sorted(by_rank):
-            _write_rank(by_rank[rank], out, rank, world, source, done)
-    except BaseException:
-        for path in paths:
-            path.unlink(missing_ok=True)  # no partial trace
-        raise
+            _write_rank(by_rank[rank], staging / out.name, rank, world, source, done)
     return done
 
 

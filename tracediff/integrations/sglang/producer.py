@@ -48,14 +48,18 @@ def refuse(config: LaunchConfig, command: Sequence[str]) -> str | None:
 def import_dump(
     source: Path = typer.Argument(..., help="a directory of SGLang dumper files (DUMPER_DIR, or one run's "
                                   "folder in it)"),
-    out: Path = typer.Option(..., "--out", "-o", help="the trace to write (.h5 or .arrow)"),
+    out: Path = typer.Option(..., "--out", "-o", help="the trace to write (.h5 or .arrow): a new file, or "
+                             "with --force a regular file to replace"),
+    force: bool = typer.Option(False, "--force", help="replace --out if it exists: only a regular file that "
+                               "is none of the inputs (never a link, device, FIFO or directory)"),
 ) -> list[str]:
     """SGLang's own dumper files into a serving trace (loaded with torch.load(weights_only=True))."""
     from tracediff.integrations.sglang.importer import import_sglang_dump
+    from tracediff.report.text import safe
 
-    result = import_sglang_dump(source, out)
-    lines = [f"wrote {', '.join(map(str, result.paths))}: {result.records} records from {result.files} files "
-             f"({result.steps} steps)"]
+    result = import_sglang_dump(source, out, force=force)
+    lines = [f"wrote {', '.join(map(safe, result.paths))}: {result.records} records from {result.files} "
+             f"files ({result.steps} steps)"]
     if result.skipped:
         lines.append(f"left out {result.skipped} values that are not tensors tracediff records")
     if result.left_out:

@@ -20,6 +20,7 @@ from typing import Any
 from tracediff.errors import InputError
 from tracediff.integrations.torch_files import load_tensors, refusal
 from tracediff.record.recorder import Recorder
+from tracediff.trace.output import check_output, staged_output
 from tracediff.trace.storage import unwritable_suffix
 
 SUFFIXES = (".ckpt", ".ckpt.gz")
@@ -81,7 +82,7 @@ def per_token(key: str, value: Any) -> Any:
 
 
 def import_specforge_ckpt(source: Path, out: Path, *, aux_layer_ids: list[int] | None = None,
-                          target_model: str | None = None) -> FeaturesImported:
+                          target_model: str | None = None, force: bool = False) -> FeaturesImported:
     """Write the samples under ``source`` as a training trace at ``out``. ``aux_layer_ids`` (the
     training config's, SpecForge's output-of-layer convention) and ``target_model`` go into the
     contract: the files do not say which layers they hold."""
@@ -90,18 +91,14 @@ def import_specforge_ckpt(source: Path, out: Path, *, aux_layer_ids: list[int] |
         raise InputError(out, problem)
     if not out.parent.is_dir():
         raise InputError(out, f"output directory {out.parent} does not exist")
-    if out.exists():
-        raise InputError(out, "already exists: choose another output (nothing was written)")
+    check_output(out, files, force)  # an existing output only with force; never a link or an input
     contract: dict[str, Any] = {"imported_from": "specforge-ckpt", "aux_layer_convention": "output_of_layer"}
     if aux_layer_ids is not None:
         contract["aux_layer_ids"] = list(aux_layer_ids)
     if target_model is not None:
         contract["target_model"] = target_model
-    try:
-        rows = _write(files, out, contract)
-    except BaseException:
-        out.unlink(missing_ok=True)  # a bad file half way: no half trace left behind
-        raise
+    with staged_output(out, files, force) as staged:  # a bad file half way: no half trace left behind
+        rows = _write(files, staged, contract)
     return FeaturesImported(files=len(files), rows=rows, path=out)
 
 
