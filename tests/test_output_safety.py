@@ -266,3 +266,35 @@ def test_a_file_that_appears_while_writing_is_never_replaced(tmp_path) -> None:
         staged.write_text("mine")
         out.write_text("theirs")
     assert out.read_text() == "theirs" and left(tmp_path) == {"page.html"}
+
+
+def test_every_rank_output_is_checked_before_any_is_written(tmp_path, fmt) -> None:
+    for rank in (0, 1):
+        with td.record(tmp_path / f"src.{fmt}", source="serving", rank=rank, world_size=2) as rec:
+            rec.log("target.h", np.ones((1, 4), np.float32), request="r", positions=[0], token_ids=[1])
+    taken = tmp_path / f"out.rank1.{fmt}"
+    taken.write_bytes(b"mine")
+    for command in (["convert", str(tmp_path / f"src.{fmt}"), str(tmp_path / f"out.{fmt}")],
+                    ["slice", str(tmp_path / f"src.{fmt}"), "-o", str(tmp_path / f"out.{fmt}")]):
+        done = cli(*command)
+        assert done.returncode == 2
+        only_line(done.stderr, taken, "exists: pass --force to replace it")
+        assert not (tmp_path / f"out.rank0.{fmt}").exists() and taken.read_bytes() == b"mine"
+    done = cli("convert", str(tmp_path / f"src.{fmt}"), str(tmp_path / f"out.{fmt}"), "--force")
+    assert done.returncode == 0, done.stderr
+    with td.open_trace(tmp_path / f"out.{fmt}") as trace:
+        assert len(trace.files) == 2
+    assert not staging_dirs(tmp_path)
+
+
+@pytest.mark.subprocess
+def test_record_out_replaces_a_regular_trace_only_with_force(tmp_path) -> None:
+    out = write(tmp_path / "run.h5")
+    before = digest(out)
+    command = ["record", "--out", str(out), "--watch", "model.*", "--", sys.executable, "-c", "0"]
+    done = cli(*command)
+    assert done.returncode == 2 and digest(out) == before
+    only_line(done.stderr, out, "already exists: choose another --out, or pass --force")
+    done = cli(*command[:3], "--force", *command[3:])
+    assert done.returncode == 0, done.stderr
+    assert not out.exists() or digest(out) != before  # the old trace is gone (the child recorded nothing)
