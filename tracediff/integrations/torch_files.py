@@ -1,15 +1,37 @@
 """Reading other producers' ``torch.save`` files without unpickling them: ``torch.load`` with
 ``weights_only=True`` only, and its refusals said in a few plain words (torch's own messages span
-lines, hold terminal escapes and advise re-running with ``weights_only=False``, which we never do)."""
+lines, hold terminal escapes and advise re-running with ``weights_only=False``, which we never do).
+File names the importers discover are data: ``names_as_data`` shows their control characters as escapes."""
 
 from __future__ import annotations
 
+import functools
 import re
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ParamSpec, TypeVar
 
 from tracediff.errors import InputError
+from tracediff.report.text import safe
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def names_as_data(run: Callable[P, R]) -> Callable[P, R]:
+    """``run`` with the file and the problem of any ``InputError`` it raises shown as data
+    (``report.text.safe``): a dump file named with terminal escapes, C1 controls or a lone surrogate
+    prints them as escapes in the error line, and never clears or retitles the user's terminal."""
+
+    @functools.wraps(run)
+    def wrapped(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return run(*args, **kwargs)
+        except InputError as exc:
+            raise type(exc)(safe(exc.path), safe(exc.problem)) from None
+
+    return wrapped
 
 
 def load_tensors(path: Path, what: str, source: IO[bytes] | None = None) -> Any:

@@ -38,9 +38,10 @@ from typing import Any
 import numpy as np
 
 from tracediff.errors import InputError
-from tracediff.integrations.torch_files import load_tensors
+from tracediff.integrations.torch_files import load_tensors, names_as_data
 from tracediff.record.host import tag_of_tensor
 from tracediff.record.recorder import Recorder
+from tracediff.report.text import safe
 from tracediff.trace.output import check_outputs, staged_outputs
 from tracediff.trace.storage import unwritable_suffix
 
@@ -67,6 +68,7 @@ TOP_MODULE = re.compile(r"model\.(\w+)\.output(?:\.(\w+))?")
 LAYER_OUTPUT = re.compile(re.escape(PREFIX) + r"model\.layers\.(\d+)\.output(?:\.\d+)?")
 LEFT_OUT = re.compile(r"(?:.*\.)?inputs(?:\..*)?|output(?:\..*)?|model\.output(?:\..*)?")
 NO_TOKEN = -1
+QUEUE_BYTES = 256 << 20  # the recorder's default bound
 
 
 @dataclass
@@ -175,7 +177,7 @@ def trace_name(dump: Dump, how: Naming) -> str | None:
     """The trace name of one dump (docs/INTEGRATIONS.md has the rules); None: left out."""
     layer = _layer_tag(dump.tags.get("layer_id"))
     if not dump.name.startswith(PREFIX):  # a hand dump: its name, and its layer when it has one
-        return f"sglang.{dump.name}" + ("" if layer is None else f".layer{layer}")
+        return f"sglang.{safe(dump.name)}" + ("" if layer is None else f".layer{layer}")
     path = dump.name[len(PREFIX):]
     if mapped := NAMES.get(path, (None, None))[how.draft]:
         return mapped
@@ -196,7 +198,7 @@ def trace_name(dump: Dump, how: Naming) -> str | None:
         return None  # a module nested in a block, a module's inputs, the root's or model's outputs
     if match := TOP_MODULE.fullmatch(path):
         return f"{side}{match[1]}{_part(match[1], match[2])}"
-    return f"sglang.{path}"
+    return f"sglang.{safe(path)}"
 
 
 def _part(block: str | None, part: str | None) -> str:
@@ -231,7 +233,8 @@ def _first(dumps: list[Dump], *names: str) -> Any:
 def _ints(value: Any) -> np.ndarray | None:
     import torch
 
-    if isinstance(value, torch.Tensor) and not value.dtype.is_floating_point and value.dim() >= 1:
+    if (isinstance(value, torch.Tensor) and value.dim() >= 1 and value.dtype != torch.bool
+            and not value.dtype.is_floating_point and not value.dtype.is_complex):
         return value.detach().reshape(-1).to(torch.int64).numpy()
     return None
 
@@ -240,12 +243,13 @@ def step_keys(dumps: list[Dump], step: int, book: Book, draft: bool) -> StepKeys
     """Row keys of one forward from its core fields (see the module docstring); None without input_ids."""
     ids_value = _first(dumps, "input_ids")
     ids = _ints(ids_value)
-    if ids is None:
+    if ids is None or len(ids) == 0:  # none, or an empty batch: no tokens to key rows by
         return None
     lead = tuple(ids_value.shape)
     positions = _ints(_first(dumps, "positions", "position_ids"))
     if positions is not None and len(positions) != len(ids):  # e.g. [1, T] positions of a [B, T] batch
-        positions = np.tile(positions, len(ids) // len(positions)) if len(ids) % len(positions) == 0 else None
+        fits = len(positions) > 0 and len(ids) % len(positions) == 0
+        positions = np.tile(positions, len(ids) // len(positions)) if fits else None
     if positions is None:
         width = lead[-1]
         positions = np.tile(np.arange(width, dtype=np.int64), len(ids) // width)
@@ -260,7 +264,7 @@ def step_keys(dumps: list[Dump], step: int, book: Book, draft: bool) -> StepKeys
         keyed_by_content = True
     count, per_step = len(segments), False
     if isinstance(rids, (list, tuple)) and len(rids) == count:
-        names = [str(r) for r in rids]
+        names = [safe(r) for r in rids]  # data: a lone surrogate in one is no request id
     elif pool is not None and len(pool) == count:
         names = [f"pool{int(p)}" for p in pool]
     else:  # nothing names the requests across steps: this step's rows are requests of their own
@@ -295,8 +299,12 @@ def _segments(positions: np.ndarray, seq_lens: np.ndarray | None, batch_rows: in
     return np.array(sizes) if start == len(positions) else None
 
 
-def import_sglang_dump(source: Path, out: Path, force: bool = False) -> DumpImported:
-    """Write the dumps under ``source`` as a serving trace at ``out`` (per-rank files for several ranks)."""
+@names_as_data
+def import_sglang_dump(source: Path, out: Path, *, queue_bytes: int = QUEUE_BYTES,
+                       force: bool = False) -> DumpImported:
+    """Write the dumps under ``source`` as a serving trace at ``out`` (per-rank files for several ranks).
+    ``queue_bytes``: the recorder's bound; a dump larger than it is still written, alone (memory: the
+    larger of the two)."""
     files = dump_files(source)
     if problem := unwritable_suffix(out):
         raise InputError(out, problem)
@@ -312,21 +320,23 @@ def import_sglang_dump(source: Path, out: Path, force: bool = False) -> DumpImpo
     done = DumpImported(files=len(files), records=0, steps=0, paths=paths, steps_without_tokens=0, skipped=0)
     with staged_outputs(paths, files, force) as staging:  # no partial trace
         for rank in sorted(by_rank):
-            _write_rank(by_rank[rank], staging / out.name, rank, world, source, done)
+            _write_rank(by_rank[rank], staging / out.name, rank, world, source, done, queue_bytes)
     return done
 
 
 def _write_rank(dumps: list[Dump], out: Path, rank: int, world: int, source: Path,
-                done: DumpImported) -> None:
+                done: DumpImported, queue_bytes: int) -> None:
     steps: dict[int, list[Dump]] = defaultdict(list)
     for dump in sorted(dumps, key=lambda d: d.index):
         steps[dump.step].append(dump)
     contract = {"imported_from": "sglang-dump", "dump_dir": str(source), "name_map": "sglang_dump.trace_name"}
-    options: dict[str, Any] = dict(source="serving", meta=contract, on_full="block", block_timeout=600)
+    options: dict[str, Any] = dict(source="serving", meta=contract, on_full="block", block_timeout=600,
+                                   queue_bytes=queue_bytes)
     if world > 1:
         options.update(rank=rank, world_size=world)
     book, untokened = Book(), 0
     with Recorder(out, **options) as rec:
+        rec.oversized_alone = True  # a record over queue_bytes waits for an empty queue, never refused
         for step in sorted(steps):
             group = steps[step]
             how = naming({d.name for d in group})

@@ -18,8 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from tracediff.errors import InputError
-from tracediff.integrations.torch_files import load_tensors, refusal
+from tracediff.integrations.torch_files import load_tensors, names_as_data, refusal
 from tracediff.record.recorder import Recorder
+from tracediff.report.text import safe
 from tracediff.trace.output import check_output, staged_output
 from tracediff.trace.storage import unwritable_suffix
 
@@ -29,6 +30,7 @@ VECTORS = ("aux_hidden_state", "hidden_state")  # [1, L, width]; the others are 
 # What each key becomes in the trace (docs/FORMAT.md's canonical names where one exists).
 NAMES = {"aux_hidden_state": "target.aux", "hidden_state": "target.final_hidden",
          "loss_mask": "train.loss_mask"}
+QUEUE_BYTES = 256 << 20  # the recorder's default bound
 
 
 @dataclass
@@ -65,15 +67,31 @@ def load_sample(path: Path) -> dict[str, Any]:
         found = sorted(data) if isinstance(data, dict) else type(data).__name__
         raise InputError(path, f"expected a dict with {', '.join(KEYS)}; found {found}")
     tokens = data["input_ids"]
-    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point:
+    if (not isinstance(tokens, torch.Tensor) or tokens.dtype == torch.bool or tokens.dtype.is_floating_point
+            or tokens.dtype.is_complex):
         raise InputError(path, "input_ids is not an integer tensor")
     length = tokens.reshape(-1).shape[0]
     for key in KEYS[1:]:
         if not isinstance(data[key], torch.Tensor):
             raise InputError(path, f"{key} is not a tensor")
+        if key in VECTORS and (data[key].dim() < 2 or data[key].shape[-1] == 0):
+            raise InputError(path, f"{key} has shape {list(data[key].shape)}, not [1, L, width]")
         if (positions := per_token(key, data[key]).shape[0]) != length:
             raise InputError(path, f"{key} has {positions} positions, input_ids {length}")
+    data["loss_mask"] = whole_mask(path, data["loss_mask"])
     return data
+
+
+def whole_mask(path: Path, mask: Any) -> Any:
+    """``loss_mask`` as int64, whatever dtype a file stores it in (SpecForge's is long; a bool or a
+    float 0/1 mask is the same mask): one name keeps one dtype across the trace. A mask whose values
+    are not whole numbers is no loss mask: one ``error:`` line."""
+    import torch
+
+    if mask.dtype.is_complex or mask.dtype.is_floating_point and not bool(
+            torch.isfinite(mask).all() and (mask == mask.round()).all()):
+        raise InputError(path, f"loss_mask holds values that are not whole numbers ({mask.dtype})")
+    return mask.to(torch.int64)
 
 
 def per_token(key: str, value: Any) -> Any:
@@ -81,11 +99,14 @@ def per_token(key: str, value: Any) -> Any:
     return value.reshape(-1, value.shape[-1]) if key in VECTORS else value.reshape(-1)
 
 
+@names_as_data
 def import_specforge_ckpt(source: Path, out: Path, *, aux_layer_ids: list[int] | None = None,
-                          target_model: str | None = None, force: bool = False) -> FeaturesImported:
+                          target_model: str | None = None,
+                          queue_bytes: int = QUEUE_BYTES, force: bool = False) -> FeaturesImported:
     """Write the samples under ``source`` as a training trace at ``out``. ``aux_layer_ids`` (the
     training config's, SpecForge's output-of-layer convention) and ``target_model`` go into the
-    contract: the files do not say which layers they hold."""
+    contract: the files do not say which layers they hold. ``queue_bytes``: the recorder's bound; a
+    sample's feature larger than it is still written, alone (memory: the larger of the two)."""
     files = feature_files(source)
     if problem := unwritable_suffix(out):
         raise InputError(out, problem)
@@ -98,21 +119,25 @@ def import_specforge_ckpt(source: Path, out: Path, *, aux_layer_ids: list[int] |
     if target_model is not None:
         contract["target_model"] = target_model
     with staged_output(out, files, force) as staged:  # a bad file half way: no half trace left behind
-        rows = _write(files, staged, contract)
+        rows = _write(files, staged, contract, queue_bytes)
     return FeaturesImported(files=len(files), rows=rows, path=out)
 
 
-def _write(files: list[Path], out: Path, contract: dict[str, Any]) -> int:
+def _write(files: list[Path], out: Path, contract: dict[str, Any], queue_bytes: int) -> int:
     rows = 0
     with Recorder(out, source="training", meta=contract, strict=True, on_full="block",
-                  block_timeout=600) as rec:
+                  block_timeout=600, queue_bytes=queue_bytes) as rec:
+        rec.oversized_alone = True  # a record over queue_bytes waits for an empty queue, never refused
         for step, path in enumerate(files):
             sample = load_sample(path)
-            request = path.name.split(".", 1)[0]
+            request = safe(path.name.split(".", 1)[0])  # a lone surrogate in a file name is no request id
             tokens = sample["input_ids"].reshape(-1).to("cpu")
-            rec.request_tokens(request, tokens)
-            for key, name in NAMES.items():
-                rec.log(name, per_token(key, sample[key]), step=step, request=request, token_ids=tokens)
+            try:  # strict: a file whose features differ in dtype or width from the earlier files
+                rec.request_tokens(request, tokens)
+                for key, name in NAMES.items():
+                    rec.log(name, per_token(key, sample[key]), step=step, request=request, token_ids=tokens)
+            except ValueError as exc:
+                raise InputError(path, str(exc)) from None
             rows += int(tokens.shape[0])
     if rec.stopped or sum(rec.dropped.values()):
         raise InputError(out, f"the trace was not written whole: {rec.stopped or dict(rec.dropped)}")
