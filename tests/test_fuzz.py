@@ -1,7 +1,8 @@
 """A seeded mutation fuzzer over small real traces of both formats, and the crashers found by one.
 
 Every command that reads traces (``show``, ``show --name``, ``compare``, ``convert``, and ``show``
-of what convert wrote; on fewer mutants ``slice``, ``bundle``, ``compare --html`` and ``show A B``)
+of what convert wrote; on fewer mutants ``slice``, ``bundle``, ``compare --html`` and ``show A B``),
+and both importers on mutated dumps (``import sglang-dump``, ``import specforge-ckpt``, then ``show``),
 runs on each mutant in its own process, with one time limit and one memory
 limit each. The promise checked: no signal, no hang, no traceback (stderr is empty, or exactly one
 ``error:`` line with exit 2), an exit code the command defines, and no input file changed.
@@ -19,7 +20,9 @@ command would cost ~1 s); the driver is a subprocess, so a signal or hang never 
 from __future__ import annotations
 
 import gc
+import gzip
 import hashlib
+import io
 import json
 import os
 import random
@@ -32,6 +35,7 @@ import subprocess
 import sys
 import time
 import traceback
+import zipfile
 from pathlib import Path
 
 import h5py
@@ -532,6 +536,256 @@ def test_mutants_never_crash_hang_traceback_or_leave_output_in_the_other_reading
           f"slowest {max(r['seconds'] for r in ran):.1f} s")
     assert not failures, f"{len(failures)} failures (files kept in {tmp_path}):\n" + "\n".join(failures[:20])
     assert codes[2] > len(jobs) // 8 and codes[0] > len(jobs) // 8  # mutants both refused and read
+
+
+# --- the importers: mutated dumps -------------------------------------------------------------
+
+IMPORT_MUTANTS = int(60 * SCALE)  # of each importer's dump; each runs the import and, if it wrote, show
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")  # what a terminal acts on (a tab or newline it prints)
+
+
+def torch_file(value, path: Path) -> Path:
+    """``value`` as ``torch.save`` writes it (gzipped for ``.gz``, as SpecForge's ``.ckpt.gz``)."""
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    raw = buffer.getvalue()
+    path.write_bytes(gzip.compress(raw, mtime=0) if path.name.endswith(".gz") else raw)
+    return path
+
+
+def sglang_dump_dir(root: Path) -> Path:
+    """A prefill of two requests and a decode step as SGLang's dumper writes them (one file per
+    tensor: the core fields the non-intrusive hooks dump, an embedding, logits, a hand dump)."""
+    import torch
+
+    run = root / "run0"
+    run.mkdir(parents=True)
+    g = torch.Generator().manual_seed(0)
+    steps = [{"input_ids": torch.tensor([5, 6, 7, 8, 9]), "positions": torch.tensor([0, 1, 2, 0, 1]),
+              "seq_lens": torch.tensor([3, 2]), "rids": ["a", "b"]},
+             {"input_ids": torch.tensor([10, 11]), "positions": torch.tensor([3, 2]),
+              "seq_lens": torch.tensor([4, 3]), "rids": ["a", "b"]}]
+    index = 0
+    for step, fields in enumerate(steps):
+        rows = len(fields["input_ids"])
+        tensors = {**fields, "non_intrusive__model.embed_tokens.output": torch.randn(rows, 8, generator=g),
+                   "non_intrusive__logits_processor.output.next_token_logits":
+                       torch.randn(2, 16, generator=g),
+                   "custom_hidden": torch.randn(rows, 4, generator=g).half()}
+        for name, value in tensors.items():
+            tags = {"layer_id": 1} if name == "custom_hidden" else {}
+            torch_file({"value": value, "meta": {"step": step, "rank": 0, "name": name, "dump_index": index,
+                                                 **tags}},
+                       run / f"step={step}___rank=0___dump_index={index}___name={name}"
+                             f"{'___layer_id=1' if tags else ''}.pt")
+            index += 1
+    return root
+
+
+def specforge_dump_dir(root: Path) -> Path:
+    """Two samples as SpecForge's offline capture writes them, one plain and one gzipped."""
+    import torch
+
+    root.mkdir(parents=True)
+    g = torch.Generator().manual_seed(1)
+    for i, (length, suffix) in enumerate([(4, ".ckpt"), (3, ".ckpt.gz")]):
+        torch_file({"input_ids": torch.arange(length) + 3 * i,
+                    "loss_mask": torch.ones(length, dtype=torch.long),
+                    "aux_hidden_state": torch.randn(1, length, 12, generator=g),
+                    "hidden_state": torch.randn(1, length, 4, generator=g)}, root / f"data_{i}{suffix}")
+    return root
+
+
+def dump_dirs(root: Path) -> dict[str, Path]:
+    return {"sglang": sglang_dump_dir(root / "sglang"), "specforge": specforge_dump_dir(root / "specforge")}
+
+
+def _unpacked(path: Path) -> bytes:
+    raw = path.read_bytes()
+    return gzip.decompress(raw) if path.name.endswith(".gz") else raw
+
+
+def _repacked(path: Path, raw: bytes) -> None:
+    path.write_bytes(gzip.compress(raw, mtime=0) if path.name.endswith(".gz") else raw)
+
+
+def zip_edit(path: Path, rng: random.Random, ranges: list[tuple[int, int]]) -> str:
+    """One entry of the torch.save archive (its pickle most often) flipped, overwritten, cut or
+    dropped, the archive rebuilt with right CRCs (and gzip): the damage reaches torch's unpickler."""
+    with zipfile.ZipFile(io.BytesIO(_unpacked(path))) as archive:
+        entries = [(info.filename, archive.read(info)) for info in archive.infolist()]
+    pickles = [k for k, (name, _) in enumerate(entries) if name.endswith("data.pkl")]
+    k = rng.choice(pickles * 3 + list(range(len(entries))))
+    name, data = entries[k]
+    data, how = bytearray(data), rng.randrange(4)
+    if how == 0 and data:
+        for _ in range(rng.choice([1, 2, 4])):
+            data[rng.randrange(len(data))] ^= 1 << rng.randrange(8)
+    elif how == 1 and data:
+        data[rng.randrange(len(data))] = rng.choice([0, 0x7F, 0x80, 0xFF, ord("("), ord("."), ord("q")])
+    elif how == 2:
+        del data[rng.randrange(len(data) + 1):]
+    else:
+        entries.pop(k)
+    if how != 3:
+        entries[k] = (name, bytes(data))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for entry, body in entries:
+            archive.writestr(entry, body)
+    _repacked(path, buffer.getvalue())
+    return f"zip entry {name} {['bit flips', 'overwrite', 'cut', 'dropped'][how]}"
+
+
+def odd_value(rng: random.Random, like):
+    """A value a dump may hold instead of ``like``: another dtype, shape or kind, extreme numbers."""
+    import torch
+
+    choices = [torch.empty(0), torch.zeros(2, 0, 3), torch.ones(3, dtype=torch.complex64),
+               torch.tensor([1 << 62]), torch.tensor(7), torch.tensor([-1, -5]), "text\x1b[2J", [1, 2],
+               {"a": 1}, None, 1.5,
+               torch.full((2, 2), float("nan")), torch.full((3,), float("inf"))]
+    if isinstance(like, torch.Tensor) and like.numel():
+        choices += [like.T if like.dim() == 2 else like[None], like.reshape(-1), like[:1],
+                    like.to(torch.bfloat16), like.to(torch.bool), like.to(torch.uint8),
+                    like.to(torch.float64), like.to(torch.int32),
+                    like[None, None], like.flip(0), like * 1e30, like[:0], like.reshape(1, -1)]
+    if isinstance(like, list):  # SGLang's rids
+        choices += [like[:1], like * 2, [1, 2], ["a\udce9"] * len(like), ["\x1b[2J"] * len(like), []]
+    return rng.choice(choices)
+
+
+def value_edit(path: Path, rng: random.Random, ranges: list[tuple[int, int]]) -> str:
+    """The file reloaded, one value or key of its dict changed to another valid object, saved again:
+    a well-formed file whose content is at odds with its format."""
+    import torch
+
+    data = torch.load(io.BytesIO(_unpacked(path)), weights_only=True)
+    meta = data.get("meta") if isinstance(data, dict) else None
+    if isinstance(meta, dict) and rng.random() < 0.3:
+        key = rng.choice(["step", "rank", "name", "layer_id", "dump_index"])
+        meta[key] = rng.choice([-1, 1 << 40, "0", None, True, 1.5, "\x1b]0;PWNED\x07", "../x", 10**30])
+        what = f"meta {key} = {meta[key]!r}"
+    else:
+        key = rng.choice([*data, "extra"]) if isinstance(data, dict) else None
+        if key is not None and rng.random() < 0.15:
+            data.pop(key, None)
+            what = f"{key} removed"
+        elif key is not None:
+            data[key] = odd_value(rng, data.get(key))
+            what = f"{key} = {type(data[key]).__name__} {getattr(data[key], 'dtype', '')}"
+        else:
+            data, what = odd_value(rng, None), "the whole value replaced"
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    _repacked(path, buffer.getvalue())
+    return f"value edit: {what}"
+
+
+def dump_mutate(folder: Path, rng: random.Random) -> str:
+    """Mutate one or two files of a dump folder (raw bytes, the archive, a value), or rename one."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    done = []
+    for _ in range(rng.choice([1, 1, 1, 2])):
+        path = rng.choice(files)
+        op = rng.choice([bit_flips, overwrite, truncate, zip_edit, zip_edit, value_edit, value_edit,
+                         value_edit, "rename", "copy"])
+        if op in ("rename", "copy"):
+            odd = rng.choice(["\x1b[2J\x1b]0;PWNED\x07", "\x9b31m", "a\x7fb", "x\ny", " ", "/", ".gz.pt"])
+            name = (path.name.replace("name=", f"name={odd}", 1) if "name=" in path.name
+                    else f"data_{odd}{''.join(path.suffixes)}")
+            if "/" in name or (path.parent / name).exists():
+                name = f"data_0{''.join(path.suffixes)}"  # a second file of one request, or one dumper index
+            target = path.parent / name
+            if target.exists():
+                done.append(f"{op} {path.name!r} not applied (taken)")
+                continue
+            (shutil.copy if op == "copy" else os.rename)(path, target)
+            done.append(f"{op} {path.name!r} to {target.name!r}")
+            files = sorted(p for p in folder.rglob("*") if p.is_file())
+            continue
+        try:
+            done.append(f"{path.name}: {op(path, rng, [(0, path.stat().st_size)])}")
+        except Exception as exc:  # an earlier mutation left nothing the edit tool reads
+            done.append(f"{path.name}: {op.__name__} not applied ({type(exc).__name__})")
+    return "; ".join(done)
+
+
+# what dump_mutate says it did, by the kind of mutation: each is applied to both dumps
+DUMP_KINDS = ("bit flips", "overwrite", "truncate", "zip entry", "value edit", "rename", "copy")
+
+
+def import_commands(original: Path, mutant: Path,
+                    out: Path) -> list[tuple[str, list[str], set[int], Path | None]]:
+    """(what, argv, exit codes, the output it may write): the import of a dump, then show of what it wrote."""
+    if "sglang" in mutant.name:
+        trace = out.with_name(out.name + ".h5")
+        command = ["import", "sglang-dump", str(mutant), "-o", str(trace)]
+    else:
+        trace = out.with_name(out.name + ".arrow")
+        command = ["import", "specforge-ckpt", str(mutant), "-o", str(trace)]
+    return [(command[1], command, {0, 2}, trace), ("show imported", ["show", str(trace)], {0, 2}, None)]
+
+
+def tree_digest(folder: Path) -> dict[str, str | None]:
+    return {str(p.relative_to(folder)): digest(p) for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.subprocess
+def test_mutated_dumps_never_crash_hang_traceback_print_escapes_or_leave_output_in_the_importers(
+        tmp_path) -> None:
+    """``import sglang-dump`` and ``import specforge-ckpt`` on mutants of small real dumps (bytes
+    flipped and cut, the torch.save archive damaged inside, values swapped for other dtypes, shapes
+    and kinds, files renamed with terminal escapes): the promises above, a refused dump leaves no
+    trace, nothing is left beside the output, no terminal control character reaches the output,
+    and a trace an import wrote is one ``show`` reads."""
+    originals = dump_dirs(tmp_path / "orig")
+    jobs, mutants, outputs = [], [], []
+    for i in range(2 * IMPORT_MUTANTS):
+        kind = ("sglang", "specforge")[i % 2]
+        rng = random.Random(f"{SEED}:import:{i}")
+        mutant = tmp_path / f"m{i}_{kind}"
+        shutil.copytree(originals[kind], mutant)
+        what = dump_mutate(mutant, rng)
+        mutants.append((mutant, f"mutant {i} of the {kind} dump (seed {SEED}): {what}"))
+        (tmp_path / f"o{i}").mkdir()
+        for name, argv, codes, output in import_commands(originals[kind], mutant, tmp_path / f"o{i}" / "out"):
+            k = len(jobs)
+            jobs.append({"argv": argv, "codes": sorted(codes), "what": f"{name}: {mutants[-1][1]}",
+                         "stdout": str(tmp_path / f"j{k}.out"), "stderr": str(tmp_path / f"j{k}.err"),
+                         **({"after": k - 1} if name == "show imported" else {})})
+            outputs.append(output)
+    listed = set(os.listdir(tmp_path))
+    before = {m: tree_digest(m) for m in [*originals.values(), *(m for m, _ in mutants)]}
+    started = time.monotonic()
+    results = run_plan(tmp_path, jobs, originals, making=import_commands)
+    failures = [f"{job['what']}\n  $ tracediff {' '.join(map(repr, job['argv']))}\n  {why}"
+                for job, result in zip(jobs, results) if (why := problem(job, result)) is not None]
+    failures += [f"{m} changed by importing it" for m in before if before[m] != tree_digest(m)]
+    for job, result, output in zip(jobs, results, outputs):
+        if result.get("skipped"):
+            continue
+        said = "".join(Path(job[f]).read_text(errors="replace") for f in ("stdout", "stderr"))
+        if CONTROL.search(said):
+            failures.append(f"{job['what']}\n  printed a control character: {said[-500:]!r}")
+        if output is not None and result["code"] == 2 and output.exists():
+            failures.append(f"{job['what']}\n  exit 2 left {output}")
+    stray = [p for p in tmp_path.rglob("*") if p.name.startswith(".") or p.suffix in (".tmp", ".partial")]
+    stray += [tmp_path / name for name in set(os.listdir(tmp_path)) - listed
+              if name not in ("plan.json", "results.json", "warm") and not name.startswith("j")]
+    failures += [f"stray file {p}" for p in stray]
+    applied = {(kind, op) for (_, what), kind in zip(mutants, ("sglang", "specforge") * IMPORT_MUTANTS)
+               for op in DUMP_KINDS if re.search(rf"(^|; |: ){op}[ :]", what)}
+    missed = {(kind, op) for kind in ("sglang", "specforge") for op in DUMP_KINDS} - applied
+    assert not missed, f"never applied: {sorted(missed)}"  # every kind of mutation reaches both dumps
+    ran = [r for r, job in zip(results, jobs) if not r.get("skipped") and job["argv"][0] == "import"]
+    codes = {c: sum(r["code"] == c for r in ran) for c in (0, 2)}
+    print(f"\nfuzz (importers): {len(mutants)} mutants in {time.monotonic() - started:.0f} s; "
+          f"import exits {codes}; slowest {max(r['seconds'] for r in ran):.1f} s")
+    assert not failures, f"{len(failures)} failures (files kept in {tmp_path}):\n" + "\n".join(failures[:20])
+    assert codes[2] > len(mutants) // 4 and codes[0] > len(mutants) // 8  # mutants both refused and imported
 
 
 @pytest.mark.subprocess
