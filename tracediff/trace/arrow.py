@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 from tracediff.errors import TraceError
 from tracediff.trace.checks import (
     RecordShapes,
+    check_expansion,
     check_record_count,
     final_meta,
     first_fault,
@@ -81,6 +82,7 @@ FOOTER_END = b"ARROW1"  # an IPC file's last 6 bytes, written after its footer
 END_OF_STREAM = b"\xff\xff\xff\xff\0\0\0\0"
 INDEX_MERGE = 64  # a writer merges its index entries into one table every this many batches
 INDEX_HELD = 16384  # index entries a writer holds in memory (~1.4 MB); it spills them beyond that
+HELD_DECOMPRESSED = 2  # decompressed batches a reader holds at once (a compressed trace's batches)
 
 
 def _list_array(parts: Sequence[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
@@ -373,6 +375,7 @@ class ArrowTraceFile(TraceFile):
         self.verify = verify
         self._fd = -1
         self._batches: dict[int, pa.RecordBatch] = {}
+        self._resident: list[int] = []  # decompressed batches held, oldest first
         self._data_columns: dict[int, tuple[pa.Buffer, np.ndarray, int | None]] = {}
         self._reader: pa.ipc.RecordBatchFileReader | None = None
         try:
@@ -420,13 +423,18 @@ class ArrowTraceFile(TraceFile):
             stream = pa.ipc.open_stream(self._source)
         except (pa.ArrowInvalid, OSError) as exc:
             raise TraceError(self.path, f"truncated or corrupt Arrow trace: {describe(exc)}") from None
+        held = 0  # bytes decompressed: every batch of a stream is held (none can be read again)
         while True:
             try:
-                self._batches[len(self._batches)] = stream.read_next_batch()
+                batch = stream.read_next_batch()
             except StopIteration:
                 break
             except (pa.ArrowInvalid, OSError):
                 break  # a torn last batch: everything before it is intact
+            held += self._decompressed(batch)
+            check_expansion(self.path, held, self._size,
+                            f"the stream's first {len(self._batches) + 1} batches")
+            self._batches[len(self._batches)] = batch
         return stream.schema
 
     @property
@@ -435,19 +443,47 @@ class ArrowTraceFile(TraceFile):
 
     def _load_batch(self, b: int) -> pa.RecordBatch:
         """Batch ``b``, validated (offsets, lengths, UTF-8, no nulls) before anything reads it."""
+        batch = self._batches.get(b)
+        if batch is None:
+            if self._reader is None or not 0 <= b < self._n_batches:
+                raise TraceError(self.path, f"no record batch {b}")
+            starts = getattr(self, "_batch_starts", None)
+            if starts is not None and b + 1 < len(starts):  # what the index declares it holds, first
+                check_expansion(self.path, int(self._nbytes_of[self._slots_in(b)].sum()), self._size,
+                                f"record batch {b}")
+            batch = self._reader.get_batch(b)
+            self._hold(b, batch)
         if b not in self._sound:
-            if b not in self._batches:
-                if self._reader is None or not 0 <= b < self._n_batches:
-                    raise TraceError(self.path, f"no record batch {b}")
-                self._batches[b] = self._reader.get_batch(b)
-            batch = self._batches[b]
             try:
                 batch.validate(full=True)
             except pa.ArrowInvalid as exc:
                 raise TraceError(self.path, f"record batch {b} is corrupt: {describe(exc)}") from None
             _no_nulls(self.path, f"record batch {b}", batch.columns, batch.schema.names)
             self._sound.add(b)
-        return self._batches[b]
+        return batch
+
+    def _decompressed(self, batch: pa.RecordBatch) -> int:
+        """Bytes of a batch's buffers that do not lie in the file's map: what decompressing it took."""
+        total = 0
+        for column in batch.columns:
+            for buffer in column.buffers():
+                if buffer is not None and not 0 <= buffer.address - self._base < self._size:
+                    total += buffer.size
+        return total
+
+    def _hold(self, b: int, batch: pa.RecordBatch) -> None:
+        """Keep batch ``b``: zero-copy from the map, or, decompressed, within ``check_expansion``'s
+        bound and with at most ``HELD_DECOMPRESSED`` such batches held at once (the oldest is read again
+        when next needed), so that reading a compressed trace record by record stays in bounded memory."""
+        size = self._decompressed(batch)
+        if size:
+            check_expansion(self.path, size, self._size, f"record batch {b}")
+            self._resident = [k for k in self._resident if k != b] + [b]
+            while len(self._resident) > HELD_DECOMPRESSED:
+                old = self._resident.pop(0)
+                self._batches.pop(old, None)
+                self._data_columns.pop(old, None)
+        self._batches[b] = batch
 
     def _batch(self, b: int) -> pa.RecordBatch:
         """Batch ``b`` once its records are known to hold the data and keys the index declares."""

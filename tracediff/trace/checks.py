@@ -18,10 +18,23 @@ import numpy as np
 
 from tracediff.errors import TraceError
 from tracediff.trace.dtypes import STORAGE
-from tracediff.trace.metarules import MAX_DEPTH, MAX_META_BYTES, tree_problem  # shared with the recorder
+from tracediff.trace.metarules import (  # shared with the recorder
+    MAX_DEPTH,
+    MAX_META_BYTES,
+    may_hold_surrogates,
+    text_problem,
+    tree_problem,
+)
 from tracediff.trace.schema import MAX_NDIM
 
 MAX_RECORD_LOG2 = 62  # a record's bytes must fit an int64 with room to add offsets
+# Compressed bytes are decompressed whole, a chunk (HDF5) or a batch's buffers (Arrow) at a time: what a
+# file's compressed parts declare is checked before they are read, so that a small file cannot ask for
+# large memory. tracediff's writers make chunks of 1 MiB (16 MiB at most, compacted), and tensors
+# compress ~1.1-3x; zeros compress ~1000x (gzip) and more (zstd).
+MAX_CHUNK_BYTES = 64 << 20  # a compressed HDF5 chunk, decompressed
+MAX_EXPANSION = 256  # compressed tensor bytes may expand this many times the file's size ...
+EXPANSION_FLOOR = 64 << 20  # ... or to this, whichever is more
 
 ITEMSIZE = {tag: dtype.itemsize for tag, dtype in STORAGE.items()}
 
@@ -69,6 +82,8 @@ def load_json_object(path: str | Path, raw: bytes | str, what: str) -> dict:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
     except UnicodeDecodeError as exc:
         raise TraceError(path, f"{what} is not UTF-8 text (byte {exc.start})") from None
+    encoded = raw if isinstance(raw, bytes) else text.encode("utf-8", "surrogatepass")
+    _refuse_problem(path, text_problem(encoded), what)  # its size and nesting, before a tree is built
     try:
         value = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
     except RecursionError:
@@ -77,7 +92,8 @@ def load_json_object(path: str | Path, raw: bytes | str, what: str) -> dict:
         raise TraceError(path, f"{what} is not valid JSON ({str(exc)[:100]})") from None
     if not isinstance(value, dict):
         raise TraceError(path, f"{what} is JSON {type(value).__name__}, not an object")
-    _check_tree(path, value, what)
+    if not isinstance(raw, bytes) or may_hold_surrogates(encoded):  # else no string can hold one
+        _check_tree(path, value, what)
     return value
 
 
@@ -96,7 +112,10 @@ def _no_constant(name: str) -> float:
 def _check_tree(path: str | Path, value: dict, what: str) -> None:
     """Nesting within MAX_DEPTH, and every string encodable (JSON escapes can make lone surrogates,
     which no terminal or file can take)."""
-    problem = tree_problem(value)
+    _refuse_problem(path, tree_problem(value), what)
+
+
+def _refuse_problem(path: str | Path, problem: str | None, what: str) -> None:
     if problem is not None:
         verb = "is" if problem.startswith("JSON") else "holds"
         raise TraceError(path, f"{what} {verb} {problem}")
@@ -144,6 +163,15 @@ def format_version(path: str | Path, value: object) -> int:
         shown = repr(value) if len(repr(value)) < 40 else repr(value)[:37] + "..."
         raise TraceError(path, f"format version {shown} is not a positive integer")
     return int(value)
+
+
+def check_expansion(path: str | Path, declared: int, file_size: int, what: str) -> None:
+    """Compressed bytes that decompress to ``declared`` bytes, from a file of ``file_size``, within
+    ``MAX_EXPANSION`` times the file (or ``EXPANSION_FLOOR``)."""
+    if declared > max(EXPANSION_FLOOR, MAX_EXPANSION * file_size):
+        raise TraceError(path, f"{what} would decompress to {declared} bytes from a file of {file_size}: "
+                               f"more than {MAX_EXPANSION}x its size, which no tensors compress to (a "
+                               "small file must not take large memory)")
 
 
 def check_record_count(path: str | Path, final: dict | None, found: int) -> None:

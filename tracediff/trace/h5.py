@@ -24,8 +24,10 @@ import numpy as np
 
 from tracediff.errors import TraceError
 from tracediff.trace.checks import (
+    MAX_CHUNK_BYTES,
     MAX_META_BYTES,
     RecordShapes,
+    check_expansion,
     check_record_count,
     final_meta,
     first_fault,
@@ -469,6 +471,11 @@ class H5TraceFile(TraceFile):
         if dset.chunks is None:
             raise TraceError(self.path, f"dataset '{name}' is contiguous; trace datasets are chunked "
                                         "(they grow)")
+        chunk_bytes = int(np.prod(dset.chunks, dtype=np.int64)) * dset.dtype.itemsize
+        if chunk_bytes > MAX_CHUNK_BYTES and dset.id.get_create_plist().get_nfilters():
+            raise TraceError(self.path, f"dataset '{name}' has compressed chunks of {chunk_bytes} bytes; "
+                                        "HDF5 decompresses a whole chunk to read any of it, and a reader "
+                                        f"takes chunks of at most {MAX_CHUNK_BYTES} (tracediff writes 1 MiB)")
         return dset
 
     def _length(self, dset: h5py.Dataset) -> int:
@@ -521,6 +528,8 @@ class H5TraceFile(TraceFile):
         n, n_rows = min(lengths), min(row_lengths)
         raw = data.id.get_create_plist().get_nfilters() == 0
         n_data = self._length(data) if raw else int(data.shape[0])  # unfiltered bytes all lie in the file
+        if not raw:
+            check_expansion(self.path, n_data, self._size, "its compressed data dataset")
         cols = {key: d[:n] for key, d in columns.items()}
         shapes = shape_d[:n]
         faults = self._faults(cols, shapes, len(strings), n_rows, n_data, strings)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from tracediff.trace.dtypes import decode
 from tracediff.trace.reader import TensorRows, Trace
 
 
@@ -82,26 +83,55 @@ def summarize(trace: Trace) -> TraceSummary:
                         token_requests=len(table.requests()), contract=trace.contract)
 
 
+STATS_WINDOW = 1 << 20  # values per step of the moments: a few MiB of float64, whatever the tensor's size
+
+
 def tensor_stats(rows: TensorRows, head: int = 8) -> TensorStats:
-    """Stats over every value, in float64; NaN/Inf counted and left out of the moments."""
-    values = rows.numpy()
-    first = values[0].reshape(-1)[:head] if len(values) else values.reshape(-1)[:0]
-    return value_stats(rows.name, rows.dtype, values, len(rows), first)
+    """Stats over every value, in float64; NaN/Inf counted and left out of the moments. Read from the
+    raw rows a window at a time (decoded there): memory beyond the rows stays at ``STATS_WINDOW``."""
+    raw = rows.data
+    first = decode(raw[0].reshape(-1)[:head], rows.dtype) if len(raw) else raw.reshape(-1)[:0]
+    return _stats(rows.name, rows.dtype, raw, rows.dtype, len(rows), first)
 
 
 def value_stats(name: str, dtype: str, values: np.ndarray, rows: int, first: np.ndarray) -> TensorStats:
     """Stats of decoded ``values`` (any shape), ``first`` the values to show; shared by one
     tensor's rows, a static tensor and one row of a side-by-side view, so that all say the same."""
+    return _stats(name, dtype, values, None, rows, first)
+
+
+def _windows(values: np.ndarray, tag: str | None):
+    """``values`` flattened, as float64 windows of ``STATS_WINDOW`` (``tag``: raw bits of that tag)."""
+    flat = values.reshape(-1)
+    for start in range(0, len(flat), STATS_WINDOW):
+        part = flat[start : start + STATS_WINDOW]
+        yield (decode(part, tag) if tag is not None else part).astype(np.float64)
+
+
+def _stats(name: str, dtype: str, values: np.ndarray, tag: str | None, rows: int,
+           first: np.ndarray) -> TensorStats:
+    """Two passes of windows: count, sum, extremes and NaNs, then the squared deviations from the mean."""
+    count, nan, total, low, high = 0, 0, 0.0, np.inf, -np.inf
     # Any bits are data: a signalling NaN warns when cast, float64 extremes overflow the moments (inf).
     with np.errstate(invalid="ignore", over="ignore"):
-        flat = values.reshape(-1).astype(np.float64)
-        finite = flat[np.isfinite(flat)]
-        nan = int(np.isnan(flat).sum())
-        stats = (finite.min(), finite.max(), finite.mean(), finite.std()) if len(finite) else (np.nan,) * 4
+        for window in _windows(values, tag):
+            finite = window[np.isfinite(window)]
+            nan += int(np.isnan(window).sum())
+            if len(finite):
+                count += len(finite)
+                total += float(finite.sum())
+                low, high = min(low, float(finite.min())), max(high, float(finite.max()))
+        size = int(values.size)
+        if count:
+            mean = total / count
+            squares = sum(float(np.square(w[np.isfinite(w)] - mean).sum()) for w in _windows(values, tag))
+            stats = (low, high, mean, float(np.sqrt(squares / count)))
+        else:
+            stats = (np.nan,) * 4
     return TensorStats(
         name=name, dtype=dtype, rows=rows, shape=list(values.shape),
         min=float(stats[0]), max=float(stats[1]), mean=float(stats[2]), std=float(stats[3]),
-        nan=nan, inf=int(len(flat) - len(finite) - nan), head=first.tolist(),
+        nan=nan, inf=size - count - nan, head=first.tolist(),
     )
 
 
@@ -110,7 +140,7 @@ def static_stats(trace: Trace, name: str, step: int | None = None) -> TensorStat
     record = trace.last_static(name, step)
     if record is None:
         return None
-    values = record.numpy()
-    return value_stats(name, record.dtype, values, 0, values.reshape(-1)[:8])
+    raw = record.data
+    return _stats(name, record.dtype, raw, record.dtype, 0, decode(raw.reshape(-1)[:8], record.dtype))
 
 

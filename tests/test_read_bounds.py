@@ -1,0 +1,229 @@
+"""Small files cannot force large memory: what a trace declares is checked before it is allocated.
+
+Hostile layouts (issue 19, built here small on disk: compressed zeros) are one ``error:`` line, exit 2;
+sound traces read in memory near their tensors' own size (peak RSS measured in a fresh process).
+Full-size figures: scripts/bench_read_bounds.py.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from conftest import cli, run_python
+
+from tracediff.trace.checks import MAX_CHUNK_BYTES, MAX_EXPANSION
+from tracediff.trace.metarules import MAX_META_VALUES
+from tracediff.trace.schema import Record
+from tracediff.trace.writer import open_writer
+
+MIB = 1 << 20
+
+
+def write_trace(path: Path, records: list[Record], meta: dict | None = None,
+                compression: str | None = None) -> Path:
+    writer = open_writer(path, meta or {"source": "test"}, compression=compression)
+    writer.write(records)
+    writer.close({"closed": True, "records": len(records), "bytes": sum(r.nbytes for r in records)})
+    return path
+
+
+def rows_record(name: str, data: np.ndarray, dtype: str | None = None) -> Record:
+    n = len(data)
+    return Record(name=name, data=data, dtype=dtype or str(data.dtype),
+                  request=np.array(["r"] * n, dtype=object), position=np.arange(n),
+                  token_id=np.ones(n, np.int64))
+
+
+def small_trace(path: Path, meta: dict | None = None) -> Path:
+    return write_trace(path, [rows_record("h", np.full((2, 8), i, np.float32)) for i in range(3)], meta)
+
+
+def one_error_line(done, path: Path, says: str) -> None:
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith(f"error: {path}: ") and says in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+def huge_chunk_copy(src: Path, dst: Path, dataset: str, chunk_bytes: int) -> None:
+    """``src`` with ``dataset`` given one gzip chunk of ``chunk_bytes`` (its values, then zeros), written
+    as a raw compressed chunk: a few hundred KiB on disk."""
+    with h5py.File(src, "r") as old, h5py.File(dst, "w", libver="latest") as new:
+        for key, value in old.attrs.items():
+            new.attrs[key] = value
+        names: list[str] = []
+        old.visit(lambda n: names.append(n) if isinstance(old[n], h5py.Dataset) else None)
+        for name in names:
+            d = old[name]
+            if name != dataset:
+                new.create_dataset(name, data=d[:], maxshape=(None, *d.shape[1:]), chunks=d.chunks)
+                continue
+            row = int(np.prod(d.shape[1:], dtype=np.int64)) * d.dtype.itemsize
+            chunk = chunk_bytes // row
+            out = new.create_dataset(name, d.shape, dtype=d.dtype, maxshape=(None, *d.shape[1:]),
+                                     chunks=(chunk, *d.shape[1:]), compression="gzip")
+            values = d[:].tobytes()
+            comp = zlib.compressobj(1)
+            pieces, zeros = [comp.compress(values)], bytes(16 * MIB)
+            for start in range(len(values), chunk * row, len(zeros)):
+                pieces.append(comp.compress(zeros[: min(len(zeros), chunk * row - start)]))
+            out.id.write_direct_chunk((0,) * d.ndim, b"".join(pieces) + comp.flush(), 0)
+
+
+@pytest.fixture(scope="module")
+def chunked_h5(tmp_path_factory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("chunks")
+    plain = small_trace(tmp / "plain.h5")
+    hostile = tmp / "chunks.h5"
+    huge_chunk_copy(plain, hostile, "rows/position", 4 * MAX_CHUNK_BYTES)  # 256 MiB of int64 entries
+    return plain, hostile
+
+
+@pytest.mark.parametrize("command", ["show", "compare", "show --name"])
+def test_h5_compressed_chunks_beyond_the_bound_are_one_error_line(chunked_h5, command) -> None:
+    """HDF5 decompresses a whole chunk to read any entry of it: a 300 KB trace whose rows/position has
+    one 256 MiB gzip chunk took 256 MiB (2 GiB chunks: 2.2 GB, in show and compare). Chunks are
+    checked at open, before a byte of them is read."""
+    plain, hostile = chunked_h5
+    args = {"show": ["show", str(hostile)], "compare": ["compare", str(hostile), str(plain)],
+            "show --name": ["show", str(hostile), "--name", "h"]}[command]
+    assert hostile.stat().st_size < 2 * MIB
+    one_error_line(cli(*args), hostile, "dataset 'rows/position' has compressed chunks of 268435456 bytes")
+
+
+def test_h5_chunks_within_the_bound_still_read(chunked_h5, tmp_path) -> None:
+    """The bound is on what a chunk decompresses to: tracediff's own 1 MiB chunks (and 16 MiB compacted
+    ones) are far inside it, as is a compressed chunk at the bound itself."""
+    plain, _ = chunked_h5
+    at_bound = tmp_path / "at_bound.h5"
+    huge_chunk_copy(plain, at_bound, "rows/token_id", MAX_CHUNK_BYTES)
+    done = cli("show", str(at_bound), "--name", "h", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["rows"] == 6
+
+
+def zero_record_arrow(path: Path, nbytes: int) -> Path:
+    """One record of ``nbytes`` zeros in a zstd Arrow trace: a few KB on disk."""
+    zeros = np.zeros((nbytes // 4096, 1024), np.float32)
+    return write_trace(path, [rows_record("z", zeros)], compression="zstd")
+
+
+@pytest.fixture(scope="module")
+def zero_arrow(tmp_path_factory) -> Path:
+    return zero_record_arrow(tmp_path_factory.mktemp("zero") / "zero.arrow", 256 * MIB)
+
+
+@pytest.mark.parametrize("command", ["show --name", "compare"])
+def test_arrow_compressed_batch_past_its_expansion_bound_is_one_error_line(zero_arrow, command) -> None:
+    """A zstd batch is decompressed whole when read: a 1 MB Arrow trace holding one 1 GiB zero record
+    took 4.5 GB in compare and 8.5 GB in show --name. What the index declares a batch holds is
+    checked against the file's size before the batch is read."""
+    args = ["show", str(zero_arrow), "--name", "z"] if command == "show --name" else \
+        ["compare", str(zero_arrow), str(zero_arrow)]
+    assert zero_arrow.stat().st_size * MAX_EXPANSION < 256 * MIB
+    one_error_line(cli(*args), zero_arrow, "record batch 0 would decompress to 268435456 bytes")
+
+
+def test_killed_compressed_arrow_is_bounded_as_it_is_recovered(zero_arrow, tmp_path) -> None:
+    """A killed trace has no index to declare anything: each batch of its stream is measured as it is
+    decompressed, and recovery stops at the first that takes the stream past the bound."""
+    killed = tmp_path / "killed.arrow"
+    blob = zero_arrow.read_bytes()
+    killed.write_bytes(blob[: len(blob) - 600])  # its footer (and closing batch) cut off
+    one_error_line(cli("show", str(killed)), killed, "would decompress to")
+
+
+def test_compressed_arrow_of_real_tensors_reads(tmp_path) -> None:
+    """Tensors compress ~1.1-3x: a zstd trace of them is nowhere near the bound, and reads the same as
+    uncompressed (several batches, each decompressed when needed and let go after)."""
+    rng = np.random.default_rng(0)
+    path = tmp_path / "real.arrow"
+    writer = open_writer(path, {"source": "test"}, compression="zstd")
+    data = [rng.standard_normal((4, 64)).astype(np.float32) for _ in range(5)]
+    for i, x in enumerate(data):
+        writer.write([Record(name="x", data=x, dtype="float32", seq_no=i, step=i,
+                             request=np.array(["r"] * 4, dtype=object), position=np.arange(4) + 4 * i,
+                             token_id=np.ones(4, np.int64))])
+    writer.close({"closed": True, "records": 5, "bytes": sum(x.nbytes for x in data)})
+    import tracediff as td
+
+    with td.open_trace(path) as trace:
+        assert np.array_equal(trace.rows("x").data, np.concatenate(data))
+        assert np.array_equal(trace.rows("x", step=1).data, data[1])  # batch 1 read again
+    assert cli("compare", str(path), str(path)).returncode == 0
+
+
+@pytest.mark.parametrize("fmt", ["h5", "arrow"])
+def test_metadata_of_millions_of_empty_lists_is_refused_before_it_is_parsed(tmp_path, fmt) -> None:
+    """16 MiB of ``[]`` run metadata parsed into 5.6M lists: show took 0.92 GB and ~50 s. The JSON
+    text is measured first (values, nesting) in one pass over its bytes."""
+    path = small_trace(tmp_path / f"lists.{fmt}", meta={"source": "test", "x": [[]] * (2 * MAX_META_VALUES)})
+    says = f"run metadata holds more than {MAX_META_VALUES} JSON values"
+    one_error_line(cli("show", str(path)), path, says)
+
+
+@pytest.mark.parametrize("fmt", ["h5", "arrow"])
+def test_metadata_strings_full_of_brackets_are_text_not_structure(tmp_path, fmt) -> None:
+    """Brackets, commas and colons inside strings are not values nor nesting: only the structure
+    counts, and a JSON string may hold anything."""
+    text = "[{,:" * (MAX_META_VALUES // 2) + '\\"]'
+    path = small_trace(tmp_path / f"text.{fmt}", meta={"source": "test", "note": text, "deep": [[[[1]]]]})
+    done = cli("show", str(path), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["meta"]["note"] == text
+
+
+def test_metadata_nesting_is_measured_on_the_text(tmp_path) -> None:
+    """32 levels read; 33 are refused with the reader's message, whatever the number of values."""
+    def nested(levels: int) -> dict:
+        value: object = 0
+        for _ in range(levels - 1):
+            value = [value]
+        return {"source": "test", "x": value}
+
+    assert cli("show", str(small_trace(tmp_path / "ok.arrow", meta=nested(32)))).returncode == 0
+    deep = small_trace(tmp_path / "deep.arrow", meta=nested(33))
+    one_error_line(cli("show", str(deep)), deep, "run metadata is JSON nested more than 32 deep")
+
+
+PEAK = r"""
+import json, resource, sys
+sys.argv = ["tracediff", *sys.argv[1:]]
+from tracediff.cli import main
+try:
+    main()
+except SystemExit as exc:
+    code = exc.code
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss << 10
+print(json.dumps({"peak": peak, "code": code}), file=sys.stderr)
+"""
+
+
+def peak_rss(*args: str) -> int:
+    """Peak resident bytes of a fresh ``tracediff`` process running ``args``."""
+    done = run_python(PEAK, *args)
+    result = json.loads(done.stderr.strip().splitlines()[-1])
+    assert result["code"] in (0, None), done.stderr
+    return int(result["peak"])
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("fmt, dtype, compression", [("h5", "bfloat16", None), ("arrow", "float32", "zstd")])
+def test_show_name_needs_about_the_tensors_own_bytes(tmp_path, fmt, dtype, compression) -> None:
+    """show --name took ~7-8x the tensor's bytes (decoded, widened to float64, filtered, squared, all
+    at once); the moments now run over windows, so the rows read are the cost (plus the decompressed
+    batch of a compressed trace), over what the same command takes on a tiny trace."""
+    rng = np.random.default_rng(0)
+    paths = []
+    for rows in (4, 16384):
+        values = rng.standard_normal((rows, 1024)).astype(np.float32)
+        data = (values.view(np.uint32) >> 16).astype(np.uint16) if dtype == "bfloat16" else values
+        path = tmp_path / f"t{rows}.{fmt}"
+        paths.append(write_trace(path, [rows_record("t", data, dtype)], compression=compression))
+    growth = peak_rss("show", str(paths[1]), "--name", "t") - peak_rss("show", str(paths[0]), "--name", "t")
+    copies = 2 if compression else 1
+    assert growth < (copies + 0.75) * data.nbytes, f"{growth / MIB:.0f} MiB for {data.nbytes / MIB:.0f} MiB"
