@@ -106,6 +106,16 @@ def test_h5_chunks_within_the_bound_still_read(chunked_h5, tmp_path) -> None:
     assert json.loads(done.stdout)["rows"] == 6
 
 
+def test_h5_compressed_data_past_its_expansion_bound_is_one_error_line(tmp_path) -> None:
+    """tracediff's own gzip layout (1 MiB chunks) holding a 256 MiB zero record in 300 KB: reading it
+    would take the record's size from a file 1000x smaller. The data dataset's declared size is
+    checked against the file's at open."""
+    zeros = np.zeros((1024, 256 * MIB // 4096), np.float32)
+    path = write_trace(tmp_path / "zeros.h5", [rows_record("z", zeros)], compression="gzip")
+    assert path.stat().st_size * MAX_EXPANSION < 256 * MIB
+    one_error_line(cli("show", str(path), "--name", "z"), path, "compressed data dataset would decompress")
+
+
 def zero_record_arrow(path: Path, nbytes: int) -> Path:
     """One record of ``nbytes`` zeros in a zstd Arrow trace: a few KB on disk."""
     zeros = np.zeros((nbytes // 4096, 1024), np.float32)
@@ -137,9 +147,13 @@ def test_killed_compressed_arrow_is_bounded_as_it_is_recovered(zero_arrow, tmp_p
     one_error_line(cli("show", str(killed)), killed, "would decompress to")
 
 
-def test_compressed_arrow_of_real_tensors_reads(tmp_path) -> None:
+def test_compressed_arrow_of_real_tensors_reads(tmp_path, monkeypatch) -> None:
     """Tensors compress ~1.1-3x: a zstd trace of them is nowhere near the bound, and reads the same as
-    uncompressed (several batches, each decompressed when needed and let go after)."""
+    uncompressed; decompressed batches are let go past a budget (here: only the one in use is held)
+    and read again when needed."""
+    from tracediff.trace import arrow
+
+    monkeypatch.setattr(arrow, "HELD_DECOMPRESSED", 0)
     rng = np.random.default_rng(0)
     path = tmp_path / "real.arrow"
     writer = open_writer(path, {"source": "test"}, compression="zstd")
@@ -154,6 +168,7 @@ def test_compressed_arrow_of_real_tensors_reads(tmp_path) -> None:
     with td.open_trace(path) as trace:
         assert np.array_equal(trace.rows("x").data, np.concatenate(data))
         assert np.array_equal(trace.rows("x", step=1).data, data[1])  # batch 1 read again
+        assert (trace.files[0].data_offsets() == -1).all()  # compressed: no bytes to read in place
     assert cli("compare", str(path), str(path)).returncode == 0
 
 

@@ -82,7 +82,7 @@ FOOTER_END = b"ARROW1"  # an IPC file's last 6 bytes, written after its footer
 END_OF_STREAM = b"\xff\xff\xff\xff\0\0\0\0"
 INDEX_MERGE = 64  # a writer merges its index entries into one table every this many batches
 INDEX_HELD = 16384  # index entries a writer holds in memory (~1.4 MB); it spills them beyond that
-HELD_DECOMPRESSED = 2  # decompressed batches a reader holds at once (a compressed trace's batches)
+HELD_DECOMPRESSED = 256 << 20  # bytes of decompressed batches a reader holds (at least the one in use)
 
 
 def _list_array(parts: Sequence[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
@@ -375,7 +375,7 @@ class ArrowTraceFile(TraceFile):
         self.verify = verify
         self._fd = -1
         self._batches: dict[int, pa.RecordBatch] = {}
-        self._resident: list[int] = []  # decompressed batches held, oldest first
+        self._resident: dict[int, int] = {}  # decompressed batches held -> their bytes, oldest first
         self._data_columns: dict[int, tuple[pa.Buffer, np.ndarray, int | None]] = {}
         self._reader: pa.ipc.RecordBatchFileReader | None = None
         try:
@@ -473,14 +473,18 @@ class ArrowTraceFile(TraceFile):
 
     def _hold(self, b: int, batch: pa.RecordBatch) -> None:
         """Keep batch ``b``: zero-copy from the map, or, decompressed, within ``check_expansion``'s
-        bound and with at most ``HELD_DECOMPRESSED`` such batches held at once (the oldest is read again
-        when next needed), so that reading a compressed trace record by record stays in bounded memory."""
+        bound and at most ``HELD_DECOMPRESSED`` bytes of such batches held at once (the oldest let go,
+        read again when next needed), so that reading a compressed trace stays in bounded memory. The
+        batches of a stream without a footer cannot be read again: those stay (bounded at open)."""
         size = self._decompressed(batch)
         if size:
             check_expansion(self.path, size, self._size, f"record batch {b}")
-            self._resident = [k for k in self._resident if k != b] + [b]
-            while len(self._resident) > HELD_DECOMPRESSED:
-                old = self._resident.pop(0)
+            self._resident.pop(b, None)
+            self._resident[b] = size
+            while self._reader is not None and len(self._resident) > 1 \
+                    and sum(self._resident.values()) > HELD_DECOMPRESSED:
+                old = next(iter(self._resident))
+                del self._resident[old]
                 self._batches.pop(old, None)
                 self._data_columns.pop(old, None)
         self._batches[b] = batch
@@ -519,7 +523,7 @@ class ArrowTraceFile(TraceFile):
         if final is not None:
             self.final = final_meta(self.path, final)
         if blob is not None:
-            table, batches = _index_table(self.path, blob, self._summed), n - 1
+            table, batches = _index_table(self.path, blob, self._summed, self._size), n - 1
         else:
             tables = [key_table(self._load_batch(b), b) for b in range(n)]
             empty = (INDEX_SCHEMA if self._summed else INDEX_SCHEMA_V2).empty_table()
@@ -619,7 +623,12 @@ class ArrowTraceFile(TraceFile):
 
     @trace_errors
     def data_offsets(self) -> np.ndarray:
-        """File offset of every record's bytes where they lie uncompressed in the file, else -1."""
+        """File offset of every record's bytes where they lie uncompressed in the file, else -1 (all of
+        them in a compressed file, known from its first batch: no batch is decompressed to find out)."""
+        if self._locations:
+            self._data(0)
+        if self._resident:
+            return np.full(len(self._locations), -1, dtype=np.int64)
         starts = [self._data(slot)[3] for slot in range(len(self._locations))]
         return np.array([-1 if at is None else at for at in starts], dtype=np.int64)
 
@@ -708,12 +717,18 @@ def _no_nulls(path: Path, what: str, columns: list, names: list[str]) -> None:
                 raise TraceError(path, f"{what} has nulls in column {name!r}")
 
 
-def _index_table(path: Path, blob: bytes, summed: bool) -> pa.Table:
-    """The ``__index__`` row's table, validated like a batch of the file."""
+def _index_table(path: Path, blob: bytes, summed: bool, file_size: int) -> pa.Table:
+    """The ``__index__`` row's table, validated like a batch of the file; a stream of compressed
+    batches is bounded as the file's own batches are, one batch at a time as it is decompressed."""
     reader = pa.ipc.open_stream(pa.py_buffer(blob))
     if not reader.schema.equals(INDEX_SCHEMA if summed else INDEX_SCHEMA_V2, check_metadata=False):
         raise TraceError(path, "its __index__ does not have the index columns (docs/FORMAT.md)")
-    table = reader.read_all()
+    batches, held = [], 0
+    for batch in reader:
+        held += batch.get_total_buffer_size()
+        check_expansion(path, held, file_size, "its __index__")
+        batches.append(batch)
+    table = pa.Table.from_batches(batches, schema=reader.schema)
     try:
         table.validate(full=True)
     except pa.ArrowInvalid as exc:
