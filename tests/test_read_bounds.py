@@ -242,3 +242,15 @@ def test_show_name_needs_about_the_tensors_own_bytes(tmp_path, fmt, dtype, compr
     growth = peak_rss("show", str(paths[1]), "--name", "t") - peak_rss("show", str(paths[0]), "--name", "t")
     copies = 2 if compression else 1
     assert growth < (copies + 0.75) * data.nbytes, f"{growth / MIB:.0f} MiB for {data.nbytes / MIB:.0f} MiB"
+
+
+def test_show_prints_a_bounded_contract_line(tmp_path) -> None:
+    """Metadata may hold 16 MiB in one string: show rendered all of it through rich (3.6 s, 320 MB for
+    15 MiB). The terminal gets the contract's first 64 KiB and how much more there is; --json has all."""
+    note = "x" * (1 << 20)
+    path = small_trace(tmp_path / "long.arrow", meta={"source": "test", "contract": {"note": note}})
+    done = cli("show", str(path))
+    assert done.returncode == 0, done.stderr
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("contract: ")]
+    assert len(line) < (64 << 10) + 100 and line.endswith("more characters: --json has all)")
+    assert json.loads(cli("show", str(path), "--json").stdout)["contract"]["note"] == note

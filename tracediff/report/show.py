@@ -14,6 +14,8 @@ from tracediff.diff.rowview import RowSide, RowView
 from tracediff.report.text import safe
 from tracediff.trace.summary import TensorStats, TraceSummary
 
+CONTRACT_SHOWN = 64 << 10  # characters of the contract's JSON printed
+
 
 def human_bytes(n: int) -> str:
     size = float(n)
@@ -90,8 +92,11 @@ def render_summary(console: Console, summary: TraceSummary) -> None:
     if target is not None:
         console.print(Text(safe(target)), highlight=False, soft_wrap=True)
     if contract:
-        console.print(Text("contract: " + safe(json.dumps(contract, sort_keys=True))), highlight=False,
-                      soft_wrap=True)
+        text = json.dumps(contract, sort_keys=True)
+        if len(text) > CONTRACT_SHOWN:  # metadata may hold 16 MiB: a terminal line of it helps no one
+            left = len(text) - CONTRACT_SHOWN
+            text = text[:CONTRACT_SHOWN] + f" ... ({left} more characters: --json has all)"
+        console.print(Text("contract: " + safe(text)), highlight=False, soft_wrap=True)
     table = Table(title=None, header_style="bold", show_edge=False)
     longest = max((len(t.name) for t in summary.tensors), default=4)
     table.add_column("name", no_wrap=True, min_width=longest)
