@@ -70,6 +70,9 @@ class QueueAccounting:
     dropped: Counter[str]
     dropped_reasons: Counter[str]
     token_calls_dropped: int
+    # Set by the importers (on_full="block"): a record over the bound waits for an empty queue and
+    # is admitted alone, so memory stays within the larger of queue_bytes and the largest record.
+    oversized_alone: bool = False
 
     @property
     def queued_bytes(self) -> int:
@@ -80,7 +83,7 @@ class QueueAccounting:
     def _queue_keys(self, keys: LogRowKeys, declared: bool) -> bool:
         """Queue row keys for the writer's token book, within the book's share (one call too: never
         past it); False, counted in ``token_calls_dropped``, when they do not fit."""
-        nbytes = LEARN_OVERHEAD + keys.n_rows * TOKEN_ROW_BYTES
+        nbytes = LEARN_OVERHEAD + keys.n_rows * TOKEN_ROW_BYTES + keys.id_bytes()
         with self._cv:
             if self._sealed or self._token_queued + nbytes > self._token_limit:
                 self.token_calls_dropped += 1
@@ -95,10 +98,15 @@ class QueueAccounting:
     def _reserve(self, nbytes: int) -> str | None:
         """Room in the bounded queue for nbytes, waiting up to block_timeout if so configured;
         None when admitted, else why not."""
-        if nbytes > self._record_limit:  # never fits: waiting for room would only stall the host
+        too_large = nbytes > self._record_limit
+        # never fits: waiting for room would only stall the host (unless it may wait to be alone)
+        if too_large and not (self.oversized_alone and self.on_full == "block"):
             return TOO_LARGE
         with self._cv:
-            full = self._record_limit + self._token_queued  # the book's share is kept apart
+            # the book's share is kept apart; an oversized record (oversized_alone) waits to be alone
+            full = self._record_limit + self._token_queued
+            if too_large:
+                full = nbytes + self._token_queued
             if self._queued + nbytes > full and self.on_full == "block":
                 deadline = time.monotonic() + self.block_timeout
                 self._cv.notify_all()  # the writer may be waiting for its interval
@@ -107,7 +115,7 @@ class QueueAccounting:
                     if left <= 0:
                         break
                     self._cv.wait(left)
-                    full = self._record_limit + self._token_queued
+                    full = (nbytes if too_large else self._record_limit) + self._token_queued
             if self._sealed:
                 return CLOSED
             if self._queued + nbytes > full and self._queued > self._token_queued:

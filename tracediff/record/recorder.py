@@ -134,7 +134,7 @@ class Recorder(QueueAccounting, WriterThread):
         self._flush_done = 0  # the last request the writer has honoured
         self._active = False
         self._static_once: set[str] = set()
-        self._book = TokenBook()
+        self._book = TokenBook(max(1 << 20, queue_bytes // 8))
         self._token_queued = 0  # bytes of row keys queued for the book (bounded apart from tensors)
         self._token_limit = queue_bytes // 16
         self._record_limit = queue_bytes - self._token_limit
@@ -428,7 +428,8 @@ class Recorder(QueueAccounting, WriterThread):
         if self.max_bytes is not None and self._admitted + nbytes > self.max_bytes:
             self._stop(f"byte budget of {self.max_bytes} reached")
             return
-        cost = host_bytes(tensor) + RECORD_OVERHEAD + (0 if keys is None else keys.n_rows * ROW_BYTES)
+        key_bytes = 0 if keys is None else keys.n_rows * ROW_BYTES + keys.id_bytes()
+        cost = host_bytes(tensor) + RECORD_OVERHEAD + key_bytes
         refused = self._reserve(cost)
         if refused is not None:
             self._drop(name, refused)

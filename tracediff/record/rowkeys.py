@@ -44,6 +44,10 @@ class LogRowKeys:
     mask: np.ndarray | HostCopy | None = None  # attention mask, 0 = padding
     _expanded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
 
+    def id_bytes(self) -> int:
+        """Host memory the request ids hold, by their real length (each a str object)."""
+        return sum(56 + len(r) for r in self.request_ids)
+
     def requests(self) -> np.ndarray:
         """One request id per row."""
         return np.repeat(self.request_ids, self.n_rows // len(self.request_ids))

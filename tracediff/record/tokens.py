@@ -2,8 +2,9 @@
 ``request_tokens`` and from the keys of every ``log`` call (filtered-out ones included), so that a
 trace knows the whole token sequence of a request even when it records only some steps.
 
-Per request the book is dense (a token and a flags byte per position, 9 bytes a token): positions
-are 0..len-1 by nature, and numpy keeps a batch of thousands of tokens one vectorized update.
+Per request the book is sparse (sorted positions, tokens and flags: 17 bytes a known position, so a
+row at position 16,000,000 costs what a row at 0 does), numpy keeps a batch of thousands of tokens
+one vectorized update, and the whole book is bounded in bytes (see ``TokenBook``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import numpy as np
 import pyarrow as pa
 
 KNOWN, WRITTEN, DECLARED = 1, 2, 4
-MAX_POSITION = 1 << 24  # positions at or beyond are not learned (counted): the book is dense
+MAX_POSITION = 1 << 24  # positions at or beyond are not learned (counted)
+SEQUENCE_OVERHEAD = 512  # a request's objects (its arrays, dict entries) beside its entries and id
 
 
 class TokenConflict(ValueError):
@@ -28,62 +30,114 @@ class TokenConflict(ValueError):
 
 
 class _Sequence:
-    """One request's tokens by position, with KNOWN / WRITTEN / DECLARED flags."""
+    """One request's tokens, sparse: sorted positions with their tokens and KNOWN / WRITTEN /
+    DECLARED flags (17 bytes a known position, whatever the positions are). Rows past the last
+    known position, the common case of a decoding request, append in amortized constant time."""
 
-    __slots__ = ("token", "flags")
+    __slots__ = ("pos", "token", "flags", "n", "unwritten")
 
     def __init__(self) -> None:
+        self.pos = np.zeros(0, dtype=np.int64)
         self.token = np.zeros(0, dtype=np.int64)
         self.flags = np.zeros(0, dtype=np.uint8)
+        self.n = 0  # entries in use: the arrays' first n, sorted by position
+        self.unwritten = 0  # every entry before this index is written
 
-    def _reserve(self, size: int) -> None:
-        if size <= len(self.token):
-            return
-        size = max(size, 2 * len(self.token), 64)
-        token, flags = np.zeros(size, np.int64), np.zeros(size, np.uint8)
-        token[: len(self.token)], flags[: len(self.flags)] = self.token, self.flags
-        self.token, self.flags = token, flags
+    @property
+    def nbytes(self) -> int:
+        return SEQUENCE_OVERHEAD + 17 * len(self.pos)
+
+    def _append(self, pos: np.ndarray, tok: np.ndarray, flag: int) -> None:
+        end = self.n + len(pos)
+        if end > len(self.pos):
+            size = max(end, self.n + self.n // 4, 8)
+            arrays = (self.pos, self.token, self.flags)
+            self.pos, self.token, self.flags = (_grown(a, size, self.n) for a in arrays)
+        self.pos[self.n:end], self.token[self.n:end], self.flags[self.n:end] = pos, tok, flag
+        self.n = end
 
     def learn(self, name: str, position: np.ndarray, token_id: np.ndarray, declared: bool,
-              strict: bool) -> tuple[int, bool]:
-        """Add what is new (first seen wins); returns (conflicts, whether anything was new).
+              strict: bool) -> tuple[int, int]:
+        """Add what is new (first seen wins); returns (conflicts, positions new).
         ``strict``: raise TokenConflict, before changing anything, where a declared token is involved."""
-        pos, first, inverse = np.unique(position, return_index=True, return_inverse=True)
-        tok = token_id[first]
-        inner = int((token_id != tok[inverse.reshape(-1)]).sum())  # one call, one position, two tokens
-        self._reserve(int(pos[-1]) + 1)
-        flags = self.flags[pos]
-        known = (flags & KNOWN) != 0
-        clash = known & (self.token[pos] != tok)
+        flag = KNOWN | (DECLARED if declared else 0)
+        if len(position) == 1:
+            pos, tok, inner = position, token_id, 0
+        else:
+            pos, first, inverse = np.unique(position, return_index=True, return_inverse=True)
+            tok = token_id[first]
+            inner = int((token_id != tok[inverse.reshape(-1)]).sum())  # one call, one position, two tokens
+        if not self.n or pos[0] > self.pos[self.n - 1]:  # all past the end: all new
+            self._append(pos, tok, flag)
+            return inner, len(pos)
+        held_pos = self.pos[: self.n]
+        at = np.searchsorted(held_pos, pos)
+        known = at < self.n
+        known[known] = held_pos[at[known]] == pos[known]
+        held = at[known]
+        clash = self.token[held] != tok[known]
         if strict:
-            bad = clash & (declared | ((flags & DECLARED) != 0))
+            bad = clash & (declared | ((self.flags[held] & DECLARED) != 0))
             if bad.any():
                 i = int(np.argmax(bad))
-                raise TokenConflict(name, int(pos[i]), int(tok[i]), int(self.token[pos[i]]))
-        new = ~known
-        self.token[pos[new]] = tok[new]
-        self.flags[pos[new]] = KNOWN | (DECLARED if declared else 0)
+                raise TokenConflict(name, int(pos[known][i]), int(tok[known][i]), int(self.token[held][i]))
         if declared:
-            self.flags[pos[known & ~clash]] |= DECLARED
-        return inner + int(clash.sum()), bool(new.any())
+            self.flags[held[~clash]] |= DECLARED
+        new = ~known
+        if new.any():
+            where = at[new]
+            self.pos = np.insert(held_pos, where, pos[new])
+            self.token = np.insert(self.token[: self.n], where, tok[new])
+            self.flags = np.insert(self.flags[: self.n], where, np.uint8(flag))
+            self.n = len(self.pos)
+            self.unwritten = min(self.unwritten, int(where[0]))
+        return inner + int(clash.sum()), int(new.sum())
 
     def take_new(self) -> tuple[np.ndarray, np.ndarray]:
         """Positions and tokens known but not yet written; marks them written."""
-        new = np.flatnonzero((self.flags & (KNOWN | WRITTEN)) == KNOWN)
+        start = self.unwritten
+        new = start + np.flatnonzero((self.flags[start: self.n] & WRITTEN) == 0)
         self.flags[new] |= WRITTEN
-        return new.astype(np.int64), self.token[new]
+        self.unwritten = self.n
+        return self.pos[new], self.token[new]
 
 
 class TokenBook:
-    """Thread-safe: the writer thread learns and takes; in strict mode the host thread learns too."""
+    """Thread-safe: the writer thread learns and takes; in strict mode the host thread learns too.
 
-    def __init__(self) -> None:
+    Bounded by ``limit`` bytes (the Recorder passes a share of ``queue_bytes``): a request whose
+    entries are all written is forgotten, least recently used first, when the book would pass it (its later
+    rows are learned afresh; a conflict with what was forgotten goes unnoticed); rows that still do
+    not fit are not learned and are counted in ``dropped`` (``token_rows_dropped`` in the stats)."""
+
+    def __init__(self, limit: int = 32 << 20) -> None:
         self._lock = threading.Lock()
         self._sequences: dict[str, _Sequence] = {}
         self._dirty: dict[str, None] = {}  # requests with unwritten entries, in order
+        self.limit = int(limit)
+        self.nbytes = 0  # host memory the book holds (estimated from its entries and ids)
         self.conflicts = 0
         self.out_of_range = 0
+        self.dropped = 0  # rows not learned: the book was at its bound
+        self.forgotten = 0  # requests whose written entries left memory
         self.written = 0
+
+    def _make_room(self, need: int) -> bool:
+        """Forget fully written requests, oldest first, until ``need`` more bytes fit."""
+        if self.nbytes + need <= self.limit:
+            return True
+        idle, freed = [], 0
+        for name, sequence in self._sequences.items():  # least recently used first
+            if self.nbytes - freed + need <= self.limit:
+                break
+            if name not in self._dirty:
+                idle.append(name)
+                freed += sequence.nbytes + _name_bytes(name)
+        for name in idle:
+            del self._sequences[name]
+        self.nbytes -= freed
+        self.forgotten += len(idle)
+        return self.nbytes + need <= self.limit
 
     def learn(self, request: np.ndarray, position: np.ndarray, token_id: np.ndarray, declared: bool = False,
               strict: bool = False) -> None:
@@ -95,9 +149,21 @@ class TokenBook:
                 request, position, token_id = request[usable], position[usable], token_id[usable]
             for name, rows in _by_request(request):
                 sequence = self._sequences.get(name)
+                # at most every row new (and the arrays' growth): room for that, else the rows are
+                # dropped (counted)
+                need = 17 * len(rows) + (17 * (sequence.n // 4) if sequence is not None
+                                         else SEQUENCE_OVERHEAD + _name_bytes(name))
+                if not self._make_room(need):
+                    self.dropped += len(rows)
+                    continue
                 if sequence is None:
                     sequence = self._sequences[name] = _Sequence()
+                    self.nbytes += SEQUENCE_OVERHEAD + _name_bytes(name)
+                elif len(self._sequences) > 1:  # most recently used last: forgetting takes the idlest
+                    self._sequences[name] = self._sequences.pop(name)
+                before = sequence.nbytes
                 conflicts, new = sequence.learn(name, position[rows], token_id[rows], declared, strict)
+                self.nbytes += sequence.nbytes - before
                 self.conflicts += conflicts
                 if new:
                     self._dirty[name] = None
@@ -107,7 +173,7 @@ class TokenBook:
 
     def take_new(self) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(request, position, token_id) of every entry not yet written, by request then position;
-        None when there is none."""
+        None when there is none. Once taken, the entries may leave memory (see the class)."""
         with self._lock:
             taken = [(name, *self._sequences[name].take_new()) for name in self._dirty]
             self._dirty.clear()
@@ -118,6 +184,16 @@ class TokenBook:
         position = np.concatenate([t[1] for t in taken])
         self.written += len(position)
         return request, position, np.concatenate([t[2] for t in taken])
+
+
+def _grown(array: np.ndarray, size: int, used: int) -> np.ndarray:
+    into = np.zeros(size, array.dtype)
+    into[:used] = array[:used]
+    return into
+
+
+def _name_bytes(name: str) -> int:
+    return 64 + len(name.encode("utf-8", "surrogatepass"))
 
 
 def _by_request(request: np.ndarray) -> list[tuple[str, np.ndarray]]:

@@ -213,6 +213,7 @@ class WriterThread:
             "token_conflicts": self._book.conflicts,
             "token_calls_dropped": self.token_calls_dropped,
             "token_positions_ignored": self._book.out_of_range,
+            "token_rows_dropped": self._book.dropped,
             "mixed_records": sorted(self._mixed),
         }
         try:
