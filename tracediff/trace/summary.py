@@ -33,6 +33,7 @@ class TraceSummary:
     tokens: int = 0  # entries of the token table (declared or learned)
     token_requests: int = 0  # requests with known tokens
     contract: dict = field(default_factory=dict)  # Trace.contract: as opened, updated by each file's writer
+    unverified: str | None = None  # Trace.unverified: why reads were not checked (None: they were)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -80,10 +81,11 @@ def summarize(trace: Trace) -> TraceSummary:
     table = trace.request_tokens()
     return TraceSummary(paths=[str(p) for p in trace.paths], complete=trace.complete, meta=trace.meta,
                         finals=trace.finals, tensors=tensors, tokens=len(table),
-                        token_requests=len(table.requests()), contract=trace.contract)
+                        token_requests=len(table.requests()), contract=trace.contract,
+                        unverified=trace.unverified)
 
 
-STATS_WINDOW = 1 << 20  # values per step of the moments: a few MiB of float64, whatever the tensor's size
+STATS_WINDOW = 1 << 18  # values per step of the moments: 2 MiB of float64, whatever the tensor's size
 
 
 def tensor_stats(rows: TensorRows, head: int = 8) -> TensorStats:
