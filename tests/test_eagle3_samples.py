@@ -133,3 +133,23 @@ def test_generator_reproduces_the_samples() -> None:
             assert a.position.tolist() == b.position.tolist() and a.request.tolist() == b.request.tolist()
             assert a.token_id.tolist() == b.token_id.tolist()
     shutil.rmtree(tmp_path)
+
+
+def test_replay_out_is_written_whole_and_never_over_an_existing_file(tmp_path) -> None:
+    """replay --out follows every writer's rule: an existing path needs --force, the input never."""
+    args = [str(SAMPLES / "serving.h5"), "--draft", str(SAMPLES / "draft"),
+            "--target", str(SAMPLES / "target"), "--json", "--depths", "2"]
+    out = tmp_path / "replayed.h5"
+    assert cli("replay", *args, "--out", str(out)).returncode == 0
+    with td.open_trace(out) as trace:
+        assert trace.complete and trace.names()
+    before = out.read_bytes()
+    again = cli("replay", *args, "--out", str(out))
+    assert again.returncode == 2 and "exists: pass --force" in again.stderr and out.read_bytes() == before
+    assert cli("replay", *args, "--out", str(out), "--force").returncode == 0
+    link = tmp_path / "input.h5"
+    shutil.copy(SAMPLES / "serving.h5", link)
+    onto_input = cli("replay", str(link), *args[1:], "--out", str(link), "--force")
+    assert onto_input.returncode == 2 and "input" in onto_input.stderr
+    assert link.read_bytes() == (SAMPLES / "serving.h5").read_bytes()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -125,9 +126,8 @@ def show(
                     print(json.dumps(summary.to_dict(), indent=1))
                 else:
                     render_summary(console, summary)
-                    if not opened.checksummed or not opened.verify:
-                        print("unverified: " + ("written before checksums" if not opened.checksummed
-                                                else "--no-verify"))
+                    if summary.unverified:
+                        print(f"unverified: {summary.unverified}")
                 return
             where = " ".join(f"{k}={v}" for k, v in (("step", step), ("request", request)) if v is not None)
             try:
@@ -325,6 +325,7 @@ def replay(
     d2t: str = typer.Option("offset", "--d2t", help="read d2t as offsets (right) or as a direct map"),
     depths: int = typer.Option(4, help="draft depths to unroll"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    force: bool = force_option("--out"),
     no_verify: bool = no_verify_option(),
 ) -> None:
     """Run a draft offline on recorded target tensors: accuracy per depth, expected accept length."""
@@ -334,6 +335,7 @@ def replay(
     from tracediff.eagle3.replay import replay as run_replay
     from tracediff.record.recorder import record
     from tracediff.report.replay import render_replay
+    from tracediff.trace.output import check_output, staged_output
     from tracediff.trace.reader import open_trace
 
     by_family = aux_convention in AUX_READERS
@@ -344,9 +346,13 @@ def replay(
         fail("--aux", f"--aux-convention {aux_convention} takes a draft's ids, got {aux!r}" if by_family
              else str(exc))
 
+    if out is not None:
+        guarded(out, lambda: check_output(out, [trace, draft], force))  # before the replay: it may be long
+
     def run() -> None:
         nonlocal spec
-        with open_trace(trace) as opened:
+        with open_trace(trace) as opened, (staged_output(out, [trace, draft], force) if out
+                                           else contextlib.nullcontext()) as staged:
             if ids is not None:
                 spec = serving_aux(aux_convention, opened.contract, ids, target, trace)
             model = load_draft(draft, target_embed=target_embedding(target) if target else None)
@@ -356,7 +362,7 @@ def replay(
                 fail(trace, f"replay needs recorded {need}")
             contract = {"draft": str(draft), "aux": spec.to_dict() if spec else "recorded draft.fc_in",
                         "d2t_reading": d2t, "replayed_trace": str(trace)}
-            rec = record(out, source="replay", meta=contract) if out else None
+            rec = record(staged, source="replay", meta=contract) if staged else None
             try:
                 report = run_replay(opened, model, depths, spec, d2t, rec)
             finally:

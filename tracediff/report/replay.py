@@ -4,12 +4,17 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tracediff.eagle3.replay import ReplayReport
+from tracediff.report.text import safe
 
 
 def render_replay(console: Console, report: ReplayReport, served_accept_len: float | None) -> None:
-    console.print(f"fc input: [bold]{report.aux}[/bold] · {report.requests} requests", highlight=False)
+    heading = Text("fc input: ")
+    heading.append(safe(report.aux), style="bold")  # read from the trace: data, never markup
+    heading.append(f" · {report.requests} requests")
+    console.print(heading, highlight=False)
     table = Table(show_edge=False, header_style="bold")
     for column in ("depth", "accuracy", "rows"):
         table.add_column(column, justify="right")

@@ -230,6 +230,13 @@ class Trace:
         opens all the same, unverified."""
         return all(f.checksummed for f in self.files)
 
+    @property
+    def unverified(self) -> str | None:
+        """Why this trace's reads are not checked against checksums; None when they are."""
+        if not self.checksummed:
+            return "written before checksums"
+        return None if self.verify else "--no-verify"
+
     def check_records(self, records: np.ndarray) -> None:
         """Refuse the first of these records (index positions) whose bytes fail their checksum. In a
         single-file trace whose records lie uncompressed in the file, the checksum is computed over
