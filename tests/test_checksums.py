@@ -7,6 +7,7 @@ HDF5's chunk index for a dataset's bytes (h5py), pyarrow's buffer addresses in a
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -150,6 +151,7 @@ def test_no_verify_reads_the_flipped_record(copy, fmt, where) -> None:
         assert trace.rows("g").data.shape == (6, 64)
     summary = cli("show", str(path), "--no-verify")
     assert summary.returncode == 0 and "unverified: --no-verify" in summary.stdout
+    assert json.loads(cli("show", str(path), "--no-verify", "--json").stdout)["unverified"] == "--no-verify"
 
 
 def test_a_flipped_step_of_a_record_fails_at_open(copy) -> None:
@@ -186,6 +188,9 @@ def test_a_trace_written_before_checksums_opens_unverified() -> None:
             trace.read(i)
     shown = cli("show", str(old))
     assert shown.returncode == 0 and "unverified: written before checksums" in shown.stdout
+    assert json.loads(cli("show", str(old), "--json").stdout)["unverified"] == "written before checksums"
+    assert json.loads(cli("show", str(REPO / "traces" / "eagle3" / "serving.h5"), "--json").stdout)[
+        "unverified"] is None
 
 
 @pytest.mark.parametrize("route", ["h5>arrow>h5", "arrow>h5>arrow"])
