@@ -8,7 +8,7 @@ import pytest
 
 import tracediff as td
 from tests.conftest import cli
-from tracediff.trace.metarules import MAX_META_BYTES
+from tracediff.trace.metarules import MAX_META_BYTES, MAX_META_VALUES
 
 
 def nested(levels: int) -> dict:
@@ -58,6 +58,19 @@ def test_run_metadata_over_the_readers_limit_is_left_out_not_the_trace(path):
     with td.record(path, meta={"big": "x" * (MAX_META_BYTES + 10)}) as rec:
         log_some(rec)
     reads_whole(path)
+
+
+def test_metadata_of_more_json_values_than_a_reader_takes_is_left_out_not_the_trace(path, caplog):
+    """2 MB of zeros is within the byte limit but over the reader's count of JSON values."""
+    many = [0] * (MAX_META_VALUES + 10)
+    with td.record(path, meta={"many": many, "aux_layer_ids": [1, 2]}) as rec:
+        log_some(rec)
+        rec.update_contract(many_more=many, kept=3)
+    trace = reads_whole(path)
+    assert trace.meta["contract"] == {"aux_layer_ids": [1, 2]} and trace.contract["kept"] == 3
+    assert "many_more" not in trace.contract
+    assert sum("JSON values" in r.getMessage() for r in caplog.records) == 2
+    assert cli("show", str(path)).returncode == 0
 
 
 def test_contract_updates_the_reader_would_refuse_are_fixed_or_left_out(path):

@@ -19,7 +19,7 @@ import numpy as np
 
 from tracediff.record.filters import RecordFilter
 from tracediff.record.host import is_torch_tensor
-from tracediff.trace.metarules import MAX_META_BYTES, clean_tree, too_deep
+from tracediff.trace.metarules import MAX_META_BYTES, MAX_META_VALUES, clean_tree, too_deep, value_count
 from tracediff.trace.schema import FORMAT_NAME, FORMAT_VERSION, dumps_meta
 from tracediff.version import __version__
 
@@ -55,16 +55,19 @@ def json_ready(value: Any) -> Any:
 
 CONTRACT_DEPTH = 3  # the level a contract value sits at in run and final metadata (trace.metarules)
 META_ROOM = 1 << 20  # of a trace's metadata bytes, kept for what the recorder itself writes
+VALUES_ROOM = 1 << 14  # of its JSON values (MAX_META_VALUES), the same
 
 
-def storable(values: dict, strict: bool, path: Path, used: int = 0) -> dict:
+def storable(values: dict, strict: bool, path: Path, taken: dict | None = None) -> dict:
     """The contract values a trace's reader takes (arrays and tensors as lists, lone surrogates in
-    strings and keys escaped, with a warning); the others (not JSON, nested too deep, more bytes than
-    a trace's metadata may hold once ``used`` bytes are taken) are left out with a warning naming
-    the trace at ``path``, or raise in strict mode."""
+    strings and keys escaped, with a warning); the others (not JSON, nested too deep, more bytes or
+    JSON values than a trace's metadata may hold beside the contract values already ``taken``) are
+    left out with a warning naming the trace at ``path``, or raise in strict mode."""
     out: dict = {}
     cleaned = False
-    budget = MAX_META_BYTES - META_ROOM - used
+    held = dumps_meta(taken).encode() if taken else b""
+    budget = MAX_META_BYTES - META_ROOM - len(held)
+    values_left = MAX_META_VALUES - VALUES_ROOM - value_count(held)
     for key, value in values.items():
         try:
             if too_deep(value, CONTRACT_DEPTH):
@@ -74,26 +77,25 @@ def storable(values: dict, strict: bool, path: Path, used: int = 0) -> dict:
                 raise ValueError("nested deeper than a trace's metadata may be")
             name, changed_key = clean_tree(key) if isinstance(key, str) else (key, False)
             plain, changed = clean_tree(plain)
-            size = len(dumps_meta({name: plain}))
+            text = dumps_meta({name: plain}).encode()
+            size, count = len(text), value_count(text)
             if size > budget:
                 raise ValueError(f"{size} bytes of JSON, more than the trace's metadata has room for")
+            if count > values_left:
+                raise ValueError(f"{count} JSON values, more than the trace's metadata has room for")
         except (TypeError, ValueError, RecursionError) as exc:
             if strict:
                 raise ValueError(f"contract value {key!r} cannot be stored as JSON: {exc}") from None
             logger.warning("tracediff: contract value %r left out of %s: %s", key, path, exc)
             continue
         budget -= size
+        values_left -= count
         cleaned = cleaned or changed or changed_key
         out[name] = plain
     if cleaned:
         logger.warning("tracediff: contract metadata for %s holds strings that are not valid Unicode "
                        "(lone surrogates): written with them escaped (\\udcXX)", path)
     return out
-
-
-def meta_bytes(values: dict) -> int:
-    """The bytes ``values`` take in a trace's metadata."""
-    return len(dumps_meta(values))
 
 
 def run_meta(source: str, contract: dict, rank: int, world_size: int, filt: RecordFilter) -> dict:
@@ -127,4 +129,4 @@ def run_meta(source: str, contract: dict, rank: int, world_size: int, filt: Reco
     }
 
 
-__all__ = ["json_ready", "meta_bytes", "rank_and_world", "rank_path", "run_meta", "storable"]
+__all__ = ["json_ready", "rank_and_world", "rank_path", "run_meta", "storable"]

@@ -47,7 +47,7 @@ import numpy as np
 from tracediff.record.exit_fence import RECORDERS, WRITERS
 from tracediff.record.filters import RecordFilter
 from tracediff.record.host import HostCopy, host_bytes, is_torch_tensor, tag_of_tensor, unrecordable
-from tracediff.record.meta import meta_bytes, rank_and_world, rank_path, run_meta, storable
+from tracediff.record.meta import rank_and_world, rank_path, run_meta, storable
 from tracediff.record.pathlock import TraceLock
 from tracediff.record.queue import (
     ABANDONED,
@@ -279,8 +279,7 @@ class Recorder(QueueAccounting, WriterThread):
         """Add contract metadata learned during the run (e.g. resolved aux ids); written at close.
         Arrays and tensors become lists; a value JSON cannot hold (NaN, an object) is left out with
         a warning (raised in strict mode), so that it cannot cost the trace its final metadata."""
-        self._contract_updates.update(storable(values, self.strict, self.path,
-                                               used=meta_bytes(self._contract_updates)))
+        self._contract_updates.update(storable(values, self.strict, self.path, taken=self._contract_updates))
 
     def watch(self, module: Any, output: str | None = None, *, input: str | None = None) -> Any:
         """Record a torch module's output (and/or first input) on every forward."""

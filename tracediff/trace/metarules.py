@@ -40,11 +40,22 @@ def clean_text(text: str) -> str:
     return text if valid_text(text) else text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
+def _bare(raw: bytes) -> bytes:
+    return _STRING.sub(b'""', raw) if b'"' in raw else raw
+
+
+def value_count(raw: bytes) -> int:
+    """How many JSON values a reader counts in a JSON text (containers, members, elements), from
+    its brackets and separators outside strings: the measure ``MAX_META_VALUES`` bounds."""
+    bare = _bare(raw)
+    return bare.count(b"[") + bare.count(b"{") + bare.count(b",") + bare.count(b":")
+
+
 def text_problem(raw: bytes) -> str | None:
     """What a reader would refuse in a JSON text by its shape alone: more than ``MAX_META_VALUES``
     values, or nesting deeper than ``MAX_DEPTH``; from passes over the bytes in C (strings left out),
     before any tree is built, so a hostile text costs its own size and milliseconds."""
-    bare = _STRING.sub(b'""', raw) if b'"' in raw else raw
+    bare = _bare(raw)
     opening = bare.count(b"[") + bare.count(b"{")
     if opening + bare.count(b",") + bare.count(b":") > MAX_META_VALUES:
         return f"more than {MAX_META_VALUES} JSON values"
@@ -113,4 +124,4 @@ def clean_tree(value: Any) -> tuple[Any, bool]:
 
 
 __all__ = ["MAX_DEPTH", "MAX_META_BYTES", "MAX_META_VALUES", "clean_text", "clean_tree",
-           "may_hold_surrogates", "text_problem", "too_deep", "tree_problem", "valid_text"]
+           "may_hold_surrogates", "text_problem", "value_count", "too_deep", "tree_problem", "valid_text"]
