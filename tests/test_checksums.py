@@ -304,3 +304,27 @@ def test_a_flipped_byte_of_a_large_record_fails_compare(tmp_path, fmt) -> None:
     assert compared.returncode == 2
     one_error_line(compared.stderr, path, slot, "h", 1)
     assert cli("compare", str(original), str(path), "--no-verify").returncode != 2
+
+
+def test_the_writers_batch_checksums_are_the_specs_per_record_checksums() -> None:
+    """Writers take a faster path (buffers in place, names encoded once); it must agree with the
+    definition record by record: non-contiguous and big-endian arrays, 0-d and empty tensors,
+    numpy scalars as keys, several requests, non-ASCII names."""
+    from tracediff.trace.schema import Record, batch_checksums, record_checksums
+
+    rng = np.random.default_rng(0)
+    records = [
+        Record("x\u00e9", rng.integers(0, 9, (3, 4, 5)).astype(np.uint16)[:, ::2], "bfloat16",
+               seq_no=np.int64(5), step=-1, rank=2, depth=3, static=np.bool_(False),
+               request=np.array(["a", "b\u00e9", "c"], dtype=object), position=np.array([1, 2, 3], np.int32),
+               token_id=np.array([7, 8, 9], ">i8")),
+        Record("s", np.array(3.5, np.float32), "float32", static=True),
+        Record("e", np.zeros((0, 4), np.float32), "float32"),
+        Record("t", rng.standard_normal((2, 1000)).T, "float64", request=np.array(["r", "r"], dtype=object),
+               position=np.arange(2)[::-1], token_id=np.arange(2)),
+        Record("x\u00e9", np.ones((1, 2), np.uint16), "bfloat16", request=np.array(["r"], dtype=object),
+               position=np.array([0]), token_id=np.array([1])),
+    ]
+    expected = np.array([record_checksums(r) for r in records], dtype=np.uint32)
+    assert np.array_equal(batch_checksums(records), expected)
+    assert batch_checksums([]).shape == (0, 3)

@@ -42,11 +42,11 @@ from tracediff.trace.schema import (
     MAX_NDIM,
     Record,
     RecordIndex,
+    batch_checksums,
     check_meta_crc,
     check_version,
     corrupt_record,
     dumps_meta,
-    record_checksums,
     record_crc,
     rows_crc,
 )
@@ -124,7 +124,7 @@ def records_to_batch(records: Sequence[Record], data: pa.Array | None = None) ->
         _list_array([r.token_id for r in records], pa.int64()),
         _binary_array([r.data for r in records]) if data is None else data,
     ]
-    sums = np.array([record_checksums(r) for r in records], dtype=np.uint32).reshape(len(records), -1)
+    sums = batch_checksums(records)
     columns += [pa.array(sums[:, k], pa.uint32()) for k in range(len(CRC_COLUMNS))]
     return pa.RecordBatch.from_arrays(columns, schema=SCHEMA)
 

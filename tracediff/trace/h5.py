@@ -45,11 +45,11 @@ from tracediff.trace.schema import (
     MAX_NDIM,
     Record,
     RecordIndex,
+    batch_checksums,
     check_meta_crc,
     check_version,
     corrupt_record,
     dumps_meta,
-    record_checksums,
     record_crc,
     rows_crc,
 )
@@ -217,7 +217,7 @@ class H5Writer:
             "position": _joined([r.position for r in records], np.int64, total_rows),
             "token_id": _joined([r.token_id for r in records], np.int64, total_rows),
         }
-        sums = np.array([record_checksums(r) for r in records], dtype=np.uint32).reshape(n, len(CRC_COLUMNS))
+        sums = batch_checksums(records)
         # Order matters for readers of a killed file: payloads first, the index that points at them last.
         self._write_data(data, raws, data_end, int(nbytes.sum()))
         for key, values in rows.items():
