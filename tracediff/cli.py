@@ -18,6 +18,7 @@ from rich.text import Text
 from tracediff.errors import InputError, did_you_mean
 from tracediff.integrations.producer import Importer
 from tracediff.integrations.registry import PRODUCERS
+from tracediff.report.text import safe
 
 AUX_READERS = {p.name: p.reads_aux for p in PRODUCERS if p.reads_aux}  # replay --aux-convention NAME
 
@@ -44,7 +45,7 @@ console = _Console(width=None if sys.stdout.isatty() else 200)
 
 def fail(path: str | Path, problem: str) -> NoReturn:
     """One line on stderr, exit 2: the contract for every bad input."""
-    print(f"error: {path}: {problem}", file=sys.stderr)
+    print(safe(f"error: {path}: {problem}"), file=sys.stderr)  # names as data: one line, no escapes
     raise typer.Exit(2)
 
 
@@ -495,7 +496,7 @@ def compare(
     except BrokenPipeError:
         drop_output()
     if report.verdict == "incomparable":
-        print(f"error: {b}: not comparable with {a}: {safe(report.reasons[0])}", file=sys.stderr)
+        print(safe(f"error: {b}: not comparable with {a}: {report.reasons[0]}"), file=sys.stderr)
     raise typer.Exit(report.exit_code)
 
 
@@ -627,7 +628,7 @@ def main() -> None:
             sys.exit(exc.exit_code)
         where = f"tracediff {exc.ctx.info_name}" if exc.ctx is not None and exc.ctx.parent is not None \
             else "tracediff"
-        print(f"error: {where}: {exc.format_message()} (see --help)", file=sys.stderr)
+        print(safe(f"error: {where}: {exc.format_message()} (see --help)"), file=sys.stderr)
         sys.exit(2)
     except Abort:
         print("error: tracediff: aborted", file=sys.stderr)

@@ -4,12 +4,27 @@ Markdown."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 
 def safe(text: Any) -> str:
     """Trace text with control characters (terminal escapes, newlines) shown as escapes."""
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    text = str(text)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+class DataOnly(logging.Filter):
+    """Installed on the ``tracediff`` logger: a warning's text (file names, tensor names, messages
+    from other libraries) reaches the terminal as data, one line, whatever handler prints it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.isprintable():
+            record.msg, record.args = safe(message), None
+        return True
 
 
 MARKDOWN_SPECIAL = "\\`*_[]<>&|#"
