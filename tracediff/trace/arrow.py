@@ -577,6 +577,7 @@ class ArrowTraceFile(TraceFile):
         if self._summed:
             self.data_crcs = table.column("data_crc").to_numpy()
             self._rows_crcs = table.column("rows_crc").to_numpy()
+            self.record_crcs, self.rows_crcs = table.column("record_crc").to_numpy(), self._rows_crcs
             if self.verify:
                 self._check_records(table, names, dtypes, static, shape.to_pylist())
         return RecordIndex.tensors_of(part, {

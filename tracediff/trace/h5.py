@@ -543,6 +543,7 @@ class H5TraceFile(TraceFile):
             checks = checks_d[:n]
             cols.update({key: np.ascontiguousarray(checks[:, k]) for k, key in enumerate(CRC_COLUMNS)})
         self.data_crcs = cols.get("data_crc")
+        self.record_crcs, self.rows_crcs = cols.get("record_crc"), cols.get("rows_crc")
         self._rows_verified = np.zeros(n, dtype=bool)
         if self.verify and self.data_crcs is not None:
             self._check_records(cols, shapes[:n], strings)

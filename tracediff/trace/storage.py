@@ -63,6 +63,8 @@ class TraceFile(Protocol):
     verify: bool  # whether reads check checksums (open_trace(..., verify=False): they do not)
     # Per file slot: the CRC32 of the record's bytes; None for a file written before checksums
     data_crcs: np.ndarray | None = None
+    record_crcs: np.ndarray | None = None  # per file slot: the stored ``record_crc`` (None: no checksums)
+    rows_crcs: np.ndarray | None = None  # per file slot: the stored ``rows_crc``
 
     @property
     def checksummed(self) -> bool:
@@ -92,6 +94,13 @@ class TraceFile(Protocol):
         if crc != int(self.data_crcs[slot]):
             raise corrupt_record(self.path, slot, *self.describe_slot(slot))
         done.add(slot)
+
+    def stored_checksums(self, slot: int) -> tuple[int, int, int] | None:
+        """(data, record, rows) checksums the file stores for the record at a slot, as read (not
+        checked here); None for a file without checksums."""
+        if self.data_crcs is None or self.record_crcs is None or self.rows_crcs is None:
+            return None
+        return int(self.data_crcs[slot]), int(self.record_crcs[slot]), int(self.rows_crcs[slot])
 
     def unchecked(self, slot: int) -> bool:
         """Whether reading this record's bytes still owes a check of its checksum."""
