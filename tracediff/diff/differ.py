@@ -20,7 +20,7 @@ from tracediff.diff.findings import Side
 from tracediff.diff.finite import measure_finite_parts
 from tracediff.diff.metrics import Engine, engine_for
 from tracediff.diff.pair import Pair
-from tracediff.diff.plan import Chunk, Plan, TensorPlan
+from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, TensorPlan
 from tracediff.diff.profile import ProfileTally
 from tracediff.diff.results import ContractDiff, Coverage, RowRef, TensorResult, TokenMismatch
 from tracediff.diff.shapes import agreement, kinds_differ
@@ -151,16 +151,19 @@ class ChunkRows:
     at: Pair[np.ndarray] | None = None
 
 
-def read_ahead(traces: Pair[Trace], chunks: list[Chunk]) -> Iterator[tuple[Chunk, ChunkRows]]:
+def read_ahead(traces: Pair[Trace], chunks: list[Chunk],
+               window_bytes: int = CHUNK_BYTES) -> Iterator[tuple[Chunk, ChunkRows]]:
     """Each chunk with its rows. A second thread prepares whole windows, up to ``WINDOWS_AHEAD``
     ahead of the one being measured, so that the disk always has work (preads, madvise and the
     kernels let go of the GIL): rows read in place are mapped, a few sequential spans a window, and
     unmapped when their window is done; other rows are copied into a ring of reused buffers (fresh
     arrays would cost a page fault per 4 KiB). A chunk's rows are valid until its window is done:
-    memory stays at ``WINDOWS_AHEAD + 1`` windows, whatever the trace size."""
-    windows: dict[int, list[int]] = {}
-    for i, chunk in enumerate(chunks):
-        windows.setdefault(chunk.window, []).append(i)
+    memory stays at ``WINDOWS_AHEAD + 1`` windows, whatever the trace size.
+
+    Windows here are read windows (``read_windows``): a plan window larger than ``window_bytes`` a
+    side (one step holding a huge record: 600 x 128,256 fp32 logits are 307 MB) is read in pieces
+    of about ``window_bytes``, so that memory stays bounded by bytes, not by the layout."""
+    windows = read_windows(chunks, window_bytes)
     order = list(windows)  # chunks come in window order
     ring = [Pair(np.empty(0, np.uint8), np.empty(0, np.uint8)) for _ in range(WINDOWS_AHEAD + 1)]
 
@@ -195,6 +198,35 @@ def read_ahead(traces: Pair[Trace], chunks: list[Chunk]) -> Iterator[tuple[Chunk
         finally:  # stopped early: windows not yet started are not read
             for future in ahead.values():
                 future.cancel()
+
+
+def read_windows(chunks: list[Chunk], window_bytes: int = CHUNK_BYTES) -> dict[int, list[int]]:
+    """Chunk numbers (into ``chunks``, in order) grouped into the windows ``read_ahead`` reads at
+    once. A plan window is read whole where it holds at most ``window_bytes`` and a quarter on each
+    side (a window of whole steps ends past its ``chunk_bytes`` by part of a step); a larger one
+    (one step holding a huge record) is cut between chunks into pieces of at most ``window_bytes``
+    (a piece holds one chunk at least: a chunk holds ``chunk_bytes``, or a single larger row).
+    Grouping reads only: the chunks that settle the first divergence are still the plan window's."""
+    by_plan: dict[int, list[int]] = {}
+    for i, chunk in enumerate(chunks):
+        by_plan.setdefault(chunk.window, []).append(i)
+    windows: dict[int, list[int]] = {}
+    limit = max(window_bytes, 1)
+    for members in by_plan.values():
+        sizes = [max(chunks[i].nbytes.a, chunks[i].nbytes.b) for i in members]
+        if sum(sizes) <= limit + limit // 4:
+            windows[len(windows)] = members
+            continue
+        piece: list[int] = []
+        held = 0
+        for i, size in zip(members, sizes):
+            if piece and held + size > limit:
+                windows[len(windows)] = piece
+                piece, held = [], 0
+            piece.append(i)
+            held += size
+        windows[len(windows)] = piece
+    return windows
 
 
 def _at_least(buffer: np.ndarray, nbytes: int) -> np.ndarray:
