@@ -218,11 +218,12 @@ class H5Writer:
             "token_id": _joined([r.token_id for r in records], np.int64, total_rows),
         }
         sums = batch_checksums(records)
-        # Order matters for readers of a killed file: payloads first, the index that points at them last.
+        # Order matters for readers of a killed or live file: what is pointed at before what points at
+        # it (strings, then the data and rows that name them), the index that points at them last.
+        strings.flush(self._datasets["strings/bytes"], self._datasets["strings/ends"])
         self._write_data(data, raws, data_end, int(nbytes.sum()))
         for key, values in rows.items():
             _append(self._datasets[f"rows/{key}"], values)
-        strings.flush(self._datasets["strings/bytes"], self._datasets["strings/ends"])
         _append(self._datasets["records/shape"], shapes)
         _append(self._datasets["records/checksums"], sums)
         for key in RECORD_COLUMNS:
@@ -511,13 +512,15 @@ class H5TraceFile(TraceFile):
 
     def _build_index(self, part: int) -> tuple[RecordIndex, np.ndarray]:
         """The tensor records' index and the slots of the ``__tokens__`` records."""
-        strings = self._strings()
+        # The index first, what it points at after: a writer appends in the other order (strings,
+        # data, rows, the index last), so a live trace read this way has all its index names.
         columns = {key: self._column(f"records/{key}", dtype) for key, dtype in RECORD_COLUMNS.items()}
         checks_d = self._column("records/checksums", np.dtype(np.uint32), len(CRC_COLUMNS)) \
             if self.version >= CHECKSUMS_SINCE else None
         shape_d = self._column("records/shape", np.dtype(np.int64), MAX_NDIM)
         rows_d = {key: self._column(f"rows/{key}", dtype) for key, dtype in ROW_COLUMNS.items()}
         data = self._column("data", np.dtype(np.uint8))
+        strings = self._strings()
         sized = (*columns.values(), shape_d, *((checks_d,) if checks_d is not None else ()))
         lengths = [self._length(d) for d in sized]
         row_lengths = [self._length(d) for d in rows_d.values()]
@@ -538,6 +541,8 @@ class H5TraceFile(TraceFile):
             if self.complete:
                 refuse(self.path, fault)
             n = fault[0]  # a killed writer: keep the records before the first that is not whole
+        if not self.complete:  # a live or killed trace: its last records may name strings not yet flushed
+            n = self._named_rows(cols, n, rows_d["request"], n_rows, len(strings))
         cols = {k: v[:n] for k, v in cols.items()}
         if checks_d is not None:
             checks = checks_d[:n]
@@ -566,6 +571,21 @@ class H5TraceFile(TraceFile):
             "nbytes": cols["data_nbytes"],
             "shape": [s[:d] for s, d in zip(shapes[:n].tolist(), ndim)],
         })
+
+    @staticmethod
+    def _named_rows(cols: dict[str, np.ndarray], n: int, request_d: h5py.Dataset, n_rows: int,
+                    n_strings: int) -> int:
+        """The first ``n`` records cut before the first whose rows name a request string outside the
+        table: rows of records whose strings were not flushed yet are unflushed data (a closed trace
+        is held to its table strictly, when its rows are read)."""
+        start, count = cols["row_start"][:n], cols["n_rows"][:n]
+        end = int((start + count).max(initial=0))
+        if not end:
+            return n
+        request = request_d[: min(end, n_rows)]
+        bad = np.concatenate([[0], np.cumsum((request < 0) | (request >= n_strings))])
+        named = bad[start + count] - bad[start]  # within n_rows: the faults above have checked
+        return int(np.argmax(named > 0)) if named.any() else n
 
     def _check_records(self, cols: dict[str, np.ndarray], shapes: np.ndarray, strings: list[str]) -> None:
         """Refuse the first record whose own key columns fail their checksum."""
