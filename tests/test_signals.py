@@ -143,3 +143,60 @@ def test_ctrl_c_pressed_again_and_again_never_skips_the_exit_fence() -> None:
     done = subprocess.run([sys.executable, "-c", FENCE_UNDER_CTRL_C], env=env, capture_output=True, text=True,
                           timeout=HANG)
     assert done.stdout == "fenced\n", done.stdout + done.stderr[-2000:]
+
+
+# `tracediff convert` in a real entry point, with a signal arriving at a chosen moment of its write:
+# argv[1] is when ("staged": while the output sits staged; "swallowed": a Ctrl-C raised inside a
+# weakref callback, where Python prints and drops the exception, during the write).
+SIGNAL_DURING_CONVERT = """
+import os, signal, sys, weakref
+from tracediff.trace import convert as convert_module
+when, sig = sys.argv[1], getattr(signal, sys.argv[2])
+real = convert_module._copy_part  # runs while the output is staged
+def converting(*args, **kwargs):
+    done = real(*args, **kwargs)
+    if when == "staged":
+        os.kill(os.getpid(), sig)
+    else:
+        class Held: pass
+        held = Held()
+        ref = weakref.ref(held, lambda _: os.kill(os.getpid(), sig))
+        del held
+    return done
+convert_module._copy_part = converting
+from tracediff.entry import main
+sys.argv = ["tracediff", "convert"] + sys.argv[3:]
+main()
+"""
+
+
+@pytest.mark.subprocess
+@pytest.mark.parametrize("when, sig, code", [("staged", "SIGTERM", 143), ("staged", "SIGINT", 130),
+                                             ("swallowed", "SIGINT", 130)])
+def test_a_signal_while_writing_publishes_nothing_and_leaves_nothing(tmp_path, when, sig, code) -> None:
+    """SIGTERM left the hidden staging directory behind (default action: no unwinding), and a Ctrl-C
+    that Python swallowed in a callback printed a traceback, then 'wrote ...' and exit 0."""
+    out = tmp_path / "out.arrow"
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", SIGNAL_DURING_CONVERT, when, sig,
+                             str(REPO / "traces" / "eagle3" / "training.h5"), str(out)], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    returncode, err = finish(proc)
+    assert returncode == code, err[-2000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "Exception ignored" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_staging_directory_left_by_a_dead_writer_goes_at_the_next_write(tmp_path) -> None:
+    """A SIGKILL leaves `.NAME.PID.X.tracediff-tmp`; the next command writing there removes it, and
+    leaves alone one whose process is alive."""
+    from tests.conftest import cli
+
+    dead = tmp_path / ".out.h5.999999999.abcd1234.tracediff-tmp"
+    live = tmp_path / f".other.h5.{os.getppid()}.efgh5678.tracediff-tmp"
+    for staging in (dead, live):
+        staging.mkdir()
+        (staging / "partial.h5").write_bytes(b"\0" * 1024)
+    done = cli("convert", str(REPO / "traces" / "eagle3" / "training.h5"), str(tmp_path / "out.arrow"))
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, "out.arrow"])

@@ -7,7 +7,8 @@ path that exists is refused with one line unless the user passes ``--force``, an
 regular file is replaced: never a device, FIFO, socket, directory or symbolic link (a dangling one
 included: writing through it would create the file it names), nor a file that is (a hard link to)
 one of the command's inputs (same device and inode). A directory output (a bundle) may be an empty
-directory. Outputs are written into ``.NAME.XXXXXXXX.tracediff-tmp/`` in the target's directory, under
+directory. Outputs are written into ``.NAME.PID.XXXXXXXX.tracediff-tmp/`` in the target's directory (one a
+killed writer left is removed by the next command writing there), under
 their own names (so suffixes, rank names and zip stems read as the target's), and published when the
 writing succeeded: a new name by ``os.link`` (atomic, never over a file that appeared meanwhile), an
 existing regular file under ``--force`` by ``os.replace``. On any failure, a full disk or Ctrl-C
@@ -26,9 +27,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from tracediff import interrupts
 from tracediff.errors import InputError
 
 STAGING_SUFFIX = ".tracediff-tmp"
+# .NAME.PID.XXXXXXXX.tracediff-tmp: the pid tells a staging directory whose writer died (SIGKILL,
+# a crash) from one in use; the next command that writes into that directory removes the dead ones
+_STAGING = re.compile(r"^\..*\.(\d+)\.[A-Za-z0-9_]+" + re.escape(STAGING_SUFFIX) + "$")
 NO_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS, errno.EMLINK, errno.EXDEV}
 
 
@@ -140,8 +145,7 @@ def staged_outputs(paths: Sequence[str | Path], inputs: Iterable[str | Path] = (
     dirs = {Path(d) for d in directories}
     check_outputs(targets, inputs, force, directories=dirs)
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{targets[0].name[:80]}.", suffix=STAGING_SUFFIX,
-                                        dir=parent))
+        staging = _new_staging(targets[0].name, parent)
     except OSError as exc:
         raise InputError(targets[0], f"cannot write: {reason(exc)}") from None
     try:
@@ -151,6 +155,7 @@ def staged_outputs(paths: Sequence[str | Path], inputs: Iterable[str | Path] = (
             raise InputError(targets[0], f"cannot write: {reason(exc)} (nothing was written)") from None
         except InputError as exc:  # one naming a staged file names the output instead
             raise _renamed(exc, staging, parent) from None
+        interrupts.check()  # a Ctrl-C swallowed while writing (in a callback) still publishes nothing
         _publish(staging, targets, inputs, force, dirs)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -175,8 +180,7 @@ def staged_directory(path: str | Path, inputs: Iterable[str | Path] = ()) -> Ite
     into = os.path.lexists(path)  # an empty directory: filled in place (it may be the working directory)
     name = path.name if path.name not in ("", ".", "..") else "out"
     try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{name[:80]}.", suffix=STAGING_SUFFIX,
-                                        dir=path if into else path.parent))
+        staging = _new_staging(name, path if into else path.parent)
         work = staging / name
         work.mkdir()
     except OSError as exc:
@@ -188,6 +192,7 @@ def staged_directory(path: str | Path, inputs: Iterable[str | Path] = ()) -> Ite
             raise InputError(path, f"cannot write: {reason(exc)} (nothing was written)") from None
         except InputError as exc:
             raise _renamed(exc, work, path) from None
+        interrupts.check()
         if not into:
             try:
                 os.rename(work, path)  # never over a file or a directory that filled meanwhile
@@ -217,6 +222,44 @@ def staged_directory(path: str | Path, inputs: Iterable[str | Path] = ()) -> Ite
         _fsync_dir(path.parent)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _new_staging(name: str, parent: Path) -> Path:
+    """A new staging directory in ``parent`` for an output called ``name``, after removing the
+    staging directories there whose writing process is gone."""
+    sweep_stale(parent)
+    return Path(tempfile.mkdtemp(prefix=f".{name[:80]}.{os.getpid()}.", suffix=STAGING_SUFFIX, dir=parent))
+
+
+def sweep_stale(parent: Path) -> list[Path]:
+    """Remove the staging directories in ``parent`` left by a writer that died (its pid is not a
+    live process); returns them. Only our own directories (by name, not links) are touched."""
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(parent))
+    except OSError:
+        return removed
+    for entry in entries:
+        found = _STAGING.match(entry.name)
+        if found is None or int(found.group(1)) == os.getpid() or _alive(int(found.group(1))):
+            continue
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+                removed.append(Path(entry.path))
+        except OSError:
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError, ValueError):
+        return True  # someone else's process, or not a pid we can ask about: leave it be
+    return True
 
 
 def _renamed(exc: InputError, staged: Path, target: Path) -> InputError:
