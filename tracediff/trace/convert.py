@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from tracediff.errors import InputError
+from tracediff.trace.copies import check_copy_outputs, check_tokens, output_paths, read_copy
 from tracediff.trace.output import staged_outputs
 from tracediff.trace.reader import Trace, open_trace
 from tracediff.trace.schema import FORMAT_VERSION
@@ -28,8 +29,8 @@ def convert(src: str | Path, dst: str | Path, format: str | None = None, force: 
     """
     dst = Path(dst)
     with open_trace(src) as trace:
-        outputs = [dst if len(trace.files) == 1 else dst.with_name(f"{dst.stem}.rank{part}{dst.suffix}")
-                   for part in range(len(trace.files))]
+        outputs = output_paths(trace, dst)
+        check_copy_outputs(dst, outputs, trace.paths, force, "conversion")
         with staged_outputs(outputs, trace.paths, force) as staging:
             for part, (file, out) in enumerate(zip(trace.files, outputs)):
                 meta = {**file.meta, "format_version": FORMAT_VERSION}  # what the output is written in
@@ -59,12 +60,13 @@ def _abort(writer: TraceWriter) -> None:
 def _copy_part(trace: Trace, part: int, writer: TraceWriter) -> None:
     batch, size = [], 0
     for i in np.flatnonzero(trace.index.part == part):
-        record = trace.read(int(i))
+        record = read_copy(trace, int(i))
         batch.append(record)
         size += record.nbytes
         if size >= BATCH_BYTES:
             writer.write(batch)
             batch, size = [], 0
+    check_tokens(trace, part)
     tokens = trace.tokens_record(part)
     writer.write(batch if tokens is None else [*batch, tokens])
     final = trace.files[part].final

@@ -188,6 +188,25 @@ def _check_names(file: TraceFile) -> None:
         raise TraceError(file.path, f"a tensor name holds a NUL character ({bad!r})")
 
 
+def check_rank_set(files: Sequence[TraceFile]) -> None:
+    """Refuse rank files read as one trace that are not one run's: a file whose metadata's ``rank``
+    contradicts its name's ``.rankN``, or whose ``world_size`` differs from the first file's (a file
+    that joined the set by its name alone, such as a copy of another trace)."""
+    if len(files) < 2:
+        return
+    first = files[0]
+    for file in files:
+        named = re.fullmatch(r".+\.rank(\d+)", file.path.stem)
+        rank = file.meta.get("rank")
+        if named is not None and isinstance(rank, int) and rank != int(named.group(1)):
+            raise TraceError(file.path, f"its metadata says rank {rank} but its name says rank "
+                                        f"{named.group(1)}: not a rank file of this trace")
+        if file.meta.get("world_size") != first.meta.get("world_size"):
+            raise TraceError(file.path, f"its metadata says world_size {file.meta.get('world_size')} but "
+                                        f"{first.path.name} says {first.meta.get('world_size')}: not a rank "
+                                        "file of the same run")
+
+
 class Trace:
     """A trace opened for reading: metadata, the record index, and tensors on demand."""
 
@@ -200,6 +219,7 @@ class Trace:
             for part, path in enumerate(paths):
                 self.files.append(open_file(Path(path), part, verify=verify))
                 _check_names(self.files[-1])
+            check_rank_set(self.files)
         except BaseException:
             self.close()
             raise

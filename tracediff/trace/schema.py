@@ -88,6 +88,9 @@ class Record:
     request: np.ndarray = field(default_factory=lambda: _EMPTY_STR)
     position: np.ndarray = field(default_factory=lambda: _EMPTY_INT)
     token_id: np.ndarray = field(default_factory=lambda: _EMPTY_INT)
+    # (data, record, rows) checksums a writer stores as they are instead of computing them: a copy
+    # of a record read unchecked (--no-verify) carries its source's, so corrupt bytes stay corrupt
+    checksums: tuple[int, int, int] | None = field(default=None, compare=False, repr=False)
 
     @property
     def n_rows(self) -> int:
@@ -249,11 +252,15 @@ def _crc_of_array(values: np.ndarray, dtype: np.dtype | None = None, crc: int = 
 def batch_checksums(records: Sequence[Record]) -> np.ndarray:
     """``record_checksums`` of each record, as a writer's uint32 [n, 3] column block: the same values
     by the same definitions, computed with fewer Python steps (buffers checksummed in place, the
-    name-and-dtype tail of each distinct pair encoded once), since a writer pays this per record."""
+    name-and-dtype tail of each distinct pair encoded once), since a writer pays this per record.
+    A record that carries ``checksums`` gets those, as they are."""
     sums: list[tuple[int, int, int]] = []
     tails: dict[tuple[str, str], bytes] = {}
     crc32, heads = zlib.crc32, _HEADS
     for r in records:
+        if r.checksums is not None:  # carried from the record's source (a copy read unchecked)
+            sums.append(r.checksums)
+            continue
         data, shape, request, position, token_id = r.data, r.data.shape, r.request, r.position, r.token_id
         head = heads.get(len(shape))
         if head is None:

@@ -6,22 +6,20 @@ on it."""
 from __future__ import annotations
 
 import fnmatch
-import glob
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from tracediff.errors import InputError
-from tracediff.trace.output import check_outputs, staged_outputs
-from tracediff.trace.reader import Trace, open_trace, rank_files
+from tracediff.trace.copies import check_copy_outputs, check_tokens, output_paths, read_copy
+from tracediff.trace.output import staged_outputs
+from tracediff.trace.reader import Trace, open_trace
 from tracediff.trace.schema import FORMAT_VERSION, Record, tokens_record
 from tracediff.trace.writer import TraceWriter, format_for, open_writer
 
 BATCH_BYTES = 64 << 20
 Keys = tuple[np.ndarray, np.ndarray, np.ndarray]  # (request, position, token_id) of token table entries
-RANKED = re.compile(r"(.+)\.rank\d+")  # the stem of a rank file's name: ``NAME.rankN`` (+ its suffix)
 
 
 @dataclass(frozen=True)
@@ -175,16 +173,9 @@ def slice_trace(src: str | Path | Trace, dst: str | Path, selection: Selection,
         return _slice(trace, dst, selection, force)
 
 
-def _output_paths(trace: Trace, dst: Path) -> list[Path]:
-    """One output per rank file of ``trace``."""
-    if len(trace.files) == 1:
-        return [dst]
-    return [dst.with_name(f"{dst.stem}.rank{part}{dst.suffix}") for part in range(len(trace.files))]
-
-
 def _slice(trace: Trace, dst: Path, selection: Selection, force: bool) -> SliceResult:
-    outputs = _output_paths(trace, dst)
-    _check_outputs(dst, outputs, trace.paths, force)
+    outputs = output_paths(trace, dst)
+    check_copy_outputs(dst, outputs, trace.paths, force, "slice")
     plans = [_plan(trace, np.flatnonzero(trace.index.part == k), selection) for k in range(len(outputs))]
     tokens = [_tokens(trace, part, selection) for part in range(len(outputs))]
     held = [bool(plan[0]) or bool(len(kept[1])) for plan, kept in zip(plans, tokens)]
@@ -219,36 +210,6 @@ def _slice(trace: Trace, dst: Path, selection: Selection, force: bool) -> SliceR
                        unmatched_names=[g for g in selection.names or ()
                                         if not any(fnmatch.fnmatchcase(n, g) for n in every)],
                        unmatched_requests=[r for r in selection.requests or () if r not in seen])
-
-
-def _check_outputs(dst: Path, outputs: list[Path], sources: list[Path], force: bool) -> None:
-    """Refuse outputs that would overwrite a file unless forced (the input, a link or a non-regular
-    file ever), or hide rank files."""
-    check_outputs(outputs, sources, force)
-    siblings = [] if dst.exists() else [p for p in rank_files(dst) if p != dst]
-    if len(outputs) == 1 and siblings:
-        raise InputError(dst, f"is the stem of the rank files {', '.join(p.name for p in siblings)}: a "
-                              "trace written there would hide them (choose another name)")
-    if len(outputs) > 1 and dst.exists():
-        raise InputError(dst, "exists: it would hide the slice's rank files (choose another name)")
-    if len(outputs) > 1 and siblings:  # more rank files than the slice writes: read with it as one trace
-        raise InputError(siblings[0], "exists: it would be read as a rank of the slice (choose another name)")
-    for out in outputs:
-        joined = [p for p in _rank_set(out) if p not in outputs]
-        if joined:
-            raise InputError(out, f"would join the rank files {', '.join(p.name for p in joined)} (read with "
-                                  "them as one trace): choose another name")
-
-
-def _rank_set(path: Path) -> list[Path]:
-    """The existing files ``NAME.rankN.EXT`` of the trace a file named ``NAME.rankM.EXT`` would
-    belong to (none for other names)."""
-    m = RANKED.fullmatch(path.stem)
-    if m is None:
-        return []
-    named = re.compile(re.escape(m.group(1)) + r"\.rank\d+" + re.escape(path.suffix))
-    return sorted(p for p in path.parent.glob(f"{glob.escape(m.group(1))}.rank*{glob.escape(path.suffix)}")
-                  if named.fullmatch(p.name) and p.is_file())
 
 
 def _open_output(path: Path, target: Path, meta: dict) -> TraceWriter:
@@ -306,18 +267,10 @@ def _in(request: np.ndarray, requests: tuple[str, ...]) -> np.ndarray:
     return np.isin(request.astype(str), np.asarray(requests, dtype=str))
 
 
-def _subset(record: Record, rows: np.ndarray | None) -> Record:
-    if rows is None:
-        return record
-    record.data = record.data[rows]
-    record.request, record.position, record.token_id = (record.request[rows], record.position[rows],
-                                                        record.token_id[rows])
-    return record
-
-
 def _tokens(trace: Trace, part: int, selection: Selection) -> Keys:
     """(request, position, token_id) of one rank file's token table entries that the selection keeps:
     those of the kept requests (all of them when no request is named)."""
+    check_tokens(trace, part)
     request, position, token_id = trace.token_keys(part)
     if selection.requests is not None and len(position):
         keep = _in(request, selection.requests)
@@ -333,7 +286,7 @@ def _copy_part(trace: Trace, part: int, plan: list[tuple[int, np.ndarray | None]
     written: set[str] = set()
     size = records = rows = data_bytes = 0
     for i, keep in plan:
-        record = _subset(trace.read(i), keep)
+        record = read_copy(trace, i, keep)
         batch.append(record)
         written.add(record.name)
         size += record.nbytes
