@@ -152,4 +152,14 @@ def test_replay_out_is_written_whole_and_never_over_an_existing_file(tmp_path) -
     onto_input = cli("replay", str(link), *args[1:], "--out", str(link), "--force")
     assert onto_input.returncode == 2 and "input" in onto_input.stderr
     assert link.read_bytes() == (SAMPLES / "serving.h5").read_bytes()
+    draft = tmp_path / "draft"
+    shutil.copytree(SAMPLES / "draft", draft)
+    weights = tmp_path / "weights.h5"
+    weights.hardlink_to(draft / "model.safetensors")  # an output that is the draft's weights
+    with_draft = [args[0], "--draft", str(draft), *args[3:]]
+    onto_weights = cli("replay", *with_draft, "--out", str(weights), "--force")
+    assert onto_weights.returncode == 2 and "input" in onto_weights.stderr
+    assert weights.read_bytes() == (SAMPLES / "draft" / "model.safetensors").read_bytes()
+    shutil.rmtree(draft)
+    weights.unlink()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".")]

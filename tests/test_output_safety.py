@@ -227,6 +227,19 @@ def test_record_out_refuses_a_dangling_link_even_with_force(tmp_path) -> None:
     assert not (tmp_path / "made.h5").exists()
 
 
+@pytest.mark.parametrize("command", ["convert", "record"])
+def test_an_unwritable_output_directory_is_refused_before_any_work(b, command) -> None:
+    """`record --out` into a read-only directory ran the command, recorded nothing and exited 0
+    blaming the --watch globs; every writer now refuses it up front. /proc/self is one that no
+    process, root included, may create files in."""
+    out = Path("/proc/self/run.h5")
+    args = ([str(b), str(out)] if command == "convert"
+            else ["--out", str(out), "--watch", "model.*", "--", sys.executable, "-c", "0"])
+    done = cli(command, *args)
+    assert done.returncode == 2
+    only_line(done.stderr, out, "output directory /proc/self is not writable")
+
+
 # ---- whole or nothing: a full disk, Ctrl-C ------------------------------------------------------------
 
 FULL_DISK = """

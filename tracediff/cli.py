@@ -347,12 +347,13 @@ def replay(
         fail("--aux", f"--aux-convention {aux_convention} takes a draft's ids, got {aux!r}" if by_family
              else str(exc))
 
+    inputs = [trace, *checkpoint_files(draft), *(checkpoint_files(target) if target else [])]
     if out is not None:
-        guarded(out, lambda: check_output(out, [trace, draft], force))  # before the replay: it may be long
+        guarded(out, lambda: check_output(out, inputs, force))  # before the replay: it may be long
 
     def run() -> None:
         nonlocal spec
-        with open_trace(trace) as opened, (staged_output(out, [trace, draft], force) if out
+        with open_trace(trace) as opened, (staged_output(out, inputs, force) if out
                                            else contextlib.nullcontext()) as staged:
             if ids is not None:
                 spec = serving_aux(aux_convention, opened.contract, ids, target, trace)
@@ -377,6 +378,14 @@ def replay(
             render_replay(console, report, None if served is None else 1 + float(served.mean()))
 
     guarded(trace, run)
+
+
+def checkpoint_files(checkpoint: Path) -> list[Path]:
+    """A checkpoint directory and the files in it (an output may be none of them), or the file."""
+    try:
+        return [checkpoint, *checkpoint.iterdir()] if checkpoint.is_dir() else [checkpoint]
+    except OSError:
+        return [checkpoint]
 
 
 def serving_aux(producer: str, contract: dict, ids: list[int], target: Path | None, trace: Path) -> Any:

@@ -459,14 +459,13 @@ def check(config: LaunchConfig, command: Sequence[str], producers: Sequence[Plug
     file (a link, dangling or not, a device, a FIFO, a directory)."""
     if not command:
         raise InputError("--", "no command to run: tracediff record --out run.h5 -- CMD ARGS...")
-    from tracediff.trace.output import check_output
+    from tracediff.trace.output import check_directory, check_output
     from tracediff.trace.storage import unwritable_suffix
 
     out = Path(config.out)
     if problem := unwritable_suffix(out):
         raise InputError(out, problem)
-    if not out.parent.is_dir():
-        raise InputError(out, f"output directory {out.parent} does not exist")
+    check_directory(out)
     taken = existing_outputs(out)
     for path in taken:  # a link (dangling too), device, FIFO or directory: never, even with --force
         check_output(path, (), force=True)

@@ -58,15 +58,23 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def check_directory(path: Path) -> None:
+    """InputError unless ``path``'s directory exists and this process may create files in it (a
+    read-only file system or directory is refused before any work, not found out at the end)."""
+    parent = path.parent
+    if not parent.is_dir():
+        raise InputError(path, f"output directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(path, f"output directory {parent} is not writable")
+
+
 def check_output(path: str | Path, inputs: Iterable[str | Path] = (), force: bool = False, *,
                  directory: bool = False) -> None:
     """InputError (one line) unless ``path`` may be written: it does not exist, or under ``force`` it
     is a regular file that is none of ``inputs``; with ``directory`` (an output that is a directory)
     it may also be an empty directory, never anything else. Its parent must be a directory."""
     path = Path(path)
-    parent = path.parent
-    if not parent.is_dir():
-        raise InputError(path, f"output directory {parent} does not exist")
+    check_directory(path)
     try:
         st = os.lstat(path)
     except FileNotFoundError:
