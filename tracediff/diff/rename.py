@@ -74,7 +74,14 @@ def _once(path: Path, entries: list[tuple[str, str]]) -> dict[str, str]:
 def renamed(names: list[str], rename: dict[str, str], names_a: list[str]) -> dict[str, str]:
     """Each of b's ``names`` -> the name it is compared under. Two of b's tensors under one name, or
     a map that moves a name both traces hold to one a lacks (a typo), would hide a tensor from the
-    compare: that is an error, not a silent choice."""
+    compare: that is an error, not a silent choice; so is a map from a name b lacks (a typo that
+    would match nothing, and then name in hints a tensor b does not hold)."""
+    held = set(names)
+    for name, target in rename.items():
+        if name not in held:
+            hint = did_you_mean(name, names)
+            raise InputError("--map", f"{name!r}={target!r}: b has no tensor named {name!r}"
+                                      + (f" ({hint})" if hint else "") + ": the map would match nothing")
     out = {name: rename.get(name, name) for name in names}
     for name, target in out.items():
         if name in names_a and target not in names_a:
