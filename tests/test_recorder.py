@@ -82,7 +82,8 @@ def test_disabled_recorder_writes_nothing(tmp_path) -> None:
     assert rec.writer_thread is None and not (tmp_path / "off.h5").exists()
 
 
-def test_bad_log_call_warns_once_stops_and_never_raises(tmp_path, fmt, caplog) -> None:
+def test_bad_log_call_warns_once_costs_its_record_and_never_raises(tmp_path, fmt, caplog) -> None:
+    """One bad call costs its own record (counted), not the recording: the calls after it are kept."""
     path = tmp_path / f"bad.{fmt}"
     with caplog.at_level(logging.WARNING, logger="tracediff"):
         with td.record(path) as rec:
@@ -94,8 +95,9 @@ def test_bad_log_call_warns_once_stops_and_never_raises(tmp_path, fmt, caplog) -
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "do not match token_ids" in warnings[0].getMessage()
     with td.open_trace(path) as trace:
-        assert trace.names() == ["good"]
-        assert "log('bad')" in trace.finals[0]["stopped"]
+        assert trace.names() == ["good", "later"]
+        assert trace.finals[0]["stopped"] is None
+        assert trace.finals[0]["dropped_reasons"] == {"invalid log call: ValueError": 2}
 
 
 def fill_disk_under(path) -> None:
@@ -400,10 +402,11 @@ def test_default_mode_never_raises_the_same_misuse(tmp_path, fmt, monkeypatch, c
     with caplog.at_level(logging.WARNING, logger="tracediff"):
         with td.record(path) as rec:
             assert not rec.strict
-            # but for the row-count mismatch (it stops recording, tested above) all is accepted
+            # but for the row-count mismatch (it costs its record, tested above) all is accepted
             raised = strict_misuse(rec, torch, skip=(0,))
         assert raised == ["ok"] * 7
-        assert "request_tokens('r')" in rec.stopped  # the 2-D token list: warned once, stopped
+        assert rec.stopped is None  # the 2-D token list: warned once, that call dropped (counted)
+        assert rec.token_calls_dropped == 1
         missing = td.record(tmp_path / "missing" / f"t.{fmt}")
     assert not missing.active and "output directory" in missing.stopped
     assert "does not exist" in missing.stopped
@@ -415,7 +418,7 @@ def test_default_mode_never_raises_the_same_misuse(tmp_path, fmt, monkeypatch, c
 
 def test_reserved_names_and_negative_depths_are_refused(tmp_path) -> None:
     """A tensor named like the format's own records would corrupt the trace, and one holding a NUL
-    could never be read back: refused (strict mode raises; by default the recorder stops and the
+    could never be read back: refused (strict mode raises; by default that record is dropped, counted, and the
     host goes on)."""
     for bad in ({"name": "__tokens__"}, {"name": "h", "depth": -1}, {"name": "h\x00"}):
         with td.record(tmp_path / "x.h5", strict=True) as rec:
@@ -423,7 +426,10 @@ def test_reserved_names_and_negative_depths_are_refused(tmp_path) -> None:
                 rec.log(bad["name"], np.zeros((2, 3), np.float32), token_ids=[1, 2], depth=bad.get("depth"))
         with td.record(tmp_path / "y.h5") as rec:
             rec.log(bad["name"], np.zeros((2, 3), np.float32), token_ids=[1, 2], depth=bad.get("depth"))
-            assert not rec.active and any(w in rec.stopped for w in ("reserved", "depth", "NUL"))
+            rec.log("ok", np.zeros((2, 3), np.float32), token_ids=[1, 2])
+            assert rec.active and rec.dropped_reasons == {"invalid log call: ValueError": 1}
+        with td.open_trace(tmp_path / "y.h5") as trace:
+            assert trace.names() == ["ok"]
 
 
 def test_contract_values_json_cannot_hold_never_cost_the_final_metadata(tmp_path) -> None:
@@ -445,3 +451,33 @@ def test_a_single_request_filter_is_one_request_not_its_characters(tmp_path) -> 
         rec.log("h", np.zeros((2, 1, 3), np.float32), token_ids=[[1], [2]], request=["req0", "req1"])
     with td.open_trace(tmp_path / "r.h5") as trace:
         assert trace.rows("h").request.tolist() == ["req0"]
+
+
+def test_threads_recording_in_their_own_context_blocks_keep_their_own_keys(tmp_path) -> None:
+    """Two threads each in `with rec.context(request=...)`: 40 of 2400 rows carried the other
+    thread's request, and with four threads a log ran with no token ids and stopped the recording."""
+    import threading
+
+    path = tmp_path / "threads.h5"
+    with td.record(path, on_full="block") as rec:
+        rec.set_context(request="shared", token_ids=np.arange(4))  # outside any block: every thread's
+
+        def work(k: int) -> None:
+            for i in range(200):
+                with rec.context(step=i, request=f"t{k}", token_ids=np.arange(4) + k):
+                    rec.log("a", np.full((4, 8), float(k), np.float32))
+            rec.log("b", np.full((4, 8), float(k), np.float32), step=0)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert rec.stopped is None and not rec.dropped
+    with td.open_trace(path) as trace:
+        rows = trace.rows("a")
+        values = rows.numpy()[:, 0].astype(int)
+        assert len(values) == 4 * 200 * 4
+        assert [f"t{v}" for v in values] == list(rows.request)
+        assert (rows.token_id - values == np.tile(np.arange(4), 800)).all()
+        assert set(trace.rows("b").request) == {"shared"}

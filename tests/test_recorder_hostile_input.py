@@ -73,6 +73,20 @@ def test_metadata_of_more_json_values_than_a_reader_takes_is_left_out_not_the_tr
     assert cli("show", str(path)).returncode == 0
 
 
+@pytest.mark.parametrize("meta", [{"aux_layer_ids": [1, 15, 28], 2: "b"}, ["a"]],
+                         ids=["mixed-keys", "a-list"])
+def test_metadata_of_the_wrong_shape_never_costs_the_trace(path, meta, caplog):
+    """Top-level keys of mixed types stopped the recorder at open (TypeError from sorting them), and
+    metadata that is not a dict too: no file at all."""
+    with td.record(path, meta=meta) as rec:
+        log_some(rec)
+    trace = reads_whole(path)
+    if isinstance(meta, dict):
+        assert trace.meta["contract"] == {"aux_layer_ids": [1, 15, 28], "2": "b"}
+    else:
+        assert trace.meta["contract"] == {} and "a dict of contract values" in caplog.text
+
+
 def test_contract_updates_the_reader_would_refuse_are_fixed_or_left_out(path):
     with td.record(path) as rec:
         log_some(rec)
@@ -102,16 +116,17 @@ def test_a_lone_surrogate_in_a_name_or_request_costs_that_record_only(path):
     assert shown.returncode == 0 and "3" in shown.stdout
 
 
-def test_records_logged_after_a_failure_are_counted_as_dropped(path):
-    rec = td.record(path)
+def test_records_logged_after_recording_stopped_are_counted_as_dropped(path):
+    """200 logged, 76 written, 0 dropped: now the 124 after the stop are counted."""
+    rec = td.record(path, max_bytes=76 * 32)  # log_some's records are 32 bytes
     log_some(rec, 76)
-    rec.log("__tokens__", np.zeros((2, 4), np.float32), token_ids=np.arange(2))  # misuse: stops recording
+    assert rec.stopped is None
+    log_some(rec, 124)  # the first passes the byte budget: recording stops
     assert rec.stopped is not None
-    log_some(rec, 124)
     rec.close()
     assert rec.records_written == 76 and rec.dropped_reasons == {"stopped": 124}
-    final = td.open_trace(path).finals[0]  # closed when recording stopped, before the later calls
-    assert final["records"] == 76 and "__tokens__" in final["stopped"]
+    final = td.open_trace(path).finals[0]
+    assert final["records"] == 76 and "byte budget" in final["stopped"]
 
 
 SECOND_WRITER = """
@@ -171,3 +186,13 @@ def test_a_lock_left_by_a_killed_recorder_does_not_block_the_next(path):
         assert rec.active
         log_some(rec)
     reads_whole(path)
+
+
+def test_a_bytes_request_id_costs_its_record_not_a_wrong_id(path):
+    """request=b"x" was recorded as request "120" (the bytes iterated as ints)."""
+    with td.record(path) as rec:
+        rec.log("x", np.zeros((2, 4), np.float32), token_ids=np.arange(2), request=b"x")
+        rec.log("x", np.zeros((2, 4), np.float32), token_ids=np.arange(2), request=[b"a", b"b"])
+        log_some(rec)
+        assert rec.dropped_reasons == {"invalid log call: TypeError": 2}
+    assert set(reads_whole(path).rows("x").request) == {"r"}

@@ -65,6 +65,13 @@ def storable(values: dict, strict: bool, path: Path, taken: dict | None = None) 
     left out with a warning naming the trace at ``path``, or raise in strict mode."""
     out: dict = {}
     cleaned = False
+    if not isinstance(values, dict):
+        if strict:
+            raise ValueError(f"metadata must be a dict of contract values, got {type(values).__name__}")
+        logger.warning("tracediff: metadata for %s left out: a dict of contract values was expected, got %s",
+                       path, type(values).__name__)
+        return out
+    values = {k if isinstance(k, str) else str(k): v for k, v in values.items()}  # as JSON would write them
     held = dumps_meta(taken).encode() if taken else b""
     budget = MAX_META_BYTES - META_ROOM - len(held)
     values_left = MAX_META_VALUES - VALUES_ROOM - value_count(held)

@@ -67,6 +67,9 @@ from tracediff.trace.schema import RESERVED_PREFIX, dumps_meta
 from tracediff.trace.writer import TraceWriter, format_for, open_writer
 
 logger = logging.getLogger("tracediff")
+# What a call's own arguments raise (a name, keys that do not fit the tensor, a value out of range):
+# that call's record is dropped and counted; any other exception is a recorder failure and stops it.
+BAD_CALL = (ValueError, TypeError, OverflowError, IndexError, KeyError)
 
 MiB = 1 << 20
 CLOSE_TIMEOUT = 15.0  # seconds close() and interpreter exit wait for a busy writer, by default
@@ -100,6 +103,7 @@ class Recorder(QueueAccounting, WriterThread):
         world_size: int | None = None,
         enabled: bool = True,
         strict: bool | None = None,
+        host: bool = True,
     ) -> None:
         if on_full not in ("drop", "block"):
             raise ValueError(f"on_full must be 'drop' or 'block', got {on_full!r}")
@@ -117,10 +121,13 @@ class Recorder(QueueAccounting, WriterThread):
         self.dropped: Counter[str] = Counter()  # records not written, by name
         self.dropped_reasons: Counter[str] = Counter()  # the same records, by reason
         self.stopped: str | None = None
+        self.host = host  # False (an importer): no disk room kept free, and its caller reports stops
+        self.failure: BaseException | None = None
         self.records_written = 0
         self.bytes_written = 0
         self._contract_updates: dict = {}
-        self._ctx = RowContext()
+        self._shared_ctx = RowContext()  # set_context outside any context block: every thread's
+        self._local = threading.local()  # .ctx: a context block's keys, this thread's alone
         self._seq = itertools.count()
         self._admitted = 0
         self._queued = 0
@@ -130,6 +137,7 @@ class Recorder(QueueAccounting, WriterThread):
         self._sealed = False  # the writer takes nothing more from the queue: log counts what comes
         self._abandoned = False  # close gave up waiting: the writer stops at its next write
         self._warned_refused = False
+        self._warned_bad_call = False
         self._flush_requests = 0  # flush() asks the writer to write now without waiting for the interval
         self._flush_done = 0  # the last request the writer has honoured
         self._active = False
@@ -213,6 +221,10 @@ class Recorder(QueueAccounting, WriterThread):
             return
         try:
             self._log(name, tensor, step, request, positions, token_ids, depth, attention_mask)
+        except BAD_CALL as exc:
+            if self.strict:
+                raise
+            self._refuse_call(name, "log", exc)
         except Exception as exc:
             if self.strict:
                 raise
@@ -236,6 +248,10 @@ class Recorder(QueueAccounting, WriterThread):
                 if self.strict:
                     self._check_layout(name, (True, tag_of_tensor(tensor), None))
                 self._submit(name, tensor, self._ctx.step if step is None else step, 0, None, None)
+        except BAD_CALL as exc:
+            if self.strict:
+                raise
+            self._refuse_call(name, "log_static", exc)
         except Exception as exc:
             if self.strict:
                 raise
@@ -255,6 +271,11 @@ class Recorder(QueueAccounting, WriterThread):
                 self.token_calls_dropped += 1
                 return
             self._learn(keys, None, declared=True)
+        except BAD_CALL as exc:
+            if self.strict:
+                raise
+            self.token_calls_dropped += 1
+            self._warn_bad_call("request_tokens", exc)
         except Exception as exc:
             if self.strict:
                 raise
@@ -263,17 +284,28 @@ class Recorder(QueueAccounting, WriterThread):
     def set_context(self, **fields: Any) -> None:
         """Set row keys (step, depth, request, positions, token_ids, attention_mask) for hooks and
         later logs. New token_ids drop the positions and mask of the old ones unless given too."""
-        self._ctx = replace(self._ctx, **_context_fields(fields))
+        updated = replace(self._ctx, **_context_fields(fields))
+        if getattr(self._local, "ctx", None) is not None:  # inside this thread's context block
+            self._local.ctx = updated
+        else:
+            self._shared_ctx = updated
 
     @contextmanager
     def context(self, **fields: Any) -> Iterator[None]:
-        """Row keys for the duration of a block (e.g. one forward pass), then the old ones."""
-        saved = self._ctx
-        self._ctx = replace(saved, **_context_fields(fields))
+        """Row keys for the duration of a block (e.g. one forward pass), then the old ones. A block's
+        keys are its thread's: threads recording at once each keep their own."""
+        saved = getattr(self._local, "ctx", None)
+        self._local.ctx = replace(self._ctx, **_context_fields(fields))
         try:
             yield
         finally:
-            self._ctx = saved
+            self._local.ctx = saved
+
+    @property
+    def _ctx(self) -> RowContext:
+        """The row keys a log call of this thread takes by default."""
+        own = getattr(self._local, "ctx", None)
+        return own if own is not None else self._shared_ctx
 
     def update_contract(self, **values: Any) -> None:
         """Add contract metadata learned during the run (e.g. resolved aux ids); written at close.
@@ -426,6 +458,7 @@ class Recorder(QueueAccounting, WriterThread):
             else int(tensor.nelement() * tensor.element_size())
         if self.max_bytes is not None and self._admitted + nbytes > self.max_bytes:
             self._stop(f"byte budget of {self.max_bytes} reached")
+            self._drop(name, STOPPED)  # this record and every later one: counted, never written
             return
         key_bytes = 0 if keys is None else keys.n_rows * ROW_BYTES + keys.id_bytes()
         cost = host_bytes(tensor) + RECORD_OVERHEAD + key_bytes
@@ -451,7 +484,7 @@ class Recorder(QueueAccounting, WriterThread):
             return
         if self._closing and self.stopped is None:
             self._drop(clean_text(name), CLOSED)
-        elif self.stopped is not None and self.stopped.startswith(("error in", "disk nearly full")):
+        elif self.stopped is not None:  # after any stop (a failure, a full disk, the byte budget)
             self._drop(clean_text(name), STOPPED)
 
     def _refuse_text(self, name: str, what: str) -> None:
@@ -459,6 +492,19 @@ class Recorder(QueueAccounting, WriterThread):
         if self.strict:
             raise ValueError(f"{clean_text(name)}: {what} that is not valid Unicode (a lone surrogate)")
         self._refuse(clean_text(name), f"{what} that is not valid Unicode")
+
+    def _refuse_call(self, name: Any, call: str, exc: Exception) -> None:
+        """A call whose arguments do not make a record (a bad name, keys that do not fit the tensor, a
+        value out of range): that record is dropped and counted, the first such call warned about,
+        and recording goes on (one bad value costs one record)."""
+        self._drop(clean_text(str(name)), f"invalid {call} call: {type(exc).__name__}")
+        self._warn_bad_call(call, exc)
+
+    def _warn_bad_call(self, call: str, exc: Exception) -> None:
+        if not self._warned_bad_call:
+            self._warned_bad_call = True
+            logger.warning("tracediff: a %s call to %s was not recorded (%s: %s); counted in dropped, "
+                           "recording goes on", call, self.path, type(exc).__name__, exc)
 
     def _refuse(self, name: str, why: str) -> None:
         """A tensor no trace can hold: dropped and counted; the first one is warned about."""
@@ -490,7 +536,8 @@ class Recorder(QueueAccounting, WriterThread):
         with self._cv:
             if self.stopped is None:
                 self.stopped = reason
-                logger.log(level, "tracediff: recording to %s stopped: %s", self.path, reason)
+                if self.host:
+                    logger.log(level, "tracediff: recording to %s stopped: %s", self.path, reason)
             self._active = False
             self._cv.notify_all()
 
@@ -499,10 +546,12 @@ class Recorder(QueueAccounting, WriterThread):
             if self.stopped is not None:
                 return
             self.stopped = f"error in {where}: {type(exc).__name__}: {exc}"
+            self.failure = exc
             self._active = False
             self._cv.notify_all()
-        logger.warning("tracediff: recording to %s stopped (%s); the host keeps running", self.path,
-                       self.stopped)
+        if self.host:
+            logger.warning("tracediff: recording to %s stopped (%s); the host keeps running", self.path,
+                           self.stopped)
 
 
 def _check_name(name: str) -> None:

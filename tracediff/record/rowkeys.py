@@ -131,13 +131,22 @@ def sequence_keys(request: Any, token_ids: Any, start: int) -> LogRowKeys:
                       position=np.arange(int(start), int(start) + len(ids), dtype=np.int64), token_id=ids)
 
 
+def _one_id(request: Any) -> str:
+    """One id as text; bytes are refused (str() of them reads b'...', iterating them gives ints)."""
+    if isinstance(request, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a request id is text (str), not {type(request).__name__}")
+    return str(request)
+
+
 def _request_ids(request: Any, step: int, batch: int, n_rows: int) -> np.ndarray:
     """A single id, one per batch row, or one per row; default ``s{step}b{row}``."""
     if request is None:
         return np.array([f"s{step}b{b}" for b in range(batch)], dtype=object)
     if isinstance(request, (str, int, np.integer)):
         return np.array([str(request)], dtype=object)
-    ids = np.array([str(r) for r in request], dtype=object)
+    if isinstance(request, (bytes, bytearray, memoryview)):
+        raise TypeError(f"a request id is text (str), not {type(request).__name__}")
+    ids = np.array([_one_id(r) for r in request], dtype=object)
     if len(ids) not in (batch, n_rows):
         raise ValueError(f"{len(ids)} request ids for {batch} batch rows and {n_rows} rows")
     return ids
