@@ -89,13 +89,13 @@ def test_disk_full_stops_recording_host_keeps_running(tmp_path, fmt) -> None:
     done = run_python(DISK_FULL_HOST, str(path), str(LIMIT))
     assert done.returncode == 0, done.stderr
     assert "host finished" in done.stdout and done.stdout.strip().endswith("False")
-    assert done.stderr.count("tracediff:") == 1 and "disk nearly full" in done.stderr
+    assert done.stderr.count("tracediff:") == 1 and "file size limit (RLIMIT_FSIZE" in done.stderr
     with td.open_trace(path) as trace:
         rows = trace.rows("h")
         steps = sorted(set(rows.step.tolist()))
         assert 0 < len(steps) < 400 and steps == list(range(len(steps)))
         assert all((rows.data[rows.step == s] == s).all() for s in steps)
-        assert "disk nearly full" in trace.finals[0]["stopped"]
+        assert "file size limit" in trace.finals[0]["stopped"]
     assert os.path.getsize(path) <= LIMIT
 
 

@@ -63,6 +63,10 @@ class WriterThread:
     dropped: Counter[str]
     dropped_reasons: Counter[str]
     token_calls_dropped: int
+    # False: a tool's recorder (an importer), no host's: it keeps no room free on the disk (it writes
+    # until the disk or the file size limit refuses a write) and leaves reporting a stop to its caller
+    host: bool = True
+    failure: BaseException | None  # what stopped the writer thread, if an error did
 
     if TYPE_CHECKING:  # the Recorder's other parts
         def _release(self, nbytes: int, tokens: bool = False) -> None: ...
@@ -149,8 +153,9 @@ class WriterThread:
                 cost += chunk[-1].nbytes
             if not chunk and not self._book.has_new():
                 break
-            if not self._room_for(cost):
-                self._stop(f"disk nearly full: less than {cost + ROOM_MARGIN} bytes left", logging.WARNING)
+            short = self._short_of_room(cost)
+            if short is not None:
+                self._stop(short, logging.WARNING)
                 backlog.extendleft(reversed(chunk))
                 break
             self._write([self._materialize(item) for item in chunk], tokens=not backlog)
@@ -174,20 +179,23 @@ class WriterThread:
         self.records_written += len(written)
         self.bytes_written += sum(r.nbytes for r in written)
 
-    def _room_for(self, nbytes: int) -> bool:
-        """Whether the disk and the process's file size limit leave room for nbytes and a margin.
-
-        Checked before every write: HDF5 cannot survive a failed write, so we stop cleanly first.
+    def _short_of_room(self, nbytes: int) -> str | None:
+        """Why the disk or the process's file size limit leaves no room for nbytes and a margin
+        (None: they do). Checked before every write of a host's recorder: HDF5 cannot survive a failed
+        write, so it stops cleanly first; a tool's recorder (``host`` False) keeps no margin.
         """
+        if not self.host:
+            return None
         needed = nbytes + ROOM_MARGIN
         stat = os.statvfs(self.path.parent)
         if stat.f_bavail * stat.f_frsize < needed:
-            return False
+            return f"disk nearly full: less than {needed} bytes left"
         if resource is not None:
             limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
             if limit != resource.RLIM_INFINITY and limit - os.path.getsize(self.path) < needed:
-                return False
-        return True
+                return f"file size limit (RLIMIT_FSIZE {limit} bytes) nearly reached: less than {needed} " \
+                       "bytes below it"
+        return None
 
     def _finish(self) -> None:
         """Close the file with the end-of-run metadata; after a write error or when abandoned, leave

@@ -38,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from tracediff.errors import InputError
+from tracediff.integrations.importing import RECORDER_OPTIONS, check_written
 from tracediff.integrations.torch_files import load_tensors, names_as_data
 from tracediff.record.host import tag_of_tensor
 from tracediff.record.recorder import Recorder
@@ -319,19 +320,21 @@ def import_sglang_dump(source: Path, out: Path, *, queue_bytes: int = QUEUE_BYTE
     check_outputs(paths, files, force)  # an existing output only with force; never a link or an input
     done = DumpImported(files=len(files), records=0, steps=0, paths=paths, steps_without_tokens=0, skipped=0)
     with staged_outputs(paths, files, force) as staging:  # no partial trace
-        for rank in sorted(by_rank):
-            _write_rank(by_rank[rank], staging / out.name, rank, world, source, done, queue_bytes)
+        for rank, target in zip(sorted(by_rank), paths):
+            _write_rank(by_rank[rank], staging / out.name, target, rank, world, source, done, queue_bytes)
     return done
 
 
-def _write_rank(dumps: list[Dump], out: Path, rank: int, world: int, source: Path,
+def _write_rank(dumps: list[Dump], out: Path, target: Path, rank: int, world: int, source: Path,
                 done: DumpImported, queue_bytes: int) -> None:
+    """Record one rank's dumps into ``out`` (staged; the Recorder adds ``.rankN`` for several ranks:
+    ``target``, the user's output, is that rank's file)."""
     steps: dict[int, list[Dump]] = defaultdict(list)
     for dump in sorted(dumps, key=lambda d: d.index):
         steps[dump.step].append(dump)
     contract = {"imported_from": "sglang-dump", "dump_dir": str(source), "name_map": "sglang_dump.trace_name"}
-    options: dict[str, Any] = dict(source="serving", meta=contract, on_full="block", block_timeout=600,
-                                   queue_bytes=queue_bytes)
+    options: dict[str, Any] = dict(source="serving", meta=contract, queue_bytes=queue_bytes,
+                                   **RECORDER_OPTIONS)
     if world > 1:
         options.update(rank=rank, world_size=world)
     book, untokened = Book(), 0
@@ -357,8 +360,7 @@ def _write_rank(dumps: list[Dump], out: Path, rank: int, world: int, source: Pat
         rec.update_contract(row_keys="tokens" if not untokened else
                             "step_position" if untokened == len(steps) else "mixed",
                             steps_without_tokens=untokened)
-    if rec.stopped or sum(rec.dropped.values()):
-        raise InputError(out, f"the trace was not written whole: {rec.stopped or dict(rec.dropped)}")
+    check_written(rec, target)
     done.records += rec.records_written
     done.steps += len(steps)
     done.steps_without_tokens += untokened

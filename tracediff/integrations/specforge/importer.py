@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from tracediff.errors import InputError
+from tracediff.integrations.importing import RECORDER_OPTIONS, check_written
 from tracediff.integrations.torch_files import load_tensors, names_as_data, refusal
 from tracediff.record.recorder import Recorder
 from tracediff.report.text import safe
@@ -119,14 +120,15 @@ def import_specforge_ckpt(source: Path, out: Path, *, aux_layer_ids: list[int] |
     if target_model is not None:
         contract["target_model"] = target_model
     with staged_output(out, files, force) as staged:  # a bad file half way: no half trace left behind
-        rows = _write(files, staged, contract, queue_bytes)
+        rows = _write(files, staged, out, contract, queue_bytes)
     return FeaturesImported(files=len(files), rows=rows, path=out)
 
 
-def _write(files: list[Path], out: Path, contract: dict[str, Any], queue_bytes: int) -> int:
+def _write(files: list[Path], out: Path, target: Path, contract: dict[str, Any], queue_bytes: int) -> int:
+    """Record the samples into ``out`` (the staged file of ``target``, the user's output)."""
     rows = 0
-    with Recorder(out, source="training", meta=contract, strict=True, on_full="block",
-                  block_timeout=600, queue_bytes=queue_bytes) as rec:
+    with Recorder(out, source="training", meta=contract, strict=True, queue_bytes=queue_bytes,
+                  **RECORDER_OPTIONS) as rec:
         rec.oversized_alone = True  # a record over queue_bytes waits for an empty queue, never refused
         for step, path in enumerate(files):
             sample = load_sample(path)
@@ -139,8 +141,7 @@ def _write(files: list[Path], out: Path, contract: dict[str, Any], queue_bytes: 
             except ValueError as exc:
                 raise InputError(path, str(exc)) from None
             rows += int(tokens.shape[0])
-    if rec.stopped or sum(rec.dropped.values()):
-        raise InputError(out, f"the trace was not written whole: {rec.stopped or dict(rec.dropped)}")
+    check_written(rec, target)
     return rows
 
 
