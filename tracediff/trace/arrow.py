@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import mmap
 import os
+import struct
 import tempfile
 import zlib
 from pathlib import Path
@@ -83,6 +84,90 @@ END_OF_STREAM = b"\xff\xff\xff\xff\0\0\0\0"
 INDEX_MERGE = 64  # a writer merges its index entries into one table every this many batches
 INDEX_HELD = 16384  # index entries a writer holds in memory (~1.4 MB); it spills them beyond that
 HELD_DECOMPRESSED = 256 << 20  # bytes of decompressed batches a reader holds (at least the one in use)
+# What a compressed batch's key columns may decompress to beyond the data its index entries declare:
+# this floor, plus per record its fixed columns, names and shape, plus per row its position, token id
+# and request id (a request id of more than ~200 bytes on every row of 2^18 rows or more is refused).
+KEYS_FLOOR = 64 << 20
+KEY_BYTES_PER_RECORD = 1024
+KEY_BYTES_PER_ROW = 256
+
+
+def _buffer_count(field_type: pa.DataType) -> int:
+    """IPC buffers of a column of this type, its children's included."""
+    return field_type.num_buffers + sum(_buffer_count(field_type.field(i).type)
+                                        for i in range(field_type.num_fields))
+
+
+DATA_VALUES = sum(_buffer_count(f.type) for f in SCHEMA_V2) - 1  # the data column's bytes: its last buffer
+
+
+class _Flat:
+    """A flatbuffer table of an IPC message's metadata, read with bounds checks (ValueError)."""
+
+    def __init__(self, buf: memoryview, pos: int) -> None:
+        self.buf, self.pos = buf, pos
+        self.vtable = pos - self._int("<i", pos)
+        self.vtable_len = self._int("<H", self.vtable)
+
+    def _int(self, fmt: str, at: int) -> int:
+        if at < 0 or at + struct.calcsize(fmt) > len(self.buf):
+            raise ValueError(f"flatbuffer offset {at} outside its {len(self.buf)} bytes")
+        return int(struct.unpack_from(fmt, self.buf, at)[0])
+
+    def _field(self, i: int) -> int:
+        slot = 4 + 2 * i
+        return self._int("<H", self.vtable + slot) if slot + 2 <= self.vtable_len else 0
+
+    def scalar(self, i: int, fmt: str) -> int:
+        at = self._field(i)
+        return self._int(fmt, self.pos + at) if at else 0
+
+    def table(self, i: int) -> _Flat | None:
+        at = self._field(i)
+        return _Flat(self.buf, self.pos + at + self._int("<I", self.pos + at)) if at else None
+
+    def structs(self, i: int, fmt: str) -> list[tuple]:
+        at = self._field(i)
+        if not at:
+            return []
+        vector = self.pos + at + self._int("<I", self.pos + at)
+        count, size = self._int("<I", vector), struct.calcsize(fmt)
+        if vector + 4 + count * size > len(self.buf):
+            raise ValueError(f"a flatbuffer vector of {count} entries past its end")
+        return list(struct.iter_unpack(fmt, self.buf[vector + 4 : vector + 4 + count * size]))
+
+
+RECORD_BATCH_HEADER = 3  # org.apache.arrow.flatbuf.MessageHeader.RecordBatch
+
+
+def _declared_sizes(message: pa.ipc.Message) -> tuple[int, int, int] | None:
+    """(rows, bytes, bytes of the data column) a record batch message decompresses to, from its
+    metadata and each compressed buffer's length prefix (what Arrow allocates for it), before any of
+    it is decompressed; None for an uncompressed message (its buffers are read in place)."""
+    meta = memoryview(message.metadata).cast("B")
+    root = _Flat(meta, struct.unpack_from("<I", meta, 0)[0] if len(meta) >= 4 else -1)
+    header = root.table(2)
+    if root.scalar(1, "<B") != RECORD_BATCH_HEADER or header is None:
+        raise ValueError("not a record batch message")
+    if header.table(3) is None:  # no BodyCompression
+        return None
+    body = message.body
+    body_view = memoryview(body).cast("B") if body is not None else memoryview(b"")
+    total = data = 0
+    for k, (offset, length) in enumerate(header.structs(2, "<qq")):
+        if length < 8:
+            continue  # an empty buffer
+        if offset < 0 or offset + 8 > len(body_view):
+            raise ValueError(f"buffer {k} at {offset} outside the message body ({len(body_view)} bytes)")
+        size = struct.unpack_from("<q", body_view, offset)[0]
+        if size == -1:  # stored uncompressed: read in place
+            continue
+        if size < 0:
+            raise ValueError(f"buffer {k} declares {size} bytes")
+        total += size
+        if k == DATA_VALUES:
+            data = size
+    return header.scalar(0, "<q"), total, data
 
 
 def _list_array(parts: Sequence[np.ndarray], value_type: pa.DataType) -> pa.ListArray:
@@ -378,6 +463,8 @@ class ArrowTraceFile(TraceFile):
         self._resident: dict[int, int] = {}  # decompressed batches held -> their bytes, oldest first
         self._data_columns: dict[int, tuple[pa.Buffer, np.ndarray, int | None]] = {}
         self._reader: pa.ipc.RecordBatchFileReader | None = None
+        self._keys_reader: pa.ipc.RecordBatchFileReader | None = None
+        self._messages: list[tuple[pa.ipc.Message, tuple[int, int, int] | None]] | None = None
         try:
             self._source = pa.memory_map(str(path), "r")
         except OSError as exc:
@@ -412,47 +499,79 @@ class ArrowTraceFile(TraceFile):
         return self.final is not None
 
     def _open(self) -> pa.Schema:
-        """Open by the footer; without one (the writer died), recover every whole batch of the stream."""
+        """Open by the footer; without one (the writer died), recover every whole batch of the stream.
+        Either way the stream's record batch messages are listed (their metadata read, nothing
+        decompressed): what each batch decompresses to is known before it is read."""
         try:
             self._reader = pa.ipc.open_file(self._source)
-            return self._reader.schema
         except pa.ArrowInvalid:
-            pass
-        self._source.seek(8)
+            self._reader = None
+        self._messages, schema = self._scan()
+        if self._reader is not None:
+            if self._messages is not None and len(self._messages) != self._reader.num_record_batches:
+                raise TraceError(self.path, f"its footer lists {self._reader.num_record_batches} record "
+                                            f"batches, its stream holds {len(self._messages)}")
+            return self._reader.schema
+        assert self._messages is not None and schema is not None  # a stream without a footer is listed whole
+        self._schema = schema
+        for b in range(len(self._messages)):  # a torn last batch: everything before it is intact
+            try:
+                batch = pa.ipc.read_record_batch(self._messages[b][0], schema)
+            except (pa.ArrowInvalid, OSError):
+                del self._messages[b:]
+                break
+            self._hold(b, batch)
+        return schema
+
+    def _scan(self) -> tuple[list[tuple[pa.ipc.Message, tuple[int, int, int] | None]] | None,
+                             pa.Schema | None]:
+        """The stream's record batch messages, each with what it declares it decompresses to; for a
+        file with a footer whose first batch is uncompressed, None (its batches are read in place)."""
         try:
-            stream = pa.ipc.open_stream(self._source)
-        except (pa.ArrowInvalid, OSError) as exc:
+            self._source.seek(len(ARROW_MAGIC))
+            body = pa.BufferReader(self._source.read_buffer(max(0, self._size - len(ARROW_MAGIC))))  # mapped
+            self._source.seek(0)
+            reader = pa.ipc.MessageReader.open_stream(body)
+            first = reader.read_next_message()
+            schema = pa.ipc.read_schema(first) if first.type == "schema" else None
+        except (pa.ArrowInvalid, OSError, StopIteration, ValueError) as exc:
+            if self._reader is not None:
+                return None, None  # what the footer says is read; bounds below still apply
             raise TraceError(self.path, f"truncated or corrupt Arrow trace: {describe(exc)}") from None
-        held = 0  # bytes decompressed: every batch of a stream is held (none can be read again)
+        if schema is None:
+            raise TraceError(self.path, "its Arrow stream does not open with a schema")
+        messages: list[tuple[pa.ipc.Message, tuple[int, int, int] | None]] = []
         while True:
             try:
-                batch = stream.read_next_batch()
+                message = reader.read_next_message()
             except StopIteration:
                 break
-            except (pa.ArrowInvalid, OSError):
-                break  # a torn last batch: everything before it is intact
-            held += self._decompressed(batch)
-            check_expansion(self.path, held, self._size,
-                            f"the stream's first {len(self._batches) + 1} batches")
-            self._batches[len(self._batches)] = batch
-        return stream.schema
+            except (pa.ArrowInvalid, OSError) as exc:
+                if self._reader is not None:
+                    raise TraceError(self.path, f"record batch {len(messages)} is corrupt: {describe(exc)}") \
+                        from None
+                break  # a torn last batch
+            if message.type != "record batch":
+                raise TraceError(self.path, f"its Arrow stream holds a {message.type} message; a trace holds "
+                                            "record batches")
+            try:
+                declared = _declared_sizes(message)
+            except ValueError as exc:
+                raise TraceError(self.path, f"record batch {len(messages)} is corrupt: "
+                                            f"{describe(exc)}") from None
+            if declared is None and not messages and self._reader is not None:
+                return None, schema  # uncompressed: nothing to decompress, nothing to list
+            messages.append((message, declared))
+        return messages, schema
 
     @property
     def _n_batches(self) -> int:
-        return self._reader.num_record_batches if self._reader is not None else len(self._batches)
+        return self._reader.num_record_batches if self._reader is not None else len(self._messages or ())
 
     def _load_batch(self, b: int) -> pa.RecordBatch:
-        """Batch ``b``, validated (offsets, lengths, UTF-8, no nulls) before anything reads it."""
-        batch = self._batches.get(b)
-        if batch is None:
-            if self._reader is None or not 0 <= b < self._n_batches:
-                raise TraceError(self.path, f"no record batch {b}")
-            starts = getattr(self, "_batch_starts", None)
-            if starts is not None and b + 1 < len(starts):  # what the index declares it holds, first
-                check_expansion(self.path, int(self._nbytes_of[self._slots_in(b)].sum()), self._size,
-                                f"record batch {b}")
-            batch = self._reader.get_batch(b)
-            self._hold(b, batch)
+        """Batch ``b``, validated (offsets, lengths, UTF-8, no nulls) before anything reads it; a
+        compressed one decompressed only once what it declares is within what is being read."""
+        batch = self._batch_read(b) if b not in self._batches else self._batches[b]
         if b not in self._sound:
             try:
                 batch.validate(full=True)
@@ -461,6 +580,43 @@ class ArrowTraceFile(TraceFile):
             _no_nulls(self.path, f"record batch {b}", batch.columns, batch.schema.names)
             self._sound.add(b)
         return batch
+
+    def _batch_read(self, b: int) -> pa.RecordBatch:
+        if not 0 <= b < self._n_batches:
+            raise TraceError(self.path, f"no record batch {b}")
+        declared = self._messages[b][1] if self._messages is not None else None
+        if declared is not None:
+            self._check_declared(b, *declared)
+        if self._reader is not None:
+            batch = self._reader.get_batch(b)
+        else:
+            assert self._messages is not None  # a stream without a footer is read by its messages
+            batch = pa.ipc.read_record_batch(self._messages[b][0], self._schema)
+        size, bound = self._decompressed(batch), declared[1] if declared is not None else 0
+        if size > bound:
+            raise TraceError(self.path, f"record batch {b} decompressed to {size} bytes; its message "
+                                        f"declares {bound}")
+        self._hold(b, batch)
+        return batch
+
+    def _check_declared(self, b: int, n_records: int, total: int, data: int) -> None:
+        """A compressed batch decompresses to what is being read: the data its index entries declare
+        (exactly, no more) and key columns within a bound of their records and rows. The closing batch,
+        read before the index it holds, is held to ``check_expansion`` (an index does not compress
+        past it). A stream without a footer has no index to declare anything: each batch costs its size."""
+        starts = getattr(self, "_batch_starts", None)
+        if starts is not None and b + 1 < len(starts):
+            slots = self._slots_in(b)
+            declared, rows = int(self._nbytes_of[slots].sum()), int(self._rows_of[slots].sum())
+            if data > declared:
+                raise TraceError(self.path, f"record batch {b} would decompress to {data} bytes of data "
+                                            f"where its index entries declare {declared}")
+            keys = KEYS_FLOOR + KEY_BYTES_PER_RECORD * len(slots) + KEY_BYTES_PER_ROW * rows
+            if total - data > keys:
+                raise TraceError(self.path, f"record batch {b} would decompress to {total - data} bytes of "
+                                            f"keys for {len(slots)} records of {rows} rows (at most {keys})")
+        elif self._reader is not None:
+            check_expansion(self.path, total, self._size, f"record batch {b}")
 
     def _decompressed(self, batch: pa.RecordBatch) -> int:
         """Bytes of a batch's buffers that do not lie in the file's map: what decompressing it took."""
@@ -472,38 +628,74 @@ class ArrowTraceFile(TraceFile):
         return total
 
     def _hold(self, b: int, batch: pa.RecordBatch) -> None:
-        """Keep batch ``b``: zero-copy from the map, or, decompressed, within ``check_expansion``'s
-        bound and at most ``HELD_DECOMPRESSED`` bytes of such batches held at once (the oldest let go,
-        read again when next needed), so that reading a compressed trace stays in bounded memory. The
-        batches of a stream without a footer cannot be read again: those stay (bounded at open)."""
+        """Keep batch ``b``: zero-copy from the map, or, decompressed, at most ``HELD_DECOMPRESSED``
+        bytes of such batches held at once (the oldest let go, read again when next needed), so that
+        reading a compressed trace stays in bounded memory."""
         size = self._decompressed(batch)
         if size:
-            check_expansion(self.path, size, self._size, f"record batch {b}")
             self._resident.pop(b, None)
             self._resident[b] = size
-            while self._reader is not None and len(self._resident) > 1 \
-                    and sum(self._resident.values()) > HELD_DECOMPRESSED:
+            while len(self._resident) > 1 and sum(self._resident.values()) > HELD_DECOMPRESSED:
                 old = next(iter(self._resident))
                 del self._resident[old]
                 self._batches.pop(old, None)
                 self._data_columns.pop(old, None)
+                self._key_columns.pop(old, None)
         self._batches[b] = batch
 
     def _batch(self, b: int) -> pa.RecordBatch:
         """Batch ``b`` once its records are known to hold the data and keys the index declares."""
         batch = self._load_batch(b)
         if b not in self._checked:
-            slots = self._slots_in(b)
-            rows = self._row_of[slots]
-            if len(rows) and rows.max() >= batch.num_rows:
-                raise TraceError(self.path, f"the index points at row {int(rows.max())} of record batch {b}, "
-                                            f"which has {batch.num_rows}")
+            self._agrees(b, batch)
+            self._checked.add(b)
+        return batch
+
+    def _agrees(self, b: int, batch: pa.RecordBatch) -> None:
+        """The records of batch ``b`` hold the data (where it has its data column) and keys the index
+        declares."""
+        slots = self._slots_in(b)
+        rows = self._row_of[slots]
+        if len(rows) and rows.max() >= batch.num_rows:
+            raise TraceError(self.path, f"the index points at row {int(rows.max())} of record batch {b}, "
+                                        f"which has {batch.num_rows}")
+        if "data" in batch.schema.names:
             held = _lengths(batch.column("data"), rows, np.int64)
             _agree(self.path, b, slots, held, self._nbytes_of[slots], "bytes of data")
-            for key in ("request", "position", "token_id"):
-                _agree(self.path, b, slots, _lengths(batch.column(key), rows, np.int32), self._rows_of[slots],
-                       f"{key} entries")
-            self._checked.add(b)
+        for key in ("request", "position", "token_id"):
+            _agree(self.path, b, slots, _lengths(batch.column(key), rows, np.int32), self._rows_of[slots],
+                   f"{key} entries")
+
+    @property
+    def _compressed(self) -> bool:
+        return self._messages is not None and bool(self._messages) and self._messages[0][1] is not None
+
+    def _keys_batch(self, b: int) -> pa.RecordBatch:
+        """Batch ``b`` for its key columns: where it is compressed (and not held), those alone, read
+        without its data column (no tensor bytes are decompressed to read keys), checked as a batch is."""
+        if b in self._batches or self._reader is None or not self._compressed:
+            return self._batch(b)
+        if not 0 <= b < self._n_batches:
+            raise TraceError(self.path, f"no record batch {b}")
+        if self._keys_reader is None:
+            keep = [k for k, name in enumerate(self._reader.schema.names) if name != "data"]
+            options = pa.ipc.IpcReadOptions(included_fields=keep)
+            self._keys_reader = pa.ipc.open_file(self._source, options=options)
+        assert self._messages is not None  # a compressed file's are listed
+        declared = self._messages[b][1]
+        if declared is None:  # an uncompressed batch: read in place
+            return self._batch(b)
+        self._check_declared(b, *declared)
+        batch = self._keys_reader.get_batch(b)
+        if self._decompressed(batch) > declared[1] - declared[2]:
+            raise TraceError(self.path, f"record batch {b} decompressed to {self._decompressed(batch)} bytes "
+                                        f"of keys; its message declares {declared[1] - declared[2]}")
+        try:
+            batch.validate(full=True)
+        except pa.ArrowInvalid as exc:
+            raise TraceError(self.path, f"record batch {b} is corrupt: {describe(exc)}") from None
+        _no_nulls(self.path, f"record batch {b}", batch.columns, batch.schema.names)
+        self._agrees(b, batch)
         return batch
 
     def _slots_in(self, b: int) -> np.ndarray:
@@ -626,9 +818,7 @@ class ArrowTraceFile(TraceFile):
     def data_offsets(self) -> np.ndarray:
         """File offset of every record's bytes where they lie uncompressed in the file, else -1 (all of
         them in a compressed file, known from its first batch: no batch is decompressed to find out)."""
-        if self._locations:
-            self._data(0)
-        if self._resident:
+        if self._compressed:
             return np.full(len(self._locations), -1, dtype=np.int64)
         starts = [self._data(slot)[3] for slot in range(len(self._locations))]
         return np.array([-1 if at is None else at for at in starts], dtype=np.int64)
@@ -674,7 +864,7 @@ class ArrowTraceFile(TraceFile):
     def _batch_keys(self, b: int) -> tuple[np.ndarray, ...]:
         """(row offsets, request, position, token_id) of one batch, flattened."""
         if b not in self._key_columns:
-            batch = self._batch(b)
+            batch = self._keys_batch(b)
             lists = [batch.column(key) for key in ("request", "position", "token_id")]
             base = lists[0].offsets.to_numpy()
             flat = [column.values.to_numpy(zero_copy_only=False) for column in lists]
@@ -686,7 +876,8 @@ class ArrowTraceFile(TraceFile):
 
     def close(self) -> None:
         self._batches, self._data_columns = {}, {}
-        self._reader = None
+        self._reader = self._keys_reader = None
+        self._messages = None
         self._source.close()
         fd, self._fd = self._fd, -1
         if fd >= 0:

@@ -28,12 +28,14 @@ from tracediff.trace.metarules import (  # shared with the recorder
 from tracediff.trace.schema import MAX_NDIM
 
 MAX_RECORD_LOG2 = 62  # a record's bytes must fit an int64 with room to add offsets
-# Compressed bytes are decompressed whole, a chunk (HDF5) or a batch's buffers (Arrow) at a time: what a
-# file's compressed parts declare is checked before they are read, so that a small file cannot ask for
-# large memory. tracediff's writers make chunks of 1 MiB (16 MiB at most, compacted), and tensors
-# compress ~1.1-3x; zeros compress ~1000x (gzip) and more (zstd).
+# Compressed bytes are decompressed whole, a chunk (HDF5) or a batch's buffers (Arrow) at a time: what
+# a file's compressed parts declare is checked before they are decompressed, so that a small file
+# cannot make memory a large multiple of what is being read. Tensor data is held to what the index
+# declares (zeros compress ~1000x with gzip, far more with zstd: a truthful record costs its size);
+# an index itself (Arrow's __index__, its closing batch) does not compress past MAX_EXPANSION (each
+# entry has checksums, a sequence number), and is read before anything declares its size.
 MAX_CHUNK_BYTES = 64 << 20  # a compressed HDF5 chunk, decompressed
-MAX_EXPANSION = 256  # compressed tensor bytes may expand this many times the file's size ...
+MAX_EXPANSION = 256  # a compressed index may expand this many times the file's size ...
 EXPANSION_FLOOR = 64 << 20  # ... or to this, whichever is more
 
 ITEMSIZE = {tag: dtype.itemsize for tag, dtype in STORAGE.items()}
@@ -166,11 +168,12 @@ def format_version(path: str | Path, value: object) -> int:
 
 
 def check_expansion(path: str | Path, declared: int, file_size: int, what: str) -> None:
-    """Compressed bytes that decompress to ``declared`` bytes, from a file of ``file_size``, within
-    ``MAX_EXPANSION`` times the file (or ``EXPANSION_FLOOR``)."""
+    """A compressed index that decompresses to ``declared`` bytes, from a file of ``file_size``, within
+    ``MAX_EXPANSION`` times the file (or ``EXPANSION_FLOOR``): nothing declares an index's size before
+    it is read, and no index compresses that far."""
     if declared > max(EXPANSION_FLOOR, MAX_EXPANSION * file_size):
         raise TraceError(path, f"{what} would decompress to {declared} bytes from a file of {file_size}: "
-                               f"more than {MAX_EXPANSION}x its size, which no tensors compress to (a "
+                               f"more than {MAX_EXPANSION}x its size, which no index compresses to (a "
                                "small file must not take large memory)")
 
 
