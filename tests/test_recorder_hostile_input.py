@@ -196,3 +196,22 @@ def test_a_bytes_request_id_costs_its_record_not_a_wrong_id(path):
         log_some(rec)
         assert rec.dropped_reasons == {"invalid log call: TypeError": 2}
     assert set(reads_whole(path).rows("x").request) == {"r"}
+
+
+def test_record_never_writes_through_a_link_and_says_when_it_replaces_a_file(tmp_path, caplog):
+    """td.record('t.h5') with t.h5 a link to notes.txt turned the notes into an HDF5 file, and an
+    existing file was replaced without a word."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    link = tmp_path / "t.h5"
+    link.symlink_to(notes)
+    with td.record(link) as rec:
+        log_some(rec)
+        assert not rec.active and "symbolic link" in rec.stopped
+    assert notes.read_text() == "my notes" and link.is_symlink()
+    old = tmp_path / "old.arrow"
+    old.write_bytes(b"an older run")
+    with td.record(old) as rec:
+        log_some(rec)
+    assert "exists: the new recording replaces it" in caplog.text
+    assert len(reads_whole(old).select(name="x")) == 3

@@ -175,6 +175,7 @@ class Recorder(QueueAccounting, WriterThread):
             dumps_meta(opening)
             if not self._lock.acquire():
                 raise RuntimeError(f"another recorder is writing {self.path}: two writers would corrupt it")
+            _check_target(self.path)
             self._writer = open_writer(self.path, opening, format, compression)
         except Exception as exc:  # a recorder that cannot start must not stop the host
             self._lock.release()
@@ -552,6 +553,16 @@ class Recorder(QueueAccounting, WriterThread):
         if self.host:
             logger.warning("tracediff: recording to %s stopped (%s); the host keeps running", self.path,
                            self.stopped)
+
+
+def _check_target(path: Path) -> None:
+    """What ``record(path)`` may write: a new file, or a regular file it replaces (said once); never
+    through a symbolic link (dangling or not), nor a device, FIFO or directory (InputError)."""
+    from tracediff.trace.output import check_output
+
+    check_output(path, (), force=True)  # the writers' rule: only a regular file is ever replaced
+    if os.path.lexists(path):
+        logger.warning("tracediff: %s exists: the new recording replaces it", path)
 
 
 def _check_name(name: str) -> None:
