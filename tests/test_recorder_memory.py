@@ -103,3 +103,21 @@ def test_a_long_decoding_request_grows_within_the_bound() -> None:
     request, position, token = book.take_new()
     assert list(position) == list(token) == list(range(len(position)))
     assert book.dropped == 4_000 - len(position) > 0
+
+
+def test_show_says_when_the_token_table_hit_its_bound(tmp_path) -> None:
+    """The final stats counted 249,957 token calls and 134,600 rows not learned; show said nothing."""
+    from dataclasses import replace
+
+    from tracediff.report.show import _token_line
+    from tracediff.trace.summary import summarize
+
+    path = tmp_path / "t.h5"
+    with td.record(path) as rec:
+        rec.log("h", np.zeros((2, 4), np.float32), token_ids=[1, 2])
+    with td.open_trace(path) as trace:
+        summary = summarize(trace)
+    assert "incomplete" not in _token_line(summary).plain
+    stats = {**summary.finals[0], "token_calls_dropped": 3, "token_rows_dropped": 40}
+    bounded = replace(summary, finals=[stats])
+    assert "incomplete: 3 calls, 40 rows not learned" in _token_line(bounded).plain

@@ -59,9 +59,19 @@ def _run_lines(summary: TraceSummary) -> list[Text]:
 def _token_line(summary: TraceSummary) -> Text:
     if not summary.tokens and int(summary.meta.get("format_version") or 0) < 2:
         return Text("token table: none (a format v1 trace)")
-    conflicts = sum((final or {}).get("token_conflicts", 0) for final in summary.finals)
+    def total(key: str) -> int:
+        return sum(int((final or {}).get(key) or 0) for final in summary.finals)
+
+    conflicts = total("token_conflicts")
     line = Text(f"token table: {summary.tokens} tokens of {summary.token_requests} requests")
-    return line.append(f", {conflicts} conflicting", style="yellow") if conflicts else line
+    if conflicts:
+        line.append(f", {conflicts} conflicting", style="yellow")
+    calls, rows = total("token_calls_dropped"), total("token_rows_dropped")
+    if calls or rows:  # the recorder's bound on the table was reached: it is incomplete
+        lost = ", ".join(part for part in (f"{calls} calls" if calls else "", f"{rows} rows" if rows else "")
+                         if part)
+        line.append(f", incomplete: {lost} not learned (the recorder's memory bound)", style="yellow")
+    return line
 
 
 def _target_line(contract: dict) -> str | None:
