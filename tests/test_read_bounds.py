@@ -19,7 +19,7 @@ from conftest import cli, run_python
 from tracediff.trace.arrow import key_table, records_to_batch
 from tracediff.trace.checks import MAX_CHUNK_BYTES, MAX_EXPANSION
 from tracediff.trace.metarules import MAX_META_VALUES
-from tracediff.trace.schema import Record
+from tracediff.trace.schema import Record, record_crc
 from tracediff.trace.writer import open_writer
 
 MIB = 1 << 20
@@ -118,6 +118,22 @@ def test_h5_compressed_zeros_read_at_their_own_size(tmp_path) -> None:
     done = cli("show", str(path), "--name", "z", "--json")
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["rows"] == 1024 and json.loads(done.stdout)["max"] == 0
+
+
+def test_h5_record_over_chunks_never_written_is_refused_before_it_is_read(tmp_path) -> None:
+    """What bounds a compressed HDF5 record is what was written: a 1 MiB gzip trace whose data
+    dataset and record declare 1 GiB (its checksums made to agree) has one chunk of it. Every chunk a
+    read touches must exist before anything is read; HDF5 would fill the rest with zeros, 1 GiB."""
+    path = write_trace(tmp_path / "sparse.h5", [rows_record("z", np.zeros((1, MIB // 4), np.float32))],
+                       compression="gzip")
+    with h5py.File(path, "a") as f:
+        f["data"].resize((1 << 30,))
+        f["records/data_nbytes"][0] = 1 << 30
+        f["records/shape"][0, :2] = (1, 1 << 28)
+        keys = [int(f[f"records/{k}"][0]) for k in ("seq_no", "step", "rank", "depth", "static")]
+        f["records/checksums"][0, 1] = record_crc("z", "float32", *keys[:4], bool(keys[4]), [1, 1 << 28])
+    assert path.stat().st_size < 2 * MIB
+    one_error_line(cli("show", str(path), "--name", "z"), path, "data chunk 1 is missing, yet records point")
 
 
 def zero_record_arrow(path: Path, nbytes: int) -> Path:
