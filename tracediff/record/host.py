@@ -24,6 +24,14 @@ _TORCH_TAGS: dict[Any, str] | None = None
 _STRIDED: Any = None  # torch.strided, once torch is known to be loaded
 
 
+# the numpy dtype a tensor of each tag is copied into (bfloat16: its bits, as int16 like torch's view)
+_NUMPY_OF: dict[str, np.dtype] = {
+    tag: np.dtype(tag)
+    for tag in ("float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool")
+}
+_NUMPY_OF["bfloat16"] = np.dtype(np.int16)
+
+
 def is_torch_tensor(x: Any) -> bool:
     return type(x).__module__.startswith("torch") and hasattr(x, "detach")
 
@@ -101,10 +109,15 @@ class HostCopy:
             self._buffer.copy_(x, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record()
-        elif x.is_cpu:
-            self._buffer = x.clone(memory_format=torch.contiguous_format)
-        else:  # another accelerator: a plain copy, which the writer thread can read
-            self._buffer = x.to("cpu", memory_format=torch.contiguous_format, copy=True)
+            return
+        # anywhere else (CPU, another accelerator): torch copies into memory numpy owns, and the
+        # writer thread never holds a torch object. Freeing a torch tensor releases the GIL inside
+        # C++ code; a writer abandoned at exit that did so as the interpreter finalized was ended
+        # there by CPython (pthread_exit), and the unwinding aborted the host (std::terminate)
+        buffer = np.empty(tuple(x.shape), dtype=_NUMPY_OF[self.tag])
+        target = torch.from_numpy(buffer)
+        (target.view(torch.bfloat16) if self.tag == "bfloat16" else target).copy_(x)
+        self._buffer = buffer.view(np.uint16) if self.tag == "bfloat16" else buffer
 
     def numpy(self) -> np.ndarray:
         buf = self._buffer
