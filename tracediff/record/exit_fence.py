@@ -49,7 +49,12 @@ class Writers:
         internals, and Arrow writers end on a whole batch too. A writer counts as running until it
         removes itself, never by ``Thread.is_alive``: a Ctrl-C that interrupts ``join`` leaves
         CPython 3.11 reporting a running thread as ended, and skipping it hung exit. From its start
-        on, SIGINT is ignored: however many Ctrl-Cs arrive, the fence is never skipped."""
+        on, SIGINT is ignored: however many Ctrl-Cs arrive, the fence is never skipped.
+
+        The same lock keeps a writer off torch: it waits on and frees CUDA copies only holding it
+        (other tensors reach it as numpy arrays). A torch tensor freed in a thread as the shutdown
+        began ended that thread inside C++ code (CPython's ``pthread_exit``), which aborted the
+        process (``terminate called without an active exception``, exit 134)."""
         while True:  # a Ctrl-C (or several) raised here must not skip the fence: it would hang exit
             try:
                 if self.locks:

@@ -48,7 +48,9 @@ class WriterThread:
     _flush_done: int
     _book: TokenBook
     _writer: TraceWriter | None
-    _io: threading.Lock  # held by the writer thread inside each call into the file
+    _io: threading.Lock  # held by the writer thread inside each call into the file, and wherever it
+    # waits on or frees a torch object (a CUDA copy's pinned buffer and event): the exit fence keeps
+    # it, and a writer that freed one as the interpreter finalized aborted the host (host.py)
     _lock: TraceLock  # this trace's one-writer lock, released once the file is closed
     _layouts: dict[str, tuple]
     _mixed: set[str]
@@ -91,7 +93,9 @@ class WriterThread:
                     self._queue.clear()
                     done = self._sealed = self._closing or self.stopped is not None
                     flush_to = self._flush_requests
-                held += self._take(items, backlog)
+                with self._io:  # CUDA copies of row keys are waited on and freed under it
+                    held += self._take(items, backlog)
+                    items.clear()
                 now = time.monotonic()
                 if done or flush_to > self._flush_done or now >= deadline or held >= self.flush_bytes:
                     held -= self._write_backlog(backlog)
@@ -105,7 +109,8 @@ class WriterThread:
         except Exception as exc:
             self._fail("writer", exc)
         finally:
-            self._discard(backlog)
+            with self._io:  # CUDA copies never written are freed under it
+                self._discard(backlog)
             try:
                 self._finish()
             finally:
@@ -158,7 +163,9 @@ class WriterThread:
                 self._stop(short, logging.WARNING)
                 backlog.extendleft(reversed(chunk))
                 break
-            self._write([self._materialize(item) for item in chunk], tokens=not backlog)
+            with self._io:  # CUDA copies are waited on, written and freed under it
+                self._write([self._materialize(item) for item in chunk], tokens=not backlog)
+                chunk.clear()
             self._release(cost)
             written += cost
             if not backlog:
@@ -167,14 +174,13 @@ class WriterThread:
 
     def _write(self, records: list[Record], tokens: bool) -> None:
         """Write tensors, then (with ``tokens``) the token table's new entries as one ``__tokens__``
-        record."""
+        record; the caller holds ``_io``."""
         new = self._book.take_new() if tokens else None
         if new is not None:
             records = [*records, tokens_record(*new, rank=self.rank)]
         if records:
             assert self._writer is not None  # the writer thread starts only once the file is open
-            with self._io:
-                self._writer.write(records)
+            self._writer.write(records)
         written = records if new is None else records[:-1]
         self.records_written += len(written)
         self.bytes_written += sum(r.nbytes for r in written)
