@@ -1,7 +1,8 @@
 """The exit fence: at interpreter exit, keep every running trace writer out of its file's library.
 
-Writers register the lock they hold inside each call into their file; the fence, the last exit
-handler, takes each one and keeps it. A forked child forgets its parent's writers and recorders.
+Writers register the lock they hold inside each call into their file; the fence, an exit handler
+run after the recorders' and before h5py's, takes each one and keeps it. A forked child forgets its
+parent's writers and recorders.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class Writers:
 
     def add(self, thread: threading.Thread, lock: threading.Lock) -> None:
         self.locks[thread] = lock
+        _fence_before_h5py()
         # at exit, after the recorder's close (registered next: exit handlers run last first) and
         # before the fence, SIGINT is ignored by a call with no Python frame of its own for a
         # Ctrl-C to be raised in; the fence does the same, should this one meet a pending Ctrl-C
@@ -71,6 +73,28 @@ class Writers:
 
 
 _IGNORE_SIGINT = functools.partial(signal.signal, signal.SIGINT, signal.SIG_IGN)
+_ORDERED = False  # whether the fence was registered again, after h5py's exit handler
+
+
+def _fence_before_h5py() -> None:
+    """At the first writer's start, import h5py (it registers its own exit handler then) and register
+    the fence again, after it: exit handlers run last registered first, so the fence now runs before
+    h5py's. That handler calls into HDF5 (it unregisters h5py's type converters), and HDF5 is no
+    library two threads may be in at once; h5py imported lazily, on opening an HDF5 trace, after the
+    fence's registration on import, it ran first, beside a writer inside an HDF5 write: a host sent one
+    Ctrl-C while exiting with a busy writer (close()'s join interrupted) died of SIGSEGV (1 run in 99).
+    No recorder's exit handler is registered yet (each is registered after its writer's start), so
+    every one still runs before the fence."""
+    global _ORDERED
+    if _ORDERED:
+        return
+    _ORDERED = True
+    try:
+        import h5py  # noqa: F401  (registers its exit handler, once)
+    except ImportError:  # pragma: no cover - a dependency; without it no HDF5 writer either
+        pass
+    atexit.unregister(WRITERS.fence)
+    atexit.register(WRITERS.fence)
 
 
 def _ignore_interrupts() -> None:
@@ -85,7 +109,7 @@ def _ignore_interrupts() -> None:
         pass
 
 
-WRITERS = Writers()  # this process's; fenced by the last exit handler (registered on import)
+WRITERS = Writers()  # this process's; fenced by an exit handler (registered on import, again later)
 RECORDERS: weakref.WeakSet[Any] = weakref.WeakSet()  # recorders whose writer thread runs, for forks
 
 atexit.register(WRITERS.fence)
