@@ -216,12 +216,8 @@ def staged_directory(path: str | Path, inputs: Iterable[str | Path] = ()) -> Ite
                     target = path / entry.name
                     try:
                         _link(entry, target)
-                    except FileExistsError:
-                        raise InputError(target, "exists (it appeared while writing): nothing was "
-                                                 "written") from None
                     except OSError as exc:
-                        raise InputError(target, f"cannot write: {reason(exc)} (nothing was "
-                                                 "written)") from None
+                        raise _not_published(target, exc) from None
                     made.append((target, (st.st_dev, st.st_ino)))
             except BaseException:
                 for target, identity in made:
@@ -270,6 +266,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _not_published(target: Path, exc: OSError, hint: str = "") -> InputError:
+    """The one line for a publish that failed: a path taken meanwhile (a link's FileExistsError, or
+    a rename onto a non-empty directory or a file), or why the write failed."""
+    if isinstance(exc, FileExistsError) or exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR,
+                                                         errno.EISDIR):
+        return InputError(target, f"exists (it appeared while writing): {hint}(nothing was written)"
+                          if hint and isinstance(exc, FileExistsError) else
+                          "exists (it appeared while writing): nothing was written")
+    return InputError(target, f"cannot write: {reason(exc)} (nothing was written)")
+
+
 def _renamed(exc: InputError, staged: Path, target: Path) -> InputError:
     """``exc`` with the staging path it names replaced by where the output goes."""
     def moved(text: str) -> str:
@@ -302,14 +309,8 @@ def _publish(staging: Path, targets: list[Path], inputs: list[str | Path], force
                     os.replace(staged, target)  # force: a regular file, none of the inputs (checked)
                 else:
                     _link(staged, target)
-            except FileExistsError:
-                raise InputError(target, "exists (it appeared while writing): pass --force to replace it "
-                                         "(nothing was written)") from None
             except OSError as exc:
-                if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-                    raise InputError(target, "exists (it appeared while writing): nothing was "
-                                             "written") from None
-                raise InputError(target, f"cannot write: {reason(exc)} (nothing was written)") from None
+                raise _not_published(target, exc, "pass --force to replace it ") from None
             if not replaced:  # a replaced file cannot be given back: the new one stays
                 made.append((target, identity))
     except BaseException:
