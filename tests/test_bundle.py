@@ -612,3 +612,13 @@ def test_slices_that_do_not_reproduce_and_cannot_widen_say_so(tmp_path) -> None:
     assert "Wider slices tried first: every tensor in the window (does not reproduce it either); every row " \
            "of the requests involved (does not fit the budget); the whole traces (does not fit the " \
            "budget)." in text
+
+
+def test_a_budget_is_read_exactly_as_written() -> None:
+    from tracediff.bundle.budget import parse_size
+
+    assert parse_size("1.5MB") == 1_500_000 and parse_size(".5k") == 500 and parse_size("2MiB") == 2 << 20
+    assert parse_size("1" + "0" * 23 + "GB") == 10**32  # a long number, not a float's rounding of it
+    for text in ("1e23GB", "nan", "-1MB", "0.0001", "1 parsec"):
+        with pytest.raises(ValueError):
+            parse_size(text)

@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 import pyarrow as pa
 import pytest
+import torch
 
 import tracediff as td
 from tests.conftest import REPO, cli
@@ -304,6 +305,34 @@ def test_a_flipped_byte_of_a_large_record_fails_compare(tmp_path, fmt) -> None:
     assert compared.returncode == 2
     one_error_line(compared.stderr, path, slot, "h", 1)
     assert cli("compare", str(original), str(path), "--no-verify").returncode != 2
+
+
+@pytest.mark.parametrize("layout", ["many small records", "a record compared in part"])
+def test_a_flipped_byte_of_a_bfloat16_record_read_in_place_fails_compare(tmp_path, fmt, layout) -> None:
+    """compare reads bfloat16 rows in place from the file's mapping and checks each record there, as
+    its window is mapped: whole records inside the window in one call, a record that reaches past
+    the window (only part of its rows are compared) a window at a time. Either way a flipped byte of
+    a record compared is one error line naming it."""
+    rng = np.random.default_rng(7)
+    rows = torch.from_numpy(rng.standard_normal((64, 256)).astype(np.float32)).to(torch.bfloat16)
+    original, mutant, other = (tmp_path / f"{stem}.{fmt}" for stem in ("original", "mutant", "other"))
+    for path, kept in ((original, 64), (other, 64 if layout == "many small records" else 16)):
+        with td.record(path, source="training") as rec:
+            if layout == "many small records":  # one row a record: 64 records a side
+                for step in range(kept):
+                    rec.log("h", rows[step : step + 1] + step, step=step, token_ids=[step],
+                            positions=[step], request="r")
+            else:  # one record of 64 rows; the other side holds 16 of them
+                rec.log("h", rows[:kept], step=0, token_ids=np.arange(kept), positions=np.arange(kept),
+                        request="r")
+    shutil.copy(original, mutant)
+    step = 40 if layout == "many small records" else 0
+    slot, raw = the_record(mutant, "h", step)
+    flip(mutant, data_byte(mutant, "h", step) - (len(raw) // 2 if layout != "many small records" else 0))
+    assert cli("compare", str(other), str(original)).returncode in (0, 3)  # sound: no error
+    compared = cli("compare", str(other), str(mutant))
+    assert compared.returncode == 2, (compared.stdout, compared.stderr)
+    one_error_line(compared.stderr, mutant, slot, "h", step)
 
 
 def test_the_writers_batch_checksums_are_the_specs_per_record_checksums() -> None:

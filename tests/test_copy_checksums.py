@@ -82,3 +82,31 @@ def test_a_sound_copy_unverified_is_a_sound_trace(tmp_path, fmt) -> None:
     for out in ("c.arrow", "s.h5"):
         done = cli("show", str(tmp_path / out), "--name", "target.logits", "--request", "r")
         assert done.returncode == 0, done.stderr
+
+
+def test_no_verify_lasts_one_command(tmp_path, fmt) -> None:
+    """--no-verify of one in-process command leaves the API's reads (and the next command) checked."""
+    bad = corrupt_trace(tmp_path, fmt)
+    assert cli("convert", str(bad), str(tmp_path / "copy.h5"), "--no-verify").returncode == 0
+    with td.open_trace(bad) as trace, pytest.raises(td.TraceError, match="fails its checksum"):
+        trace.read(int(trace.select("target.logits")[0]))
+    assert "fails its checksum" in fails_check(bad)
+
+
+@pytest.mark.parametrize("command", ["convert", "slice"])
+def test_a_copy_read_unchecked_refuses_corrupt_metadata(tmp_path, fmt, command) -> None:
+    """A copy writes the metadata anew, with new checksums: read with --no-verify, it checks the
+    stored ones first, so corrupt metadata (training -> traininf, still parses) never becomes sound."""
+    path = tmp_path / f"t.{fmt}"
+    with td.record(path, source="training") as rec:
+        rec.log("h", np.ones((2, 4), np.float32), request="r", positions=[0, 1], token_ids=[5, 6])
+    raw, text = bytearray(path.read_bytes()), b'"source": "training"'
+    raw[bytes(raw).rfind(text) + len(text) - 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+    out = tmp_path / f"copy.{fmt}"
+    args = [str(path), str(out)] if command == "convert" else [str(path), "-o", str(out)]
+    done = cli(command, *args, "--no-verify")
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert done.stderr.strip().splitlines() == [
+        f"error: {path}: corrupt trace: its run metadata fails its checksum"]
+    assert not out.exists()

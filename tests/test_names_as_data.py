@@ -36,3 +36,23 @@ def test_a_recorder_warning_shows_an_escape_in_its_path_as_text(tmp_path, caplog
     messages = [r.getMessage() for r in caplog.records]
     assert messages and all("\x1b" not in m for m in messages)
     assert any("missing\\x1b[31m" in m for m in messages)
+
+
+def test_the_next_command_writes_an_escape_in_a_path_as_an_escape_that_pastes(tmp_path) -> None:
+    """compare's ``next:`` line keeps a path with a terminal escape, ANSI-C quoted: it prints as data,
+    and the shell reads it back as the very path (run here: it shows the diverging row)."""
+    import subprocess
+
+    samples = REPO / "traces" / "eagle3"
+    serving = tmp_path / ESC
+    shutil.copy(samples / "serving_aux_bug.h5", serving)
+    compared = cli("compare", str(samples / "training.h5"), str(serving))
+    assert compared.returncode == 1 and "\x1b" not in compared.stdout and "\x07" not in compared.stdout
+    line = compared.stdout.strip().splitlines()[-1]
+    assert line.startswith("next: tracediff show ")
+    assert f"$'{tmp_path}/x\\x1b[2J\\x1b]0;PWNED\\x07.h5'" in line, line
+    argv = subprocess.run(["bash", "-c", 'printf "%s\\0" ' + line.removeprefix("next: tracediff ")],
+                          capture_output=True, check=True).stdout.decode().split("\0")[:-1]
+    assert argv[2] == str(serving)
+    shown = cli(*argv)
+    assert shown.returncode == 0, shown.stderr

@@ -15,7 +15,7 @@ import pytest
 
 import tracediff as td
 from tests.conftest import cli, run_python
-from tracediff.trace.output import staged_output, staging_dirs
+from tracediff.trace.output import staged_output, staged_outputs, staging_dirs
 
 MARK = 1234.5  # the value of every tensor element: its bytes are found (and corrupted) in the file
 
@@ -279,6 +279,36 @@ def test_a_file_that_appears_while_writing_is_never_replaced(tmp_path) -> None:
         staged.write_text("mine")
         out.write_text("theirs")
     assert out.read_text() == "theirs" and left(tmp_path) == {"page.html"}
+
+
+@pytest.mark.parametrize("failure", ["a directory appears at the second output", "Ctrl-C"])
+def test_a_forced_publish_failing_half_way_puts_back_what_it_replaced(tmp_path, failure) -> None:
+    """Two outputs replaced under --force: when the second cannot be published, the first is the
+    file it replaced again (same bytes, same inode), and nothing new is left."""
+    first, second = tmp_path / "out.rank0.h5", tmp_path / "out.rank1.h5"
+    first.write_text("old first")
+    second.write_text("old second")
+    inode = first.stat().st_ino
+    interrupted = KeyboardInterrupt if failure == "Ctrl-C" else td.InputError
+    real_replace = os.replace
+
+    def replace(src, dst):  # the second replacement fails as the failure says
+        if Path(dst) == second:
+            if failure == "Ctrl-C":
+                raise KeyboardInterrupt
+            second.unlink()
+            second.mkdir()
+        return real_replace(src, dst)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(os, "replace", replace)
+        with pytest.raises(interrupted), staged_outputs([first, second], force=True) as staging:
+            (staging / first.name).write_text("new first")
+            (staging / second.name).write_text("new second")
+    assert first.read_text() == "old first" and first.stat().st_ino == inode
+    assert not staging_dirs(tmp_path)
+    if failure == "Ctrl-C":
+        assert second.read_text() == "old second"
 
 
 def test_every_rank_output_is_checked_before_any_is_written(tmp_path, fmt) -> None:

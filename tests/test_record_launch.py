@@ -566,3 +566,24 @@ def test_filters_that_keep_nothing_write_nothing_and_say_so_by_name(tmp_path, ll
     config = LaunchConfig(out="run.h5", plugins=(TORCH_WATCH.plugin,), watch=("model.layers.*",), **options)
     said = launch.nothing_recorded(config, PRODUCERS)
     assert said.startswith(f"nothing was recorded: {named} may have left out")
+
+
+def test_a_ctrl_c_held_off_during_a_close_reaches_the_host_once_the_close_is_done() -> None:
+    """The close is not cut short, and the host's Ctrl-C is not lost: it is raised right after."""
+    before = signal.getsignal(signal.SIGINT)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with launch._sigint_held():
+            signal.raise_signal(signal.SIGINT)  # held off: the close goes on
+            done.append("the close ran to its end")
+    assert done == ["the close ran to its end"] and signal.getsignal(signal.SIGINT) is before
+
+
+def test_a_ctrl_c_while_closing_at_exit_stays_held_off() -> None:
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        with launch._sigint_held(restore=False):
+            signal.raise_signal(signal.SIGINT)
+        signal.raise_signal(signal.SIGINT)  # the process is ending: every later one is held off too
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -197,16 +197,20 @@ def test_the_next_step_shows_the_failing_row_on_both_sides_in_text_and_markdown(
     assert f"\nNext: `{command}`\n" in to_markdown(report)
 
 
-def test_no_next_step_where_it_would_not_paste_and_a_stem_for_rank_files(tmp_path) -> None:
-    """A request id with a terminal escape would not paste as printed: no command. Rank files are
-    named by their stem, which opens them all; a static tensor is shown whole (no row to name)."""
+def test_the_next_step_quotes_control_characters_and_names_rank_files_by_their_stem(tmp_path) -> None:
+    """A request id with a terminal escape is written ANSI-C quoted (its escape as text; the shell
+    reads back the very id). Rank files are named by their stem, which opens them all; a static
+    tensor is shown whole (no row to name)."""
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)
     with td.record(tmp_path / "a.h5") as rec:
         rec.log("h", x, token_ids=[5, 6, 7], request="r\x1b[2J")
     with td.record(tmp_path / "b.h5") as rec:
         rec.log("h", x + 1, token_ids=[5, 6, 7], request="r")
     report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
-    assert report.verdict == "diverged" and _next_line(report) is None and "Next:" not in to_markdown(report)
+    line = _next_line(report)
+    assert report.verdict == "diverged" and line is not None and "\x1b" not in line
+    assert "--request $'r\\x1b[2J' --request-b r" in line
+    assert line.removeprefix("next: ") in to_markdown(report)
     for rank in (0, 1):
         with td.record(tmp_path / "run.h5", rank=rank, world_size=2) as rec:
             rec.log("h", x, token_ids=[5, 6, 7], request=f"r{rank}")

@@ -107,3 +107,22 @@ def test_files_that_are_not_feature_files_give_one_line_and_leave_nothing(model,
     assert result.returncode == 2 and "torch.load(weights_only=True) reads" in result.stderr
     result = cli("import", "specforge-ckpt", str(tmp_path / "nowhere"), "-o", str(tmp_path / "x.h5"))
     assert result.returncode == 2 and result.stderr.strip().endswith("no such file or directory")
+
+
+def test_a_flipped_byte_in_a_feature_file_fails_its_zip_crc(model, tmp_path) -> None:
+    """torch.load reads torch.save's zip entries unchecked (a flipped byte loads as another tensor):
+    the importer checks each entry's stored CRC-32 first, and names the file."""
+    good = sample(model, PROMPTS[0])
+    folder = tmp_path / "features"
+    folder.mkdir()
+    path = folder / "data_0.ckpt"
+    save(good, path)
+    raw = bytearray(path.read_bytes())
+    at = bytes(raw).index(good["hidden_state"].numpy().tobytes()[:64])
+    raw[at + 5] ^= 0x10
+    path.write_bytes(bytes(raw))
+    result = cli("import", "specforge-ckpt", str(folder), "-o", str(tmp_path / "t.h5"))
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: corrupt: its entry ")
+    assert lines[0].endswith("fails its CRC-32") and not (tmp_path / "t.h5").exists()

@@ -49,11 +49,13 @@ def fail(path: str | Path, problem: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _no_verify(value: bool) -> bool:
-    """Set for every trace this command opens (each call sets it: a process may run several)."""
+def _no_verify(ctx: typer.Context, value: bool) -> bool:
+    """Set for every trace this command opens, and put back as it was when the command ends (a
+    process may run several commands, and open traces through the API between them)."""
     from tracediff.trace import reader
 
-    reader.VERIFY = not value
+    before, reader.VERIFY = reader.VERIFY, not value
+    ctx.call_on_close(lambda: setattr(reader, "VERIFY", before))
     return value
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import zipfile
+from fractions import Fraction
 from pathlib import Path
 
 UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -21,7 +22,7 @@ def parse_size(text: str) -> int:
     unit = m.group(2).lower() if m else ""
     if m is None or unit not in UNITS:
         raise ValueError(f"expected a size such as 1MB, 500k or 2MiB, got {text!r}")
-    size = int(float(m.group(1)) * UNITS[unit])
+    size = int(Fraction(m.group(1)) * UNITS[unit])  # exact: no float rounding of a long number
     if size <= 0:
         raise ValueError(f"a budget must be more than 0 bytes, got {text!r}")
     return size

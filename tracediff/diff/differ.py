@@ -27,7 +27,7 @@ from tracediff.diff.shapes import agreement, kinds_differ
 from tracediff.diff.statics import compare_static
 from tracediff.diff.tolerance import Tolerances, failing_rows
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
-from tracediff.trace.reader import Trace
+from tracediff.trace.reader import InPlaceRows, Trace
 
 SAMPLE = 64  # failing rows kept per tensor for the diagnoses
 WINDOWS_AHEAD = 2  # windows read ahead of the one being measured
@@ -172,7 +172,8 @@ def read_ahead(traces: Pair[Trace], chunks: list[Chunk],
         offsets = {i: _row_offsets(traces, chunks[i]) for i in windows[window]}
         in_place = {i: at for i, at in offsets.items() if at is not None}
         rows = {i: ChunkRows(at=at) for i, at in in_place.items()}
-        mapped = Pair.collect([chunks[i].tensor.keys.zip(at) for i, at in in_place.items()])
+        mapped = Pair.collect([chunks[i].tensor.keys.zip(chunks[i].rows, at).starmap(InPlaceRows)
+                               for i, at in in_place.items()])
         spans = traces.zip(mapped).starmap(Trace.hold)
         copied = [i for i in windows[window] if i not in rows]
         need = Pair.collect([chunks[i].nbytes for i in copied]).map(sum)

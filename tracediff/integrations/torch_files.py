@@ -8,6 +8,8 @@ from __future__ import annotations
 import functools
 import re
 import warnings
+import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, ParamSpec, TypeVar
@@ -36,15 +38,43 @@ def names_as_data(run: Callable[P, R]) -> Callable[P, R]:
 
 def load_tensors(path: Path, what: str, source: IO[bytes] | None = None) -> Any:
     """``torch.load(weights_only=True)`` of ``path`` (or of ``source``, read from it); anything it
-    refuses or cannot read is an ``InputError`` naming ``path``: "not <what> ...: <why>"."""
+    refuses or cannot read is an ``InputError`` naming ``path``: "not <what> ...: <why>". A file in
+    torch.save's zip container is checked against its entries' CRC-32s first (torch reads them
+    unchecked: a flipped byte would load as a different tensor)."""
     import torch
 
+    check_zip_crcs(path, source)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch warns on legacy formats: the error line says enough
             return torch.load(path if source is None else source, map_location="cpu", weights_only=True)
     except Exception as exc:  # truncated, foreign, or objects weights_only refuses to unpickle
         raise InputError(path, f"not {what} torch.load(weights_only=True) reads: {refusal(exc)}") from None
+
+
+def check_zip_crcs(path: Path, source: IO[bytes] | None = None) -> None:
+    """Refuse a zip container (torch.save's format since torch 1.6) whose entries fail the CRC-32
+    each stores. Anything else, a zip too damaged to list included, is left to torch.load to judge."""
+    try:
+        handle = open(path, "rb") if source is None else source
+    except OSError:
+        return  # torch.load says why it cannot be read
+    try:
+        start = handle.tell()
+        if handle.read(4) != b"PK\x03\x04":
+            return
+        handle.seek(start)
+        with zipfile.ZipFile(handle) as archive:
+            bad = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error):
+        bad = None
+    finally:
+        if source is None:
+            handle.close()
+        else:
+            source.seek(start)
+    if bad is not None:
+        raise InputError(path, f"corrupt: its entry {bad} fails its CRC-32")
 
 
 def refusal(exc: Exception) -> str:

@@ -201,8 +201,8 @@ class _ProcessRecorder:
 
     def close(self, timeout: float = CLOSE_TIMEOUT, keep_sigint_held: bool = False) -> None:
         """Close this process's file, waiting at most ``timeout`` seconds for its writer, also for a
-        close already under way (atexit, then a SIGTERM). Never raises: a Ctrl-C meanwhile neither
-        cuts the close short nor prints a traceback."""
+        close already under way (atexit, then a SIGTERM). A Ctrl-C meanwhile does not cut the close
+        short: it is raised once the file is closed (held off for good with ``keep_sigint_held``)."""
         rec = self.rec
         if rec is None:
             return
@@ -344,14 +344,17 @@ def _close_then_die(factory: _ProcessRecorder, signum: int) -> None:
 @contextmanager
 def _sigint_held(restore: bool = True) -> Iterator[None]:
     """In the main thread, a Python-level SIGINT handler (KeyboardInterrupt) is held off for the
-    duration (and after it, unless ``restore``): a Ctrl-C must not cut a bounded close short,
-    leaving the file unclosed and a traceback printed."""
+    duration: a Ctrl-C must not cut a bounded close short, leaving the file unclosed and a traceback
+    printed. With ``restore`` the host's handler is put back after, and a Ctrl-C that came meanwhile
+    is delivered to it then (the host still stops as asked, with its trace closed); without it (the
+    process is ending) Ctrl-C stays held off."""
     previous: Any = None
+    arrived: list[int] = []
     try:
         if threading.current_thread() is threading.main_thread():
             previous = signal.getsignal(signal.SIGINT)
             if callable(previous):
-                signal.signal(signal.SIGINT, _ignore)
+                signal.signal(signal.SIGINT, lambda signum, frame: arrived.append(signum))
             else:
                 previous = None
     except (ValueError, OSError):
@@ -361,10 +364,8 @@ def _sigint_held(restore: bool = True) -> Iterator[None]:
     finally:
         if previous is not None and restore:
             signal.signal(signal.SIGINT, previous)
-
-
-def _ignore(signum: int, frame: FrameType | None) -> None:
-    """A SIGINT while closing at exit: the process is ending anyway."""
+            if arrived:
+                signal.raise_signal(signal.SIGINT)
 
 
 # ---- lazy attachment: run a callback once a module has been imported -------------------------------

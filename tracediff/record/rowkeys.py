@@ -43,10 +43,13 @@ class LogRowKeys:
     token_id: np.ndarray | HostCopy
     mask: np.ndarray | HostCopy | None = None  # attention mask, 0 = padding
     _expanded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    _id_bytes: int = field(default=-1, repr=False)  # id_bytes, once computed (the queue and the cost ask)
 
     def id_bytes(self) -> int:
-        """Host memory the request ids hold, by their real length (each a str object)."""
-        return sum(56 + len(r) for r in self.request_ids)
+        """Host memory the request ids hold, by their real length (each a str object); computed once."""
+        if self._id_bytes < 0:
+            self._id_bytes = sum(56 + len(r) for r in self.request_ids)
+        return self._id_bytes
 
     def requests(self) -> np.ndarray:
         """One request id per row."""

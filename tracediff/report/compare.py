@@ -71,10 +71,10 @@ def where(row: RowRef, text: Callable[[Any], str] = safe) -> str:
 
 def next_command(report: Report) -> str | None:
     """The command that shows the first diverging row on both sides (``tracediff show A B``), shell-
-    quoted so that it pastes; None unless the report diverged, or when a part of it (a name, a
-    request, a path) is not plain text that a terminal would print as is. A request may hold rows at
-    several steps (training epochs, a retried request id): ``--step`` / ``--step-b`` name the
-    diverging row's, left out only at step 0 on both sides, which ``show`` picks by default."""
+    quoted so that it pastes (``shell_word``: control characters in a name, a request or a path as
+    escapes); None unless the report diverged. A request may hold rows at several steps (training
+    epochs, a retried request id): ``--step`` / ``--step-b`` name the diverging row's, left out only
+    at step 0 on both sides, which ``show`` picks by default."""
     first = report.first_divergence
     if first is None or report.verdict != "diverged":
         return None
@@ -92,7 +92,30 @@ def next_command(report: Report) -> str | None:
         argv += ["--depth", str(row.depth)] if row.depth else []
         argv += ["--step", str(row.step_a)] if row.step_a or row.step_b else []
         argv += ["--step-b", str(row.step_b)] if row.step_b != row.step_a else []
-    return shlex.join(argv) if all(safe(part) == part for part in argv) else None
+    return " ".join(shell_word(part) for part in argv)
+
+
+def shell_word(part: str) -> str:
+    """One argument as bash and zsh read it back: shlex's quoting for plain text, ANSI-C quoting
+    (``$'...'``) for text holding control characters, which it writes as escapes (so the command
+    prints as data and pastes as the very same bytes; a byte a file name could not decode is
+    written back as that byte)."""
+    if safe(part) == part:
+        return shlex.quote(part)
+    out = []
+    for c in part:
+        code = ord(c)
+        if c in "\\'":
+            out.append("\\" + c)
+        elif c.isprintable():
+            out.append(c)
+        elif 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for an undecodable byte
+            out.append(f"\\x{code - 0xDC00:02x}")
+        elif code < 0x100:
+            out.append(f"\\x{code:02x}")
+        else:
+            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "$'" + "".join(out) + "'"
 
 
 def trace_argument(info: TraceInfo) -> str | None:

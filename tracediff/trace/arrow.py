@@ -12,7 +12,6 @@ import mmap
 import os
 import struct
 import tempfile
-import zlib
 from pathlib import Path
 from typing import BinaryIO, Sequence
 
@@ -32,6 +31,7 @@ from tracediff.trace.checks import (
     refuse,
     run_meta,
 )
+from tracediff.trace.crc import crc32
 from tracediff.trace.fileio import pread_into, prefetch
 from tracediff.trace.schema import (
     CHECKSUMS_SINCE,
@@ -41,10 +41,10 @@ from tracediff.trace.schema import (
     FORMAT_VERSION,
     INDEX_RECORD,
     MAX_NDIM,
+    MetaSum,
     Record,
     RecordIndex,
     batch_checksums,
-    check_meta_crc,
     check_version,
     corrupt_record,
     dumps_meta,
@@ -398,7 +398,7 @@ class ArrowWriter:
                 "tracediff.format": FORMAT_NAME,
                 "tracediff.format_version": str(FORMAT_VERSION),
                 "tracediff.meta": dumps_meta(meta),
-                "tracediff.meta_crc32": str(zlib.crc32(dumps_meta(meta).encode())),
+                "tracediff.meta_crc32": str(crc32(dumps_meta(meta).encode())),
             }
         )
         self._file = WholeWrites(self._open_raw())
@@ -485,7 +485,10 @@ class ArrowTraceFile(TraceFile):
         self._checked: set[int] = set()  # batches whose index entries were checked against them
         self._key_columns: dict[int, tuple[np.ndarray, ...]] = {}
         schema = self._open()
-        self.meta, self.version = _meta_from_schema(self.path, schema, self.verify)
+        self.meta, self.version, meta_sum = _meta_from_schema(self.path, schema)
+        self.meta_sums = [] if meta_sum is None else [meta_sum]
+        if self.verify:
+            self.check_metadata()
         check_version(self.path, self.version, close=lambda: None)
         self._summed = self.version >= CHECKSUMS_SINCE
         if not schema.equals(SCHEMA if self._summed else SCHEMA_V2, check_metadata=False):
@@ -721,12 +724,15 @@ class ArrowTraceFile(TraceFile):
             empty = (INDEX_SCHEMA if self._summed else INDEX_SCHEMA_V2).empty_table()
             table, batches = pa.concat_tables(tables) if tables else empty, n
         found = self._index_columns(table, batches, part)
-        if self._summed and self.verify and last is not None:  # once the rules of both hold
+        if self._summed and last is not None:  # once the rules of both hold
             names = last.column("name").to_pylist()
             for what, text, name in (("final metadata", final, FINAL_RECORD),
                                      ("record index", blob, INDEX_RECORD)):
                 if text is not None:
-                    check_meta_crc(self.path, text, last.column("data_crc")[names.index(name)].as_py(), what)
+                    stored = last.column("data_crc")[names.index(name)].as_py()
+                    self.meta_sums.append(MetaSum(text, stored, what))
+        if self.verify:
+            self.check_metadata()
         return found
 
     def _footed(self) -> bool:
@@ -929,17 +935,19 @@ def _index_table(path: Path, blob: bytes, summed: bool, file_size: int) -> pa.Ta
     return table
 
 
-def _meta_from_schema(path: Path, schema: pa.Schema, verify: bool = True) -> tuple[dict, int]:
+def _meta_from_schema(path: Path, schema: pa.Schema) -> tuple[dict, int, MetaSum | None]:
+    """(run metadata, format version, the metadata's checksum to check) from the schema's metadata."""
     raw = schema.metadata or {}
     if raw.get(b"tracediff.format") != FORMAT_NAME.encode():
         raise TraceError(path, "not a tracediff trace (Arrow file without tracediff metadata)")
     version = format_version(path, raw.get(b"tracediff.format_version"))
     meta = raw.get(b"tracediff.meta", b"{}")
     parsed = run_meta(path, meta)  # the rules of metadata first, then its checksum
-    if verify and version >= CHECKSUMS_SINCE:
-        stored = raw.get(b"tracediff.meta_crc32")
-        check_meta_crc(path, meta, stored.decode("ascii", "replace") if stored is not None else None)
-    return parsed, version
+    if version < CHECKSUMS_SINCE:
+        return parsed, version, None
+    stored = raw.get(b"tracediff.meta_crc32")
+    return parsed, version, MetaSum(meta, stored.decode("ascii", "replace") if stored is not None else None,
+                                    "run metadata")
 
 
 FORMAT = register(StorageFormat(name="arrow", suffixes=(".arrow", ".ipc", ".feather"), magic=b"ARROW1",

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from tracediff.errors import InputError
-from tracediff.trace.copies import check_copy_outputs, check_tokens, output_paths, read_copy
+from tracediff.trace.copies import check_copy_outputs, check_rewritten, output_paths, read_copy
 from tracediff.trace.output import staged_outputs
 from tracediff.trace.reader import Trace, open_trace
 from tracediff.trace.schema import FORMAT_VERSION
@@ -66,7 +66,7 @@ def _copy_part(trace: Trace, part: int, writer: TraceWriter) -> None:
         if size >= BATCH_BYTES:
             writer.write(batch)
             batch, size = [], 0
-    check_tokens(trace, part)
+    check_rewritten(trace, part)
     tokens = trace.tokens_record(part)
     writer.write(batch if tokens is None else [*batch, tokens])
     final = trace.files[part].final

@@ -39,12 +39,15 @@ def read_copy(trace: Trace, i: int, rows: np.ndarray | None = None) -> Record:
     return record
 
 
-def check_tokens(trace: Trace, part: int) -> None:
-    """Refuse a rank file's ``__tokens__`` records whose entries fail their checksum before a copy
-    writes them anew (merged into one record); a trace read checked has checked them already."""
+def check_rewritten(trace: Trace, part: int) -> None:
+    """Refuse a rank file's metadata and ``__tokens__`` records that fail their checksums before a
+    copy writes them anew with new checksums (metadata as the copy's, the tokens merged into one
+    record), so that --no-verify never turns corrupt bytes into sound ones; a trace read checked
+    has checked them already."""
     file = trace.files[part]
     if trace.verify:
         return
+    file.check_metadata()
     for slot in file.token_slots.tolist():
         stored = file.stored_checksums(slot)
         if stored is not None and rows_crc(*file.read_keys(slot)) != stored[2]:

@@ -14,7 +14,6 @@ import os
 import stat
 import tempfile
 import time
-import zlib
 from glob import escape as glob_escape
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -35,6 +34,7 @@ from tracediff.trace.checks import (
     refuse,
     run_meta,
 )
+from tracediff.trace.crc import crc32
 from tracediff.trace.fileio import pread_into, prefetch
 from tracediff.trace.h5attrs import SIGNATURE, root_attributes
 from tracediff.trace.schema import (
@@ -42,10 +42,10 @@ from tracediff.trace.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MAX_NDIM,
+    MetaSum,
     Record,
     RecordIndex,
     batch_checksums,
-    check_meta_crc,
     check_version,
     corrupt_record,
     dumps_meta,
@@ -120,7 +120,7 @@ def _write_attrs(f: h5py.File, meta_text: str) -> None:
     f.attrs["format"] = FORMAT_NAME
     f.attrs["format_version"] = FORMAT_VERSION
     f.attrs["meta"] = meta_text
-    f.attrs["meta_crc32"] = np.int64(zlib.crc32(meta_text.encode()))
+    f.attrs["meta_crc32"] = np.int64(crc32(meta_text.encode()))
 
 
 def _append(dset: h5py.Dataset, values: np.ndarray) -> int:
@@ -279,7 +279,7 @@ class H5Writer:
 
     def close(self, final: dict) -> None:
         text = dumps_meta(final).encode()
-        _append(self._datasets["final_crc"], np.array([zlib.crc32(text)], dtype=np.uint32))
+        _append(self._datasets["final_crc"], np.array([crc32(text)], dtype=np.uint32))
         _append(self._datasets["final"], np.frombuffer(text, dtype=np.uint8))
         stored = sum(d.size * d.dtype.itemsize for d in self._datasets.values())
         values = {name: d[:] for name, d in self._datasets.items()} if stored < COMPACT_BELOW else None
@@ -412,6 +412,7 @@ class H5TraceFile(TraceFile):
     def __init__(self, path: Path, part: int = 0, verify: bool = True) -> None:
         self.path = path
         self.verify = verify
+        self.meta_sums: list[MetaSum] = []
         self._fd = -1
         _remove_stranded(path)
         self._file = _open_h5(path)
@@ -435,18 +436,20 @@ class H5TraceFile(TraceFile):
             raise TraceError(self.path, f"run metadata is {meta}, not a string")
         self.meta = run_meta(self.path, meta)
         checksummed = self.version >= CHECKSUMS_SINCE  # checked once the rules of metadata hold
-        if checksummed and self.verify:
-            check_meta_crc(self.path, meta, attrs.get("meta_crc32"))
+        if checksummed:
+            self.meta_sums.append(MetaSum(meta, attrs.get("meta_crc32"), "run metadata"))
         final = self._column("final", np.dtype(np.uint8))
         if len(final) > MAX_META_BYTES:
             raise TraceError(self.path, f"final metadata of {len(final)} bytes; a trace holds at most "
                                         f"{MAX_META_BYTES}")
         final_text = final[:].tobytes() if len(final) else b""
         self.final = final_meta(self.path, final_text) if len(final) else None
-        if checksummed and self.verify and len(final):
+        if checksummed and len(final):
             stored = self._column("final_crc", np.dtype(np.uint32))
-            check_meta_crc(self.path, final_text, int(stored[0]) if self._length(stored) else None,
-                           "final metadata")
+            self.meta_sums.append(MetaSum(final_text, int(stored[0]) if self._length(stored) else None,
+                                          "final metadata"))
+        if self.verify:
+            self.check_metadata()
         self.index, self.token_slots = self._build_index(part)
         check_record_count(self.path, self.final, len(self.index))
 

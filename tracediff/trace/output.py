@@ -12,7 +12,8 @@ killed writer left is removed by the next command writing there), under
 their own names (so suffixes, rank names and zip stems read as the target's), and published when the
 writing succeeded: a new name by ``os.link`` (atomic, never over a file that appeared meanwhile), an
 existing regular file under ``--force`` by ``os.replace``. On any failure, a full disk or Ctrl-C
-included, the hidden directory is removed and nothing appears; an ``OSError`` becomes one
+included, the hidden directory is removed and nothing appears (a file replaced before the failure
+is put back); an ``OSError`` becomes one
 ``InputError`` line naming the output."""
 
 from __future__ import annotations
@@ -290,8 +291,11 @@ def _renamed(exc: InputError, staged: Path, target: Path) -> InputError:
 def _publish(staging: Path, targets: list[Path], inputs: list[str | Path], force: bool,
              dirs: set[Path]) -> None:
     """Each staged output in place: checked again, then linked (new), renamed (a directory) or replaced
-    (``force``, a regular file). A failure half way takes back the new names published before it."""
+    (``force``, a regular file). A failure half way (or a Ctrl-C) undoes what was published before
+    it: new names are taken back, and a replaced file is put back from the hard link kept to it in
+    the staging directory (where the file system has none, a replaced file stays replaced)."""
     made: list[tuple[Path, tuple[int, int]]] = []
+    kept: list[tuple[Path, Path, tuple[int, int]]] = []  # (target, the link to its old file, new identity)
     try:
         for target in targets:
             staged = staging / target.name
@@ -306,19 +310,44 @@ def _publish(staging: Path, targets: list[Path], inputs: list[str | Path], force
                 if stat.S_ISDIR(st.st_mode):
                     os.rename(staged, target)  # onto nothing or an empty directory; never a file
                 elif replaced:
+                    old = _keep_old(target, staging / f".replaced.{len(kept)}")
                     os.replace(staged, target)  # force: a regular file, none of the inputs (checked)
+                    if old is not None:
+                        kept.append((target, old, identity))
                 else:
                     _link(staged, target)
             except OSError as exc:
                 raise _not_published(target, exc, "pass --force to replace it ") from None
-            if not replaced:  # a replaced file cannot be given back: the new one stays
+            if not replaced:
                 made.append((target, identity))
     except BaseException:
         for target, identity in made:
             _take_back(target, identity)
+        for target, old, identity in kept:
+            _put_back(target, old, identity)
         raise
-    if made:
+    if made or kept:
         _fsync_dir(targets[0].parent)
+
+
+def _keep_old(target: Path, link: Path) -> Path | None:
+    """A hard link to the file about to be replaced (so that a publish failing later can put it
+    back); None where the file system has no hard links."""
+    try:
+        os.link(target, link, follow_symlinks=False)
+    except OSError:
+        return None
+    return link
+
+
+def _put_back(target: Path, old: Path, identity: tuple[int, int]) -> None:
+    """The replaced file at ``target`` again (only while the path still names this run's output)."""
+    try:
+        st = os.lstat(target)
+        if (st.st_dev, st.st_ino) == identity:
+            os.replace(old, target)
+    except OSError:
+        pass
 
 
 def _link(staged: Path, target: Path) -> None:

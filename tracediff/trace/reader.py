@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import mmap
 import re
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from tracediff.errors import InputError, TraceError
+from tracediff.trace.crc import crc32
 from tracediff.trace.dtypes import decode, storage_dtype
 from tracediff.trace.fileio import MADV_POPULATE_READ, advise
 from tracediff.trace.schema import Record, RecordIndex, tokens_record
@@ -207,6 +207,15 @@ def check_rank_set(files: Sequence[TraceFile]) -> None:
                                         "file of the same run")
 
 
+class InPlaceRows(NamedTuple):
+    """Rows of one tensor to read in place: their keys, which of them, and their file offsets
+    (``Trace.row_offsets``)."""
+
+    keys: RowKeys
+    rows: np.ndarray
+    at: np.ndarray
+
+
 class Trace:
     """A trace opened for reading: metadata, the record index, and tensors on demand."""
 
@@ -258,30 +267,54 @@ class Trace:
             return "written before checksums"
         return None if self.verify else "--no-verify"
 
-    def check_records(self, records: np.ndarray) -> None:
+    def check_records(self, records: np.ndarray, held: Sequence[tuple[int, int]] = ()) -> None:
         """Refuse the first of these records (index positions) whose bytes fail their checksum. In a
         single-file trace whose records lie uncompressed in the file, the checksum is computed over
-        the file's mapping (no copy; the pages are then in the page cache for the read that follows,
-        and unmapped again a window at a time: resident memory stays flat, whatever the record's size)."""
+        the file's mapping, with no copy: a record inside ``held`` spans (``hold`` has mapped them
+        for the read that follows) in one call, any other a window at a time, each window unmapped
+        again after (resident memory stays flat, whatever the record's size). Elsewhere each record
+        is read a piece at a time."""
         idx = self.index
-        todo = [i for i in np.unique(records).tolist() if self.files[idx.part[i]].unchecked(int(idx.slot[i]))]
-        if not todo:
-            return
         if len(self.files) == 1 and self._offsets is None:
             self._offsets = self.files[0].data_offsets()
-        for i in todo:
-            file, slot = self.files[idx.part[i]], int(idx.slot[i])
-            at = int(self._offsets[slot]) if len(self.files) == 1 and self._offsets is not None else -1
-            n = int(idx.nbytes[i])
-            if at < 0 or n < SPAN_GAP:
-                file.check_data(slot)
+        for part, file in enumerate(self.files):
+            mine = np.unique(records if len(self.files) == 1 else records[idx.part[records] == part])
+            mine = mine[np.isin(idx.slot[mine], file.unchecked_slots(idx.slot[mine]))]
+            if not len(mine):
                 continue
-            crc = 0  # a window of the mapping at a time, each unmapped after: resident pages stay bounded
-            for start in range(at, at + n, CRC_WINDOW):
-                stop = min(start + CRC_WINDOW, at + n)
-                crc = zlib.crc32(self.mapped()[start:stop].data, crc)
-                self.release(self._spans(np.array([start]), np.array([stop])))
-            file.check_data(slot, crc=crc)
+            slots = idx.slot[mine].astype(np.int64)
+            at = self._offsets[slots] if len(self.files) == 1 and self._offsets is not None else None
+            if at is None or (at < 0).any():
+                for slot in slots.tolist():
+                    file.check_data(slot)
+                continue
+            self._check_in_place(file, slots, at, idx.nbytes[mine], held)
+
+    def _check_in_place(self, file: TraceFile, slots: np.ndarray, at: np.ndarray, nbytes: np.ndarray,
+                        held: Sequence[tuple[int, int]]) -> None:
+        """``check_records`` of records lying uncompressed at file offsets ``at``: each record inside
+        a held span in one call over the mapping, any other a window at a time."""
+        spans = sorted(held)
+        starts = np.array([start for start, _ in spans], dtype=np.int64)
+        ends = np.array([start + length for start, length in spans], dtype=np.int64)
+        k = np.searchsorted(starts, at, side="right") - 1
+        inside = (k >= 0) & (at + nbytes <= ends[np.maximum(k, 0)]) if len(spans) else np.zeros(len(at), bool)
+        view = memoryview(self._mapping())
+        crcs = np.zeros(len(slots), dtype=np.int64)
+        for j in np.flatnonzero(inside).tolist():
+            start = int(at[j])
+            crcs[j] = crc32(view[start : start + int(nbytes[j])])
+        for j in np.flatnonzero(~inside).tolist():
+            crc, start, stop = 0, int(at[j]), int(at[j] + nbytes[j])
+            for begin in range(start, stop, CRC_WINDOW):  # each window unmapped after: bounded pages
+                end = min(begin + CRC_WINDOW, stop)
+                crc = crc32(view[begin:end], crc)
+                self.release(self._spans(np.array([begin]), np.array([end])))
+            if spans:  # unmapping may have taken held pages: map them again for the read that follows
+                self._populate(spans)
+            crcs[j] = crc
+        view.release()
+        file.accept_crcs(slots, crcs)
 
     @cached_property
     def contract(self) -> dict:
@@ -458,19 +491,19 @@ class Trace:
             file.read_into(slot, piece, int(keys.within[rows[start]]) * row_bytes)
             if whole[k] and file.unchecked(slot):  # read whole: its checksum over the bytes read (no
                 if piece.nbytes < SPAN_GAP:  # second read); a large record's in a thread, meanwhile
-                    file.check_data(slot, crc=zlib.crc32(piece.data))
+                    file.check_data(slot, crc=crc32(piece.data))
                 else:
-                    sums.append((file, slot, _crc_pool().submit(zlib.crc32, piece.data)))
+                    sums.append((file, slot, _crc_pool().submit(crc32, piece.data)))
         for file, slot, crc in sums:
             file.check_data(slot, crc=crc.result())
         return out
 
     def row_offsets(self, keys: RowKeys, rows: np.ndarray) -> np.ndarray | None:
         """File offset of each row's bytes, for reading them in place from ``mapped()``; None
-        unless the trace is one file whose records involved lie uncompressed in it."""
+        unless the trace is one file whose records involved lie uncompressed in it. Not checked
+        yet: ``hold`` checks the records as it maps them, before anything reads them in place."""
         if len(self.files) != 1:
             return None
-        self.check_records(keys.record[rows])  # before anything reads them in place
         if self._offsets is None:
             self._offsets = self.files[0].data_offsets()
         base = self._offsets[self.index.slot[keys.record[rows]]]
@@ -486,15 +519,17 @@ class Trace:
             self._map = np.frombuffer(self._mmap, dtype=np.uint8)
         return self._map
 
-    def hold(self, parts: list[tuple[RowKeys, np.ndarray]]) -> list[tuple[int, int]]:
-        """Map the rows at these file offsets (``row_offsets`` of several tensors) into ``mapped()``
-        now, reading them from disk if need be, so that a kernel reading them in place takes no page
-        faults. Returns the spans held: ``release`` them when done."""
+    def hold(self, parts: list[InPlaceRows]) -> list[tuple[int, int]]:
+        """Map these rows (``row_offsets`` of several tensors) into ``mapped()`` now, reading them
+        from disk if need be, so that a kernel reading them in place takes no page faults, and check
+        the records they belong to against their checksums over the mapped bytes (before anything
+        reads them). Returns the spans held: ``release`` them when done."""
         if not parts:
             return []
-        starts = np.concatenate([at for _, at in parts])
-        spans = self._spans(starts, np.concatenate([at + keys.row_nbytes for keys, at in parts]))
+        starts = np.concatenate([part.at for part in parts])
+        spans = self._spans(starts, np.concatenate([part.at + part.keys.row_nbytes for part in parts]))
         self._populate(spans)
+        self.check_records(np.concatenate([part.keys.record[part.rows] for part in parts]), held=spans)
         return spans
 
     def _spans(self, starts: np.ndarray, stops: np.ndarray) -> list[tuple[int, int]]:

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import json
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from tracediff.errors import TraceError
+from tracediff.trace.crc import crc32
 from tracediff.trace.dtypes import decode
 
 FORMAT_NAME = "tracediff"
@@ -206,26 +206,43 @@ def dumps_meta(meta: dict) -> str:
 
 def data_crc(raw: np.ndarray | bytes | memoryview) -> int:
     """CRC32 of a record's tensor bytes."""
-    return zlib.crc32(raw.data if isinstance(raw, np.ndarray) else raw)
+    return crc32(raw.data if isinstance(raw, np.ndarray) else raw)
 
 
 def record_crc(name: str, dtype: str, seq_no: int, step: int, rank: int, depth: int, static: bool,
                shape: tuple[int, ...] | list[int]) -> int:
     """CRC32 of a record's own key columns: seq_no, step, rank, depth, static and shape (int64 LE),
-    then name and dtype (UTF-8, each ended by a NUL)."""
-    dims = [int(d) for d in shape]
-    head = struct.pack(f"<{5 + len(dims)}q", int(seq_no), int(step), int(rank), int(depth), int(bool(static)),
-                       *dims)
-    return zlib.crc32(b"".join((head, name.encode(), b"\0", dtype.encode(), b"\0")))
+    then name and dtype (UTF-8, each ended by a NUL). Readers and writers pay it per record: the
+    packing of each ndim and the tail of each (name, dtype) are made once."""
+    head = _HEADS.get(len(shape)) or _head(len(shape))
+    tail = _TAILS.get((name, dtype)) or _tail(name, dtype)
+    return crc32(head.pack(seq_no, step, rank, depth, 1 if static else 0, *shape) + tail)
+
+
+def _head(ndim: int) -> struct.Struct:
+    head = _HEADS[ndim] = struct.Struct(f"<{5 + ndim}q")
+    return head
+
+
+def _tail(name: str, dtype: str) -> bytes:
+    if len(_TAILS) >= 4096:  # bounded: names are few, but a reader trusts no file
+        _TAILS.clear()
+    tail = _TAILS[(name, dtype)] = b"".join((name.encode(), b"\0", dtype.encode(), b"\0"))
+    return tail
 
 
 def rows_crc(request, position: np.ndarray, token_id: np.ndarray) -> int:
     """CRC32 of a record's per-row keys: position, token_id (int64 LE), then the request ids (UTF-8,
     joined by NUL)."""
-    crc = zlib.crc32(np.ascontiguousarray(position, dtype="<i8").data)
-    crc = zlib.crc32(np.ascontiguousarray(token_id, dtype="<i8").data, crc)
+    if position.dtype == _LE_INT64 and token_id.dtype == _LE_INT64 and position.flags.c_contiguous \
+            and token_id.flags.c_contiguous:  # the usual case: straight from the buffers
+        crc = crc32(token_id.data, crc32(position.data))
+    else:
+        crc = _crc_of_array(token_id, _LE_INT64, _crc_of_array(position, _LE_INT64))
+    if len(request) == 1:
+        return crc32(request[0].encode(), crc)
     texts = request.tolist() if isinstance(request, np.ndarray) else list(request)
-    return zlib.crc32("\0".join(texts).encode(), crc)
+    return crc32("\0".join(texts).encode(), crc)
 
 
 def record_checksums(record: Record) -> tuple[int, int, int]:
@@ -238,6 +255,7 @@ def record_checksums(record: Record) -> tuple[int, int, int]:
 
 
 _HEADS: dict[int, struct.Struct] = {}  # record_crc's int64 head, by the record's ndim
+_TAILS: dict[tuple[str, str], bytes] = {}  # record_crc's name-and-dtype tail, by (name, dtype)
 _LE_INT64 = np.dtype("<i8")
 
 
@@ -245,38 +263,32 @@ def _crc_of_array(values: np.ndarray, dtype: np.dtype | None = None, crc: int = 
     """CRC32 of an array's bytes (as ``dtype``, C order): straight from its buffer when it already
     is that, else from a contiguous copy."""
     if (dtype is None or values.dtype == dtype) and values.flags.c_contiguous:
-        return zlib.crc32(values.data, crc) if values.ndim else zlib.crc32(values.tobytes(), crc)
-    return zlib.crc32(np.ascontiguousarray(values, dtype=dtype).tobytes(), crc)
+        return crc32(values.data, crc) if values.ndim else crc32(values.tobytes(), crc)
+    return crc32(np.ascontiguousarray(values, dtype=dtype).tobytes(), crc)
 
 
 def batch_checksums(records: Sequence[Record]) -> np.ndarray:
-    """``record_checksums`` of each record, as a writer's uint32 [n, 3] column block: the same values
-    by the same definitions, computed with fewer Python steps (buffers checksummed in place, the
-    name-and-dtype tail of each distinct pair encoded once), since a writer pays this per record.
-    A record that carries ``checksums`` gets those, as they are."""
+    """``record_checksums`` of each record, as a writer's uint32 [n, 3] column block (tensor bytes
+    checksummed in place). A record that carries ``checksums`` gets those, as they are."""
     sums: list[tuple[int, int, int]] = []
-    tails: dict[tuple[str, str], bytes] = {}
-    crc32, heads = zlib.crc32, _HEADS
+    heads, tails, crc = _HEADS, _TAILS, crc32  # per record: a few dict lookups and four CRC calls
     for r in records:
         if r.checksums is not None:  # carried from the record's source (a copy read unchecked)
             sums.append(r.checksums)
             continue
-        data, shape, request, position, token_id = r.data, r.data.shape, r.request, r.position, r.token_id
-        head = heads.get(len(shape))
-        if head is None:
-            head = heads[len(shape)] = struct.Struct(f"<{5 + len(shape)}q")
-        tail = tails.get((r.name, r.dtype))
-        if tail is None:
-            tail = tails[(r.name, r.dtype)] = b"".join((r.name.encode(), b"\0", r.dtype.encode(), b"\0"))
-        keys = head.pack(r.seq_no, r.step, r.rank, r.depth, 1 if r.static else 0, *shape)
+        data, position, token_id, request = r.data, r.position, r.token_id, r.request
+        shape = data.shape
+        head = heads.get(len(shape)) or _head(len(shape))
+        tail = tails.get((r.name, r.dtype)) or _tail(r.name, r.dtype)
+        keys = head.pack(r.seq_no, r.step, r.rank, r.depth, 1 if r.static else 0, *shape) + tail
         if position.dtype == _LE_INT64 and token_id.dtype == _LE_INT64 and position.flags.c_contiguous \
                 and token_id.flags.c_contiguous:
-            rows = crc32(token_id.data, crc32(position.data))
+            rows = crc(token_id.data, crc(position.data))
         else:
             rows = _crc_of_array(token_id, _LE_INT64, _crc_of_array(position, _LE_INT64))
         texts = request[0].encode() if len(request) == 1 else "\0".join(request.tolist()).encode()
-        sums.append((crc32(data.data) if data.ndim and data.flags.c_contiguous else _crc_of_array(data),
-                     crc32(tail, crc32(keys)), crc32(texts, rows)))
+        sums.append((crc(data.data) if data.ndim and data.flags.c_contiguous else _crc_of_array(data),
+                     crc(keys), crc(texts, rows)))
     return np.array(sums, dtype=np.uint32).reshape(len(records), 3)
 
 
@@ -285,11 +297,23 @@ def corrupt_record(path: str | Path, slot: int, name: object, step: object, what
     return TraceError(path, f"corrupt trace: record {slot} ({name}, step {step}) fails its checksum{what}")
 
 
+class MetaSum(NamedTuple):
+    """A piece of a file's metadata as read and the checksum stored for it (an int, or its decimal
+    text; None where missing), to check at open or, opened unchecked, before a copy rewrites it."""
+
+    text: bytes
+    stored: object
+    what: str  # "run metadata", "final metadata", "record index"
+
+    def check(self, path: str | Path) -> None:
+        check_meta_crc(path, self.text, self.stored, self.what)
+
+
 def check_meta_crc(path: str | Path, text: bytes, stored: object, what: str = "run metadata") -> None:
     """Refuse metadata whose stored checksum (an int, or its decimal text) is missing or wrong."""
     try:
         expected = int(stored)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         raise TraceError(path, f"corrupt trace: its {what} has no checksum") from None
-    if zlib.crc32(text) != expected:
+    if crc32(text) != expected:
         raise TraceError(path, f"corrupt trace: its {what} fails its checksum")

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from tracediff.errors import InputError
-from tracediff.trace.copies import check_copy_outputs, check_tokens, output_paths, read_copy
+from tracediff.trace.copies import check_copy_outputs, check_rewritten, output_paths, read_copy
 from tracediff.trace.output import staged_outputs
 from tracediff.trace.reader import Trace, open_trace
 from tracediff.trace.schema import FORMAT_VERSION, Record, tokens_record
@@ -270,7 +270,7 @@ def _in(request: np.ndarray, requests: tuple[str, ...]) -> np.ndarray:
 def _tokens(trace: Trace, part: int, selection: Selection) -> Keys:
     """(request, position, token_id) of one rank file's token table entries that the selection keeps:
     those of the kept requests (all of them when no request is named)."""
-    check_tokens(trace, part)
+    check_rewritten(trace, part)
     request, position, token_id = trace.token_keys(part)
     if selection.requests is not None and len(position):
         keep = _in(request, selection.requests)

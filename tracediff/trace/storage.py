@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Concatenate, ParamSpec, Protocol, Sequence, TypeVar, runtime_checkable
@@ -22,7 +21,8 @@ import numpy as np
 import pyarrow as pa
 
 from tracediff.errors import TraceError
-from tracediff.trace.schema import Record, RecordIndex, corrupt_record
+from tracediff.trace.crc import crc32
+from tracediff.trace.schema import MetaSum, Record, RecordIndex, corrupt_record
 
 BUILTIN = ("tracediff.trace.h5", "tracediff.trace.arrow")  # modules that register a format on import
 MAGIC_BYTES = 8  # how much of a file's head the registry looks at
@@ -65,6 +65,7 @@ class TraceFile(Protocol):
     data_crcs: np.ndarray | None = None
     record_crcs: np.ndarray | None = None  # per file slot: the stored ``record_crc`` (None: no checksums)
     rows_crcs: np.ndarray | None = None  # per file slot: the stored ``rows_crc``
+    meta_sums: list[MetaSum]  # the metadata's pieces with their stored checksums (none before checksums)
 
     @property
     def checksummed(self) -> bool:
@@ -75,25 +76,30 @@ class TraceFile(Protocol):
         """Refuse a record whose bytes (``raw`` when the caller has read them all, else read here a
         piece at a time) fail their checksum; each record is checked once. Nothing to check in a
         file without checksums, or opened with verify=False. ``crc``: the caller's CRC32 of them."""
-        if not self.verify or self.data_crcs is None:
-            return
-        done: set[int] = self.__dict__.setdefault("_data_verified", set())
-        if slot in done:
+        if not self.unchecked(slot):
             return
         if crc is not None:  # the caller computed it over the record's bytes
             pass
         elif raw is not None:
-            crc = zlib.crc32(np.ascontiguousarray(raw).reshape(-1).view(np.uint8).data)
+            crc = crc32(np.ascontiguousarray(raw).reshape(-1).view(np.uint8).data)
         else:
             n = self.record_nbytes(slot)
             crc, piece = 0, np.empty(min(n, VERIFY_PIECE), dtype=np.uint8)
             for at in range(0, n, VERIFY_PIECE):
                 part = piece[: min(VERIFY_PIECE, n - at)]
                 self.read_into(slot, part, at)
-                crc = zlib.crc32(part.data, crc)
-        if crc != int(self.data_crcs[slot]):
+                crc = crc32(part.data, crc)
+        self.accept_crcs(np.array([slot]), np.array([crc]))
+
+    def accept_crcs(self, slots: np.ndarray, crcs: np.ndarray) -> None:
+        """Refuse the first of these records whose computed CRC32 (``crcs``, one per slot) is not the
+        one stored; else remember them as checked."""
+        assert self.data_crcs is not None  # callers check only what owes a check (``unchecked``)
+        bad = np.flatnonzero(self.data_crcs[slots] != crcs)
+        if len(bad):
+            slot = int(slots[bad[0]])
             raise corrupt_record(self.path, slot, *self.describe_slot(slot))
-        done.add(slot)
+        self._verified()[slots] = True
 
     def stored_checksums(self, slot: int) -> tuple[int, int, int] | None:
         """(data, record, rows) checksums the file stores for the record at a slot, as read (not
@@ -102,10 +108,29 @@ class TraceFile(Protocol):
             return None
         return int(self.data_crcs[slot]), int(self.record_crcs[slot]), int(self.rows_crcs[slot])
 
+    def check_metadata(self) -> None:
+        """Refuse metadata (run, final; Arrow's record index) that fails its checksum: at open, and
+        before a copy of a file opened unchecked writes it anew with new checksums."""
+        for piece in self.meta_sums:
+            piece.check(self.path)
+
     def unchecked(self, slot: int) -> bool:
         """Whether reading this record's bytes still owes a check of its checksum."""
-        done = self.__dict__.get("_data_verified", ())
-        return self.verify and self.data_crcs is not None and slot not in done
+        return self.verify and self.data_crcs is not None and not self._verified()[slot]
+
+    def unchecked_slots(self, slots: np.ndarray) -> np.ndarray:
+        """Those of these slots whose bytes still owe a check (``unchecked`` of many at once)."""
+        if not self.verify or self.data_crcs is None:
+            return slots[:0]
+        return slots[~self._verified()[slots]]
+
+    def _verified(self) -> np.ndarray:
+        """Per file slot: whether its bytes were checked (made at the first check)."""
+        done = self.__dict__.get("_data_verified")
+        if done is None:
+            count = 0 if self.data_crcs is None else len(self.data_crcs)
+            done = self.__dict__["_data_verified"] = np.zeros(count, dtype=bool)
+        return done
 
     def record_nbytes(self, slot: int) -> int:
         """Bytes of the record at a file slot."""
