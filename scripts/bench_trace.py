@@ -11,6 +11,11 @@ With --verify-cost, instead (no torch needed), for each format: the cost of chec
 verify vs --no-verify interleaved on the same files, each from a cold cache: reading all rows of one
 name, a cold open plus one step, and a full CLI compare of the trace against a copy of it.
 
+With --write-cost TREE, instead: this checkout's writers against those of another source tree (a
+checkout of the code before a change, e.g. `git worktree add /tmp/old 049fb59`, the last commit before
+checksums), run side by side in fresh processes, interleaved: the recorder writing --steps steps of
+~2.5 MB to fsync (GB/s), and one writer on batches of tiny records (records/s).
+
 With --tiny, instead, for each format side by side (a flood of tiny records, 16 bytes and one row
 each): records/s one writer sustains on batches of WRITE_BATCH records; records/s a host logging
 as fast as it can gets written, and how many the full queue dropped meanwhile; and the file size of
@@ -19,6 +24,7 @@ a small trace (10 KB of tensors in 10 flushes).
 Usage: python scripts/bench_trace.py [--steps 2000] [--dir /tmp/bench] [--out bench.json]
        python scripts/bench_trace.py --tiny [--tiny-records 200000]
        python scripts/bench_trace.py --verify-cost [--steps 400] [--reps 3]
+       python scripts/bench_trace.py --write-cost TREE [--steps 300] [--reps 5]
 """
 
 from __future__ import annotations
@@ -300,6 +306,54 @@ def verify_cost(work: Path, formats: list[str], steps: int, reps: int) -> dict:
     return results
 
 
+WRITE_CHILD = """
+import json, sys, tempfile
+from pathlib import Path
+sys.path.append(sys.argv[1])  # this checkout's benchmark functions; the package comes from PYTHONPATH
+import bench_trace
+import tracediff
+kind, fmt, n = sys.argv[2], sys.argv[3], int(sys.argv[4])
+with tempfile.TemporaryDirectory(dir=sys.argv[5]) as d:
+    path = Path(d) / f"t.{fmt}"
+    if kind == "steps":
+        import torch
+        seconds, logged, dropped = bench_trace.record_steps(path, n, torch)
+        value = logged / seconds / 1e9
+    else:
+        value = bench_trace.tiny_writer_rate(path, n)
+print(json.dumps({"value": value, "package": tracediff.__file__}))
+"""
+
+
+def write_cost(work: Path, formats: list[str], baseline: Path, steps: int, reps: int,
+               tiny_n: int = 100_000) -> dict:
+    """This checkout's writers vs ``baseline``'s, interleaved in fresh processes (medians of ``reps``):
+    the recorder's throughput on ~2.5 MB steps (GB/s) and one writer's on tiny records (records/s)."""
+    trees = {"baseline": baseline.resolve(), "now": Path(__file__).resolve().parent.parent}
+    runs: dict = {}
+    for _ in range(reps):
+        for fmt in formats:
+            for kind, n in (("steps", steps), ("tiny", tiny_n)):
+                for label, tree in trees.items():
+                    done = subprocess.run(
+                        [sys.executable, "-c", WRITE_CHILD, str(Path(__file__).parent), kind, fmt, str(n),
+                         str(work)],
+                        capture_output=True, text=True, check=True,
+                        cwd=work,  # not a checkout: `-c` puts the working directory first on sys.path
+                        env=dict(os.environ, PYTHONPATH=str(tree)))
+                    result = json.loads(done.stdout.strip().splitlines()[-1])
+                    assert result["package"].startswith(str(tree)), result  # each tree's own writers ran
+                    runs.setdefault(f"{fmt}_{kind}", {}).setdefault(label, []).append(result["value"])
+    out: dict = {"baseline": str(baseline), "steps": steps, "tiny_records": tiny_n, "reps": reps}
+    for key, by_tree in runs.items():
+        medians = {label: statistics.median(values) for label, values in by_tree.items()}
+        unit = "gbs" if key.endswith("steps") else "records_per_s"
+        out[key] = {**{f"{label}_{unit}": value for label, value in medians.items()},
+                    "runs": by_tree, "cost": 1 - medians["now"] / medians["baseline"]}
+        print(key, json.dumps(out[key]), flush=True)
+    return out
+
+
 def tiny(work: Path, formats: list[str], n: int) -> dict:
     results: dict = {"records": n}
     for fmt in formats:
@@ -322,8 +376,19 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true", help="tiny records and small traces instead")
     parser.add_argument("--tiny-records", type=int, default=200_000)
     parser.add_argument("--verify-cost", action="store_true", help="checksums: verify vs --no-verify")
+    parser.add_argument("--write-cost", type=Path, default=None, metavar="TREE",
+                        help="writers: this checkout vs the source tree TREE, side by side")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(dir=args.dir))
+    if args.write_cost:
+        try:
+            results = write_cost(work, list(filter(None, args.formats.split(","))), args.write_cost,
+                                 args.steps, min(args.reps, 7))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        if args.out:
+            args.out.write_text(json.dumps(results, indent=1))
+        return
     if args.verify_cost:
         try:
             results = verify_cost(work, list(filter(None, args.formats.split(","))), args.steps,
