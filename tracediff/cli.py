@@ -326,7 +326,9 @@ def replay(
                                        "it reads them for the trace's target family; its architecture "
                                        "from the contract or --target)"),
     d2t: str = typer.Option("offset", "--d2t", help="read d2t as offsets (right) or as a direct map"),
-    depths: int = typer.Option(4, help="draft depths to unroll"),
+    depths: int | None = typer.Option(None, min=1, help="draft depths to unroll (default: the trace's "
+                                      "speculative num_steps, else its deepest recorded draft depth + 1, "
+                                      "else 4)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
     force: bool = force_option("--out"),
     no_verify: bool = no_verify_option(),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -22,6 +23,32 @@ from tracediff.record.recorder import Recorder
 from tracediff.trace.reader import TensorRows, Trace
 
 RECORDED = "recorded draft.fc_in"
+DEFAULT_DEPTHS = 4  # a chain's depths when the trace says nothing of the server's or the training's
+
+
+class DepthChoice(NamedTuple):
+    """How many draft depths a replay unrolls, and why that many."""
+
+    depths: int
+    reason: str
+
+
+def chain_depths(trace: Trace, asked: int | None = None) -> DepthChoice:
+    """The depths to replay: as ``asked``; else the server's resolved ``speculative_num_steps`` (the
+    chain it drafted before each verify); else one more than the deepest draft depth the trace
+    recorded (a training trace: its TTT length); else ``DEFAULT_DEPTHS``."""
+    if asked is not None:
+        return DepthChoice(asked, "--depths")
+    spec = trace.contract.get("speculative_args")
+    steps = spec.get("num_steps") if isinstance(spec, dict) else None
+    if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1:
+        return DepthChoice(steps, f"the trace's speculative num_steps {steps}")
+    idx = trace.index
+    drafted = idx.depth[np.char.startswith(idx.name.astype(str), "draft.")] if len(idx) else idx.depth
+    if len(drafted):
+        deepest = int(drafted.max())
+        return DepthChoice(deepest + 1, f"the trace's recorded draft depths 0-{deepest}")
+    return DepthChoice(DEFAULT_DEPTHS, "the default: the trace records neither num_steps nor draft depths")
 
 
 @dataclass
@@ -49,6 +76,7 @@ class ReplayReport:
     depth_accuracy: list[float] = field(default_factory=list)
     depth_rows: list[int] = field(default_factory=list)
     expected_accept_len: float = 1.0
+    depths_from: str = "--depths"  # why the chain has this many depths (``chain_depths``)
 
     def to_dict(self) -> dict:
         return vars(self).copy()
@@ -94,14 +122,19 @@ def _check_width(width: int, draft: Eagle3Draft, sources: str) -> None:
                          f"the draft's fc takes {takes} ({takes // hidden} slots)")
 
 
-def replay(trace: Trace, draft: Eagle3Draft, depths: int, aux: AuxSpec | None = None,
+def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: AuxSpec | None = None,
            d2t_reading: str = "offset", rec: Recorder | None = None) -> ReplayReport:
-    """Teacher-forced accuracy per depth and expected accept length of a chain of ``depths`` drafts."""
+    """Teacher-forced accuracy per depth and expected accept length of a chain of ``depths`` drafts
+    (default: ``chain_depths``). A trace where no row can be scored (no draft row whose next
+    position holds a target token) is an ``InputError``, never a figure over 0 rows."""
+    choice = chain_depths(trace, depths)
+    depths = choice.depths
     to_target = to_target_fn(draft, d2t_reading)
     correct = [0] * depths
     total = [0] * depths
     leading: list[int] = []
-    report = ReplayReport(aux=", ".join(aux.sources()) if aux else RECORDED, requests=0)
+    report = ReplayReport(aux=", ".join(aux.sources()) if aux else RECORDED, requests=0,
+                          depths_from=choice.reason)
     for req in request_rows(trace, aux):
         _check_width(req.fc_in.shape[1], draft, report.aux)
         report.requests += 1
@@ -126,6 +159,10 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int, aux: AuxSpec | None = 
             _log_depth(rec, req, result, ids, rows, depth, to_target)
         full = valid.all(axis=1)
         leading += [int(np.argmin(h)) if not h.all() else depths for h in hits[full]]
+    if not total or not total[0]:
+        raise InputError(trace.paths[0], f"replay has no row to score: no row of {report.aux} has the "
+                                         "target's token at its next position recorded (target.token); a "
+                                         "training trace needs them recorded too")
     report.depth_accuracy = [c / t if t else float("nan") for c, t in zip(correct, total)]
     report.depth_rows = total
     report.expected_accept_len = 1 + (float(np.mean(leading)) if leading else 0.0)

@@ -21,8 +21,8 @@ def render_replay(console: Console, report: ReplayReport, served_accept_len: flo
     for depth, (acc, rows) in enumerate(zip(report.depth_accuracy, report.depth_rows)):
         table.add_row(str(depth), f"{acc:.3f}", str(rows))
     console.print(table)
-    line = f"expected accept length (tokens per verify, chain of {len(report.depth_accuracy)}): " \
-           f"[bold]{report.expected_accept_len:.2f}[/bold]"
+    line = f"expected accept length (tokens per verify, chain of {len(report.depth_accuracy)}, from " \
+           f"{safe(report.depths_from)}): [bold]{report.expected_accept_len:.2f}[/bold]"
     if served_accept_len is not None:
         line += f" · the trace's own verify steps: {served_accept_len:.2f}"
     console.print(line, highlight=False)

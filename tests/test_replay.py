@@ -1,0 +1,71 @@
+"""``tracediff replay``'s chain: how many depths it unrolls (the trace's own, unless asked), and a
+trace with no row to score is one error line, never a figure over 0 rows."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tracediff as td
+from tests.conftest import REPO, cli
+from tracediff.eagle3.replay import DEFAULT_DEPTHS, chain_depths
+
+SAMPLES = REPO / "traces" / "eagle3"
+
+
+def replay(trace: Path, *extra: str):
+    return cli("replay", str(trace), "--draft", str(SAMPLES / "draft"), "--target", str(SAMPLES / "target"),
+               *extra)
+
+
+def test_the_chain_has_the_servers_num_steps() -> None:
+    with td.open_trace(SAMPLES / "serving.h5") as trace:
+        assert trace.contract["speculative_args"]["num_steps"] == 4
+        assert chain_depths(trace) == (4, "the trace's speculative num_steps 4")
+        assert chain_depths(trace, 2) == (2, "--depths")
+    done = replay(SAMPLES / "serving.h5")
+    assert done.returncode == 0, done.stderr
+    assert "chain of 4, from the trace's speculative num_steps 4" in done.stdout
+
+
+def test_without_num_steps_the_chain_is_as_deep_as_the_recorded_draft(tmp_path) -> None:
+    path = tmp_path / "t.h5"
+    with td.record(path, source="training") as rec:
+        for depth in range(3):
+            rec.log("draft.hidden", np.ones((2, 4), np.float32), request="r", positions=[0, 1],
+                    token_ids=[1, 2],
+                    depth=depth)
+    with td.open_trace(path) as trace:
+        assert chain_depths(trace) == (3, "the trace's recorded draft depths 0-2")
+    with td.record(tmp_path / "bare.h5", source="training") as rec:
+        rec.log("target.token", np.arange(2), request="r", positions=[0, 1], token_ids=[1, 2])
+    with td.open_trace(tmp_path / "bare.h5") as trace:
+        assert chain_depths(trace).depths == DEFAULT_DEPTHS
+
+
+def test_a_trace_with_no_row_to_score_is_one_error_line(tmp_path) -> None:
+    """The fc input rows and the target tokens share no request: replay cannot score anything."""
+    with td.open_trace(SAMPLES / "serving.h5") as sample:
+        fc_in = sample.rows("draft.fc_in", depth=0)
+        width = fc_in.data.shape[1]
+    path = tmp_path / "unscorable.h5"
+    with td.record(path, source="training") as rec:
+        rec.log("draft.fc_in", np.zeros((4, width), np.float32), request="a", positions=np.arange(4),
+                token_ids=[1, 2, 3, 4])
+        rec.log("target.token", np.arange(4), request="b", positions=np.arange(4), token_ids=[1, 2, 3, 4])
+    done = replay(path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"error: {path}: replay has no row to score: no row of recorded draft.fc_in has the target's token "
+        "at its next position recorded (target.token); a training trace needs them recorded too"]
+    assert "nan" not in done.stdout
+
+
+@pytest.mark.parametrize("depths", ["0", "-1"])
+def test_depths_below_one_are_refused(tmp_path, depths) -> None:
+    shutil.copy(SAMPLES / "serving.h5", tmp_path / "s.h5")
+    done = replay(tmp_path / "s.h5", "--depths", depths)
+    assert done.returncode == 2 and "greater than or equal to 1" in done.stderr  # a usage error
