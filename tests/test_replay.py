@@ -69,3 +69,34 @@ def test_depths_below_one_are_refused(tmp_path, depths) -> None:
     shutil.copy(SAMPLES / "serving.h5", tmp_path / "s.h5")
     done = replay(tmp_path / "s.h5", "--depths", depths)
     assert done.returncode == 2 and "greater than or equal to 1" in done.stderr  # a usage error
+
+
+def test_a_serving_trace_is_scored_on_the_chains_its_server_drafted() -> None:
+    """The sample's server drafted from the last row of each forward (its verify steps): replay's
+    figure is those chains' accept length, chain for chain the one the server's verify recorded, where
+    the recorded text reaches far enough to score the chain (each request's last verify does not)."""
+    import json
+
+    done = replay(SAMPLES / "serving.h5", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    with td.open_trace(SAMPLES / "serving.h5") as trace:
+        verify = trace.rows("verify.accept_len")
+    accepted = verify.numpy()
+    last = {request: max(verify.position[verify.request == request]) for request in set(verify.request)}
+    scorable = np.array([position != last[request]
+                         for request, position in zip(verify.request, verify.position)])
+    assert report["scored_on"] == "the server's chains"
+    assert (report["chains"], report["chains_unscored"]) == (int(scorable.sum()), len(last))
+    assert report["expected_accept_len"] == pytest.approx(1 + accepted[scorable].mean(), abs=1e-12)
+    assert report["every_row_chains"] > report["chains"]  # prompt rows too: another figure
+    assert report["every_row_accept_len"] != pytest.approx(report["expected_accept_len"])
+
+
+def test_a_training_trace_is_scored_on_every_row() -> None:
+    import json
+
+    report = json.loads(replay(SAMPLES / "training.h5", "--json").stdout)
+    assert report["scored_on"] == "every row" and report["chains_unscored"] == 0
+    assert report["expected_accept_len"] == report["every_row_accept_len"]
+    assert report["chains"] == report["every_row_chains"] > 0

@@ -71,15 +71,57 @@ class RequestRows:
 
 @dataclass
 class ReplayReport:
+    """What a replay measured. ``expected_accept_len`` is scored on ``scored_on``: on a serving trace
+    the chains the server drafted (each request's rows it drafted from, the ones its trace holds
+    draft depths >= 1 at), else every row (a training trace: TTT drafts from every row). A chain is
+    scored when the target's tokens are recorded up to its first miss (or its last depth);
+    ``chains_unscored``: the others (a chain reaching past the recorded text). ``every_row_accept_len``
+    is the same figure teacher-forced from every row, prompt rows included (``every_row_chains``)."""
+
     aux: str
     requests: int
     depth_accuracy: list[float] = field(default_factory=list)
     depth_rows: list[int] = field(default_factory=list)
     expected_accept_len: float = 1.0
     depths_from: str = "--depths"  # why the chain has this many depths (``chain_depths``)
+    scored_on: str = "every row"  # "the server's chains" or "every row"
+    chains: int = 0
+    chains_unscored: int = 0
+    every_row_accept_len: float = 1.0
+    every_row_chains: int = 0
 
     def to_dict(self) -> dict:
         return vars(self).copy()
+
+
+def drafted_from(trace: Trace) -> dict[str, set[int]]:
+    """Per request, the positions the server drafted a chain from: where a serving trace (its
+    contract holds the server's ``speculative_args``) holds draft rows at depth 1 (the last row of
+    each forward: the prefill's last token, then each decode step). Empty for any other trace."""
+    found: dict[str, set[int]] = {}
+    if not isinstance(trace.contract.get("speculative_args"), dict):
+        return found
+    for name in trace.names():
+        if not name.startswith("draft.") or not (trace.index.depth[trace.select(name=name)] == 1).any():
+            continue
+        try:
+            keys = trace.keys(name, depth=1)
+        except KeyError:  # static records only
+            continue
+        for request, position in zip(keys.request.tolist(), keys.position.tolist()):
+            found.setdefault(request, set()).add(int(position))
+    return found
+
+
+def leading_hits(hits: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Per row: how many leading depths the draft got right (what a verify accepts of its chain),
+    or -1 where that is unknown (the target's token is not recorded where the chain still held)."""
+    depths = hits.shape[1]
+    lead = np.where(hits.all(axis=1), depths, np.argmin(hits, axis=1))
+    settled = np.ones(len(lead), dtype=bool)
+    short = lead < depths
+    settled[short] = valid[np.flatnonzero(short), lead[short]]  # the miss was scored, not missing
+    return np.where(settled, lead, -1)
 
 
 def _by_position(rows: TensorRows, request: str) -> dict[int, int]:
@@ -132,7 +174,9 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     to_target = to_target_fn(draft, d2t_reading)
     correct = [0] * depths
     total = [0] * depths
-    leading: list[int] = []
+    leading: list[int] = []  # every row's chain
+    chained: list[int] = []  # the chains the server drafted
+    anchors = drafted_from(trace)
     report = ReplayReport(aux=", ".join(aux.sources()) if aux else RECORDED, requests=0,
                           depths_from=choice.reason)
     for req in request_rows(trace, aux):
@@ -157,15 +201,26 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
             correct[depth] += int(hits[:rows, depth].sum())
             total[depth] += int(known.sum())
             _log_depth(rec, req, result, ids, rows, depth, to_target)
-        full = valid.all(axis=1)
-        leading += [int(np.argmin(h)) if not h.all() else depths for h in hits[full]]
+        lead = leading_hits(hits, valid)
+        leading += lead[lead >= 0].tolist()
+        drafted = np.isin(req.positions[:n], sorted(anchors.get(req.request, ())))
+        chained += lead[drafted].tolist()
     if not total or not total[0]:
         raise InputError(trace.paths[0], f"replay has no row to score: no row of {report.aux} has the "
                                          "target's token at its next position recorded (target.token); a "
                                          "training trace needs them recorded too")
     report.depth_accuracy = [c / t if t else float("nan") for c, t in zip(correct, total)]
     report.depth_rows = total
-    report.expected_accept_len = 1 + (float(np.mean(leading)) if leading else 0.0)
+    report.every_row_accept_len = 1 + (float(np.mean(leading)) if leading else 0.0)
+    report.every_row_chains = len(leading)
+    scored = [k for k in chained if k >= 0]
+    if anchors:
+        report.scored_on, report.chains, report.chains_unscored = "the server's chains", len(scored), \
+            len(chained) - len(scored)
+        report.expected_accept_len = 1 + (float(np.mean(scored)) if scored else 0.0)
+    else:
+        report.chains = len(leading)
+        report.expected_accept_len = report.every_row_accept_len
     return report
 
 

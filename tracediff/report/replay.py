@@ -21,8 +21,15 @@ def render_replay(console: Console, report: ReplayReport, served_accept_len: flo
     for depth, (acc, rows) in enumerate(zip(report.depth_accuracy, report.depth_rows)):
         table.add_row(str(depth), f"{acc:.3f}", str(rows))
     console.print(table)
+    on = f"{report.chains} of the server's chains" if report.scored_on == "the server's chains" \
+        else f"a chain from each of {report.chains} rows"
+    if report.chains_unscored:
+        on += f"; {report.chains_unscored} more reach past the recorded text, unscored"
     line = f"expected accept length (tokens per verify, chain of {len(report.depth_accuracy)}, from " \
-           f"{safe(report.depths_from)}): [bold]{report.expected_accept_len:.2f}[/bold]"
+           f"{safe(report.depths_from)}): [bold]{report.expected_accept_len:.2f}[/bold] ({on})"
     if served_accept_len is not None:
         line += f" · the trace's own verify steps: {served_accept_len:.2f}"
     console.print(line, highlight=False)
+    if report.scored_on == "the server's chains":
+        console.print(f"teacher-forced from every row (prompt rows included): "
+                      f"{report.every_row_accept_len:.2f} ({report.every_row_chains} rows)", highlight=False)
