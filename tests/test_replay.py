@@ -100,3 +100,45 @@ def test_a_training_trace_is_scored_on_every_row() -> None:
     assert report["scored_on"] == "every row" and report["chains_unscored"] == 0
     assert report["expected_accept_len"] == report["every_row_accept_len"]
     assert report["chains"] == report["every_row_chains"] > 0
+
+
+def test_the_self_check_reproduces_every_recorded_chain_of_a_healthy_trace() -> None:
+    import json
+
+    report = json.loads(replay(SAMPLES / "serving.h5", "--json").stdout)
+    check = report["self_check"]
+    with td.open_trace(SAMPLES / "serving.h5") as trace:
+        served = len(trace.rows("verify.accept_len").position)
+    assert check["chains"] == check["reproduced"] == served and check["first_departure"] is None
+    assert check["hidden_max_rel"] < 1e-4
+    text = replay(SAMPLES / "serving.h5").stdout
+    assert f"replay reproduces all {served} recorded chains" in text
+
+
+def test_the_self_check_names_where_a_draft_not_the_servers_leaves_the_recorded_chains(tmp_path) -> None:
+    """The same weights with another rope_theta: replay leaves the recorded draft at the first
+    depth, in draft.hidden, and says so; the figure is then not the server's."""
+    import json
+
+    draft = tmp_path / "draft"
+    shutil.copytree(SAMPLES / "draft", draft)
+    config = json.loads((draft / "config.json").read_text())
+    config["rope_theta"] = 500000.0
+    (draft / "config.json").write_text(json.dumps(config))
+    done = cli("replay", str(SAMPLES / "serving.h5"), "--draft", str(draft), "--target",
+               str(SAMPLES / "target"), "--json")
+    check = json.loads(done.stdout)["self_check"]
+    assert check["reproduced"] < check["chains"]
+    left = check["first_departure"]
+    assert (left["request"], left["depth"], left["tensor"]) == ("req0", 0, "draft.hidden")
+    assert float(left["detail"].removeprefix("max_rel ")) > 1e-2
+
+
+def test_no_self_check_on_a_training_trace_or_another_fc_input() -> None:
+    import json
+
+    assert json.loads(replay(SAMPLES / "training.h5", "--json").stdout)["self_check"] is None
+    assert json.loads(replay(SAMPLES / "serving_aux_bug.h5", "--json", "--aux", "embed,1,3").stdout)[
+        "self_check"] is None
+    bug = json.loads(replay(SAMPLES / "serving_aux_bug.h5", "--json").stdout)["self_check"]
+    assert bug["first_departure"] is None  # the server computed the draft right, on the wrong inputs

@@ -190,13 +190,18 @@ class Eagle3Draft(nn.Module):
         return DepthResult(embed=embed, hidden=out, logits=self.lm_head(self.norm(out)))
 
     def unroll(self, fc_in: torch.Tensor, input_ids: torch.Tensor, length: int,
-               positions: torch.Tensor | None = None) -> list[DepthResult]:
-        """SpecForge's TTT forward: fc once, then ``length`` depths, ids shifted left each depth."""
+               positions: torch.Tensor | None = None,
+               fed: list[torch.Tensor] | None = None) -> list[DepthResult]:
+        """SpecForge's TTT forward: fc once, then ``length`` depths, ids shifted left each depth.
+        ``fed``: the ids to feed at each depth instead (as wide as ``input_ids``), e.g. the tokens a
+        server's chain was fed: its own drafts, not the text."""
         b, t = input_ids.shape
         positions = torch.arange(t, device=input_ids.device).expand(b, t) if positions is None else positions
         fc_out = self.project(fc_in)
         hidden, ids, cache, results = fc_out, input_ids, DraftKV(), []
         for depth in range(length):
+            if fed is not None and depth < len(fed):
+                ids = fed[depth]
             result = self.step(ids, hidden, positions, cache, depth)
             results.append(result)
             hidden = result.hidden

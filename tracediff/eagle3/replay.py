@@ -9,7 +9,7 @@ target tokens. A fc input built from the wrong layers shows up as an accuracy co
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -18,6 +18,7 @@ import torch
 from tracediff.eagle3.canonical import RowLogger
 from tracediff.eagle3.capture import AuxSpec
 from tracediff.eagle3.draft import DepthResult, Eagle3Draft, to_target_fn
+from tracediff.eagle3.selfcheck import RecordedChains, SelfCheck
 from tracediff.errors import InputError
 from tracediff.record.recorder import Recorder
 from tracediff.trace.reader import TensorRows, Trace
@@ -89,9 +90,10 @@ class ReplayReport:
     chains_unscored: int = 0
     every_row_accept_len: float = 1.0
     every_row_chains: int = 0
+    self_check: SelfCheck | None = None  # the recorded chains replayed with their own inputs (serving)
 
     def to_dict(self) -> dict:
-        return vars(self).copy()
+        return asdict(self)
 
 
 def drafted_from(trace: Trace) -> dict[str, set[int]]:
@@ -177,6 +179,9 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     leading: list[int] = []  # every row's chain
     chained: list[int] = []  # the chains the server drafted
     anchors = drafted_from(trace)
+    recorded = RecordedChains(trace) if anchors else None
+    own_inputs = aux is None  # the self-check replays the trace's own inputs, never --aux's
+    check = SelfCheck() if own_inputs and recorded is not None and recorded.usable else None
     report = ReplayReport(aux=", ".join(aux.sources()) if aux else RECORDED, requests=0,
                           depths_from=choice.reason)
     for req in request_rows(trace, aux):
@@ -205,6 +210,14 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
         leading += lead[lead >= 0].tolist()
         drafted = np.isin(req.positions[:n], sorted(anchors.get(req.request, ())))
         chained += lead[drafted].tolist()
+        if check is not None and recorded is not None and drafted.any():
+            rows_at = np.flatnonzero(drafted)
+            teacher = torch.from_numpy(ids[None])
+            with torch.no_grad():
+                own = draft.unroll(torch.from_numpy(req.fc_in[None, :n]), teacher, depths,
+                                   positions=torch.from_numpy(req.positions[None, :n]),
+                                   fed=recorded.fed(req.request, rows_at, req.positions[:n], teacher, depths))
+            recorded.compare(check, req.request, rows_at, req.positions[:n], own)
     if not total or not total[0]:
         raise InputError(trace.paths[0], f"replay has no row to score: no row of {report.aux} has the "
                                          "target's token at its next position recorded (target.token); a "
@@ -213,6 +226,7 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     report.depth_rows = total
     report.every_row_accept_len = 1 + (float(np.mean(leading)) if leading else 0.0)
     report.every_row_chains = len(leading)
+    report.self_check = check
     scored = [k for k in chained if k >= 0]
     if anchors:
         report.scored_on, report.chains, report.chains_unscored = "the server's chains", len(scored), \

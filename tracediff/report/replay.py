@@ -30,6 +30,20 @@ def render_replay(console: Console, report: ReplayReport, served_accept_len: flo
     if served_accept_len is not None:
         line += f" · the trace's own verify steps: {served_accept_len:.2f}"
     console.print(line, highlight=False)
+    check = report.self_check
+    if check is not None:
+        left = check.first_departure
+        if left is None:
+            console.print(f"self-check: fed their own recorded inputs, replay reproduces all {check.chains} "
+                          f"recorded chains (draft.token at every depth; draft.hidden max rel "
+                          f"{check.hidden_max_rel:.1g})", highlight=False)
+        else:
+            console.print(Text(safe(
+                f"self-check: replay reproduces {check.reproduced} of {check.chains} recorded chains; it "
+                f"leaves the recorded draft at depth {left.depth} (request {left.request}, position "
+                f"{left.position}): {left.tensor} {left.detail}: the draft is not computed as the server "
+                "computed it (its checkpoint or config, or the server's reading of it, differs)")),
+                soft_wrap=True)
     if report.scored_on == "the server's chains":
         console.print(f"teacher-forced from every row (prompt rows included): "
                       f"{report.every_row_accept_len:.2f} ({report.every_row_chains} rows)", highlight=False)

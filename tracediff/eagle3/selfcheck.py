@@ -1,0 +1,119 @@
+"""Replay's self-check: fed a serving trace's own recorded chain inputs, the draft must reproduce
+the chains that trace recorded, token for token; where it does not, that is the finding, named by
+where the replay first leaves the recorded draft.
+
+A chain is the server's draft from one row (its anchor: the last row of a forward) at depths
+0..k-1, each depth fed the token the server fed it (``draft.input_ids`` at that depth: the text at
+depth 0, its own previous draft after). Replayed with exactly those inputs, a draft computed as the
+server computes it gives the recorded ``draft.token`` at every depth and ``draft.hidden`` up to
+float rounding; a server that reads the draft's config otherwise (``norm_output``, ``rope_theta``)
+leaves it at the first depth the reading touches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from tracediff.eagle3.draft import DepthResult
+from tracediff.trace.reader import TensorRows, Trace
+
+HIDDEN_RTOL = 1e-3  # max |replayed - recorded| / max |recorded| of a row's draft.hidden still "the same"
+CHAIN_TENSORS = ("draft.input_ids", "draft.token", "draft.hidden")
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Where a replayed chain first leaves the recorded one."""
+
+    request: str
+    position: int  # the chain's anchor row
+    depth: int
+    tensor: str  # "draft.token" or "draft.hidden"
+    detail: str  # e.g. "recorded 532, replayed 17" or "max_rel 0.78"
+
+
+@dataclass
+class SelfCheck:
+    """The chains compared, how many replay reproduced at every depth, the largest relative
+    difference of ``draft.hidden`` over them, and the first departure (None: none left)."""
+
+    chains: int = 0
+    reproduced: int = 0
+    hidden_max_rel: float = 0.0
+    first_departure: Departure | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class RecordedChains:
+    """A serving trace's recorded chain rows, by (request, anchor position, depth)."""
+
+    def __init__(self, trace: Trace) -> None:
+        names = set(trace.names())
+        self.rows: dict[str, TensorRows] = {name: trace.rows(name) for name in CHAIN_TENSORS if name in names}
+        self.at: dict[str, dict[tuple[str, int, int], int]] = {
+            name: {(r, int(p), int(d)): i for i, (r, p, d) in
+                   enumerate(zip(rows.request.tolist(), rows.position.tolist(), rows.depth.tolist()))}
+            for name, rows in self.rows.items()}
+
+    @property
+    def usable(self) -> bool:
+        """Whether the trace holds what a self-check needs: the fed tokens and the drafted ones."""
+        return "draft.input_ids" in self.rows and "draft.token" in self.rows
+
+    def value(self, name: str, request: str, position: int, depth: int) -> np.ndarray | None:
+        i = self.at.get(name, {}).get((request, position, depth))
+        return None if i is None else self.rows[name].numpy()[i]
+
+    def fed(self, request: str, anchors: np.ndarray, positions: np.ndarray, teacher: torch.Tensor,
+            depths: int) -> list[torch.Tensor]:
+        """Per depth, the ids to feed ([1, rows]): the teacher-forced ones, with each anchor row's
+        replaced by the token its chain was fed at that depth where recorded."""
+        fed = []
+        ids = teacher.clone()
+        for depth in range(depths):
+            at = ids.clone()
+            for row in anchors.tolist():
+                token = self.value("draft.input_ids", request, int(positions[row]), depth)
+                if token is not None:
+                    at[0, row] = int(token)
+            fed.append(at)
+            ids = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], dim=1)
+        return fed
+
+    def compare(self, check: SelfCheck, request: str, anchors: np.ndarray, positions: np.ndarray,
+                results: list[DepthResult]) -> None:
+        """Fold one request's replayed chains (``results`` of an unroll fed by ``fed``) into ``check``."""
+        for row in anchors.tolist():
+            position = int(positions[row])
+            same, compared = True, False
+            for depth, result in enumerate(results):
+                token = self.value("draft.token", request, position, depth)
+                if token is None:
+                    break
+                compared = True
+                replayed = int(result.logits[0, row].argmax())
+                departure = None
+                if replayed != int(token):
+                    departure = Departure(request, position, depth, "draft.token",
+                                          f"recorded {int(token)}, replayed {replayed}")
+                hidden = self.value("draft.hidden", request, position, depth)
+                if hidden is not None:
+                    ours = result.hidden[0, row].float().numpy()
+                    scale = float(np.abs(hidden).max()) or 1.0
+                    rel = float(np.abs(ours - hidden).max()) / scale
+                    check.hidden_max_rel = max(check.hidden_max_rel, rel)
+                    if rel > HIDDEN_RTOL:  # the state leaves first: name it over the token it moves
+                        departure = Departure(request, position, depth, "draft.hidden", f"max_rel {rel:.3g}")
+                if departure is not None:
+                    same = False
+                    if check.first_departure is None:
+                        check.first_departure = departure
+                    break
+            if compared:
+                check.chains += 1
+                check.reproduced += int(same)
