@@ -56,3 +56,21 @@ def test_the_next_command_writes_an_escape_in_a_path_as_an_escape_that_pastes(tm
     assert argv[2] == str(serving)
     shown = cli(*argv)
     assert shown.returncode == 0, shown.stderr
+
+
+def test_a_shell_word_reads_back_the_same_bytes_in_any_locale() -> None:
+    """Format characters (U+2028, U+202E, a zero-width space) are written as their UTF-8 bytes: bash
+    reads ``\\u`` escapes only in a UTF-8 locale, ``\\x`` ones in any (CI and containers run LC_ALL=C)."""
+    import os
+    import subprocess
+
+    from tracediff.report.compare import shell_word
+
+    for text in ("x\x1b[2J\x07y", "caf\udce9.h5", "a\u2028b", "a\u202eb", "zw\u200bsp", "\u00e9\x01",
+                 "it's\x01\\"):
+        word = shell_word(text)
+        assert word.isprintable() and word.isascii() or "\u00e9" in text, word
+        for locale in ("C", "C.UTF-8"):
+            got = subprocess.run(["bash", "-c", "printf %s " + word], capture_output=True, check=True,
+                                 env={**os.environ, "LC_ALL": locale}).stdout
+            assert got == text.encode("utf-8", "surrogateescape"), (text, word, locale)

@@ -126,3 +126,21 @@ def test_a_flipped_byte_in_a_feature_file_fails_its_zip_crc(model, tmp_path) -> 
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {path}: corrupt: its entry ")
     assert lines[0].endswith("fails its CRC-32") and not (tmp_path / "t.h5").exists()
+
+
+def test_a_damaged_zip_directory_is_one_error_line(model, tmp_path) -> None:
+    """A flipped byte in the zip's central directory (an entry's compression method, its flags):
+    zipfile refuses to read the entry (NotImplementedError); that is a corrupt file, one line."""
+    folder = tmp_path / "features"
+    folder.mkdir()
+    path = folder / "data_0.ckpt"
+    save(sample(model, PROMPTS[0]), path)
+    raw = bytearray(path.read_bytes())
+    central = bytes(raw).rindex(b"PK\x01\x02")  # the last entry's central directory header
+    raw[central + 10] ^= 0xFF  # its compression method
+    path.write_bytes(bytes(raw))
+    result = cli("import", "specforge-ckpt", str(folder), "-o", str(tmp_path / "t.h5"))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"error: {path}: corrupt: its zip directory is damaged")
+    assert not (tmp_path / "t.h5").exists()

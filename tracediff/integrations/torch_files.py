@@ -66,6 +66,8 @@ def check_zip_crcs(path: Path, source: IO[bytes] | None = None) -> None:
         handle.seek(start)
         with zipfile.ZipFile(handle) as archive:
             bad = archive.testzip()
+    except (NotImplementedError, RuntimeError) as exc:  # a directory naming an unknown method, flags
+        raise InputError(path, f"corrupt: its zip directory is damaged ({refusal(exc)})") from None
     except (zipfile.BadZipFile, OSError, EOFError, ValueError, zlib.error):
         bad = None
     finally:

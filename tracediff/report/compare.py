@@ -98,23 +98,18 @@ def next_command(report: Report) -> str | None:
 def shell_word(part: str) -> str:
     """One argument as bash and zsh read it back: shlex's quoting for plain text, ANSI-C quoting
     (``$'...'``) for text holding control characters, which it writes as escapes (so the command
-    prints as data and pastes as the very same bytes; a byte a file name could not decode is
-    written back as that byte)."""
+    prints as data and pastes as the very same bytes, in any locale; a byte a file name could not
+    decode is written back as that byte)."""
     if safe(part) == part:
         return shlex.quote(part)
     out = []
     for c in part:
-        code = ord(c)
         if c in "\\'":
             out.append("\\" + c)
         elif c.isprintable():
             out.append(c)
-        elif 0xDC80 <= code <= 0xDCFF:  # os.fsdecode's stand-in for an undecodable byte
-            out.append(f"\\x{code - 0xDC00:02x}")
-        elif code < 0x100:
-            out.append(f"\\x{code:02x}")
-        else:
-            out.append(f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+        else:  # its bytes as \xHH: bash reads \u escapes only in a UTF-8 locale, bytes in any
+            out.extend(f"\\x{byte:02x}" for byte in c.encode("utf-8", "surrogateescape"))
     return "$'" + "".join(out) + "'"
 
 
