@@ -55,6 +55,7 @@ class RecordedChains:
     def __init__(self, trace: Trace) -> None:
         names = set(trace.names())
         self.rows: dict[str, TensorRows] = {name: trace.rows(name) for name in CHAIN_TENSORS if name in names}
+        self.values = {name: rows.numpy() for name, rows in self.rows.items()}  # decoded once
         self.at: dict[str, dict[tuple[str, int, int], int]] = {
             name: {(r, int(p), int(d)): i for i, (r, p, d) in
                    enumerate(zip(rows.request.tolist(), rows.position.tolist(), rows.depth.tolist()))}
@@ -67,7 +68,7 @@ class RecordedChains:
 
     def value(self, name: str, request: str, position: int, depth: int) -> np.ndarray | None:
         i = self.at.get(name, {}).get((request, position, depth))
-        return None if i is None else self.rows[name].numpy()[i]
+        return None if i is None else self.values[name][i]
 
     def fed(self, request: str, anchors: np.ndarray, positions: np.ndarray, teacher: torch.Tensor,
             depths: int) -> list[torch.Tensor]:
