@@ -22,6 +22,7 @@ they ship: scaffolding for the tests and for scripts, recorded through ``integra
 from __future__ import annotations
 
 import importlib.abc
+import json
 import importlib.util
 import os
 import platform
@@ -29,6 +30,7 @@ import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Any
 
@@ -224,6 +226,28 @@ class Features:
     logits: Any  # [L, V]: last_hidden through the target's lm_head
 
 
+@dataclass(frozen=True)
+class ServedChain:
+    """One chain ``EagleDraftWorker.draft_forward`` returned: the target-vocab tokens it drafted
+    from request ``rid``'s row ``anchor`` (the last row of a forward), for positions anchor + 2 on."""
+
+    rid: str
+    anchor: int
+    tokens: tuple[int, ...]
+
+    def accepted(self, text: Sequence[int]) -> int | None:
+        """What a greedy verify accepts of this chain against the request's final ``text`` (prompt +
+        output): 1 + the leading drafts equal to the target's tokens; None where the text ends
+        before the first miss (the chain reaches past what was generated)."""
+        for depth, token in enumerate(self.tokens):
+            at = self.anchor + 2 + depth
+            if at >= len(text):
+                return None
+            if text[at] != token:
+                return 1 + depth
+        return 1 + len(self.tokens)
+
+
 @dataclass
 class _Running:
     """One request in the harness: SGLang's Req, its KV row, and the draft's state for its next chain."""
@@ -298,6 +322,7 @@ class CpuServer:
         self._make_pools()
         self.worker: Any = self._stand_in_worker() if self.draft is not None else None
         self.running: list[_Running] = []
+        self.chains: list[ServedChain] = []  # every chain draft_forward returned, in order
         self._captured = 0
         self.installation: Any = None
         if recorder is not None:
@@ -607,7 +632,15 @@ class CpuServer:
         fb.sampling_info = SimpleNamespace(is_all_greedy=True)
         if self.num_steps > 1:
             self.worker.draft_attn_backend.init_forward_metadata(fb)
-        return EagleDraftWorker.draft_forward(self.worker, fb)
+        result = EagleDraftWorker.draft_forward(self.worker, fb)
+        drafted = result[2]  # [bs, num_steps] target-vocab tokens (topk 1: a chain per request)
+        self.chains += [ServedChain(run.req.rid, run.fed - 1, tuple(int(t) for t in row))
+                        for run, row in zip(runs, drafted.tolist())]
+        return result
+
+    def texts(self) -> dict[str, list[int]]:
+        """Each request's prompt and output so far, by rid."""
+        return {run.req.rid: list(run.tokens) for run in self.running}
 
     # -- capture (training features) ------------------------------------------------------------------
 
@@ -657,3 +690,57 @@ def _family(name: str) -> Any:
 def _last_positions(positions: list[int], lens: list[int]) -> list[int]:
     ends = np.cumsum(lens) - 1
     return [positions[int(e)] for e in ends]
+
+
+@dataclass
+class ServedSample:
+    """A serving run of the committed sample's target and draft through SGLang's real code."""
+
+    trace: Any  # Path of the serving trace (recorded through tracediff.integrations.sglang)
+    draft_dir: Any  # Path of the draft checkpoint as served
+    target_dir: Any  # Path of the target checkpoint
+    accepted: list[int]  # what a greedy verify accepts of each chain draft_forward returned (scored ones)
+    chains: int  # chains draft_forward returned
+
+
+SAMPLE = Path(__file__).resolve().parents[1] / "traces" / "eagle3"
+SAMPLE_AUX = [-1, 1, 3]  # SGLang's ids for what the sample draft was trained on: [embed, layer 1, layer 3]
+
+
+def serve_sample(workdir: str | os.PathLike, *, config: dict | None = None, without_d2t: bool = False,
+                 num_steps: int = 7, requests: int = 4, new_tokens: int = 24, seed: int = 1) -> ServedSample:
+    """Serve ``requests`` chat-like prompts (a shared 3-token system prefix, then 2 tokens of their
+    own) with the sample's trained target and draft (traces/eagle3/), topk 1, greedy, through
+    ``CpuServer``; the draft's config.json gets SGLang ids for the fc input it was trained on and
+    ``config``'s keys (e.g. ``{"norm_output": True}``); ``without_d2t`` exports it without d2t/t2d
+    (an exporter's bug: SGLang then takes draft ids for target ids). A d2t written as ids instead
+    of offsets is not servable here: SGLang's next draft step embeds ids past the vocab and raises
+    (IndexError on CPU, a device assert on GPU). Each chain is scored as a verify scores it."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    import tracediff as td
+
+    work = Path(workdir)
+    draft = work / "draft"
+    draft.mkdir(parents=True, exist_ok=True)
+    raw = json.loads((SAMPLE / "draft" / "config.json").read_text())
+    raw["eagle_config"] = {**raw.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids": SAMPLE_AUX}
+    raw.update(config or {})
+    (draft / "config.json").write_text(json.dumps(raw, indent=1))
+    weights = load_file(SAMPLE / "draft" / "model.safetensors")
+    if without_d2t:
+        weights = {k: v for k, v in weights.items() if k not in ("d2t", "t2d")}
+    save_file(weights, draft / "model.safetensors")
+    target = SAMPLE / "target"
+    g = torch.Generator().manual_seed(seed)
+    prompts = [[11, 500, 422] + torch.randint(0, 1024, (2,), generator=g).tolist() for _ in range(requests)]
+    trace = work / "serving.h5"
+    with td.record(trace) as rec:
+        server = CpuServer(str(target), load_file(target / "model.safetensors"), str(draft), weights,
+                           num_steps=num_steps, recorder=rec)
+        server.serve(prompts, new_tokens)
+        server.close()
+    texts = server.texts()
+    scores = [chain.accepted(texts[chain.rid]) for chain in server.chains]
+    return ServedSample(trace, draft, target, [s for s in scores if s is not None], len(server.chains))

@@ -326,6 +326,9 @@ def replay(
                                        "it reads them for the trace's target family; its architecture "
                                        "from the contract or --target)"),
     d2t: str = typer.Option("offset", "--d2t", help="read d2t as offsets (right) or as a direct map"),
+    engine: str | None = typer.Option(None, "--engine", help="compute the draft as this engine reads its "
+                                      "config (norm_output, norm_before_fc, embedding and lm_head): sglang "
+                                      "or specforge (default: the engine that recorded the trace)"),
     depths: int | None = typer.Option(None, min=1, help="draft depths to unroll (default: the trace's "
                                       "speculative num_steps, else its deepest recorded draft depth + 1, "
                                       "else 4)"),
@@ -336,7 +339,8 @@ def replay(
     """Run a draft offline on recorded target tensors: accuracy per depth, expected accept length."""
     need_torch()
     from tracediff.eagle3.capture import parse_aux
-    from tracediff.eagle3.checkpoint import load_draft, target_embedding
+    from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
+    from tracediff.eagle3.readings import READINGS, engine_choice
     from tracediff.eagle3.replay import replay as run_replay
     from tracediff.record.recorder import record
     from tracediff.report.replay import render_replay
@@ -351,6 +355,8 @@ def replay(
         fail("--aux", f"--aux-convention {aux_convention} takes a draft's ids, got {aux!r}" if by_family
              else str(exc))
 
+    if engine is not None and engine not in READINGS:
+        fail("--engine", f"unknown engine {engine!r}: one of {', '.join(READINGS)}")
     inputs = [trace, *checkpoint_files(draft), *(checkpoint_files(target) if target else [])]
     if out is not None:
         guarded(out, lambda: check_output(out, inputs, force))  # before the replay: it may be long
@@ -361,7 +367,10 @@ def replay(
                                            else contextlib.nullcontext()) as staged:
             if ids is not None:
                 spec = serving_aux(aux_convention, opened.contract, ids, target, trace)
-            model = load_draft(draft, target_embed=target_embedding(target) if target else None)
+            chosen = engine_choice(opened.engine, engine)
+            model = load_draft(draft, target_embed=target_embedding(target) if target else None,
+                               reading=chosen.reading,
+                               target_head=target_tensor(target, "lm_head") if target else None)
             missing = {"target.token"} - set(opened.names())
             if missing or (spec is None and "draft.fc_in" not in opened.names()):
                 need = "target.token" if missing else "draft.fc_in (or pass --aux)"
@@ -370,7 +379,7 @@ def replay(
                         "d2t_reading": d2t, "replayed_trace": str(trace)}
             rec = record(staged, source="replay", meta=contract) if staged else None
             try:
-                report = run_replay(opened, model, depths, spec, d2t, rec)
+                report = run_replay(opened, model, depths, spec, d2t, rec, chosen)
             finally:
                 if rec is not None:
                     rec.close()

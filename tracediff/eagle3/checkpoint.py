@@ -1,7 +1,8 @@
 """Draft checkpoints in the SpecForge export format: config.json + model.safetensors.
 
 Read with safetensors only (never pickle). Embeddings are optional in the file: absent, they
-are shared from the target, which the caller passes in.
+are shared from the target, which the caller passes in. Loaded under an engine's ``Reading``, the
+draft embeds and projects to logits with what that engine takes (tracediff/eagle3/readings.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from tracediff.eagle3.config import DraftConfig, read_json_object
 from tracediff.eagle3.draft import Eagle3Draft
+from tracediff.eagle3.readings import DRAFT, EMBEDDING, TARGET, Reading
 from tracediff.errors import CheckpointError
 
 CONFIG = "config.json"
@@ -58,8 +60,13 @@ def read_weights(path: str | Path) -> dict[str, torch.Tensor]:
     return {canonical_key(key): value for key, value in raw.items()}
 
 
-def target_embedding(path: str | Path) -> torch.Tensor:
-    """The input embedding of an HF target checkpoint directory (any safetensors shard)."""
+TARGET_KEYS = {"embed": ("model.embed_tokens.weight", "embed_tokens.weight"),
+               "lm_head": ("lm_head.weight", "model.lm_head.weight")}
+
+
+def target_tensor(path: str | Path, part: str) -> torch.Tensor | None:
+    """A [vocab, hidden] tensor of an HF target checkpoint directory (any safetensors shard):
+    ``part`` "embed" (the input embedding) or "lm_head"; None where no shard holds it."""
     path = Path(path)
     shards = sorted(path.glob("*.safetensors"))
     if not shards:
@@ -67,32 +74,52 @@ def target_embedding(path: str | Path) -> torch.Tensor:
     for shard in shards:
         try:
             with safe_open(shard, framework="pt") as f:
-                key = next((k for k in ("model.embed_tokens.weight", "embed_tokens.weight") if k in f.keys()),
-                           None)
-                embed = None if key is None else f.get_tensor(key)
+                key = next((k for k in TARGET_KEYS[part] if k in f.keys()), None)
+                value = None if key is None else f.get_tensor(key)
         except (SafetensorError, OSError) as exc:
             raise CheckpointError(shard, f"unreadable safetensors file: {exc}") from None
-        if embed is not None and embed.dim() != 2:
-            raise CheckpointError(shard, f"{key} has shape {tuple(embed.shape)}, not [vocab, hidden]")
-        if embed is not None:
-            return embed
-    raise CheckpointError(path, "no model.embed_tokens.weight in the target's safetensors files")
+        if value is not None and value.dim() != 2:
+            raise CheckpointError(shard, f"{key} has shape {tuple(value.shape)}, not [vocab, hidden]")
+        if value is not None:
+            return value
+    return None
+
+
+def target_embedding(path: str | Path) -> torch.Tensor:
+    """The input embedding of an HF target checkpoint directory (any safetensors shard)."""
+    embed = target_tensor(path, "embed")
+    if embed is None:
+        raise CheckpointError(path, "no model.embed_tokens.weight in the target's safetensors files")
+    return embed
 
 
 def load_draft(path: str | Path, target_embed: torch.Tensor | None = None,
-               dtype: torch.dtype = torch.float32) -> Eagle3Draft:
-    """A draft ready to run; ``target_embed`` stands in for embeddings the checkpoint lacks."""
+               dtype: torch.dtype = torch.float32, reading: Reading | None = None,
+               target_head: torch.Tensor | None = None) -> Eagle3Draft:
+    """A draft ready to run; ``target_embed`` stands in for embeddings the checkpoint lacks. Under
+    ``reading`` (an engine), embedding and lm_head come from where that engine takes them: SGLang
+    embeds with the target's (``target_embed``) and takes the target's lm_head (``target_head``)
+    when the config names no draft vocab; without one, as the checkpoint holds them."""
     path = Path(path)
     config = read_config(path)
     if config.problems():  # building the model would divide by zero or fail deep inside torch
         raise CheckpointError(path / CONFIG, "; ".join(config.problems()))
     weights = read_weights(path)
-    if "embed_tokens.weight" not in weights:
-        if target_embed is None:
-            raise CheckpointError(path, "no embed_tokens.weight in the checkpoint and no target embedding "
-                                        "given")
+    numerics = None if reading is None else reading.numerics(config)
+    if target_embed is not None and ("embed_tokens.weight" not in weights or (
+            numerics is not None and numerics.embedding == TARGET)):
         weights["embed_tokens.weight"] = target_embed
-    model = Eagle3Draft(config)
+    if "embed_tokens.weight" not in weights:
+        raise CheckpointError(path, "no embed_tokens.weight in the checkpoint and no target embedding given")
+    head = DRAFT if numerics is None else numerics.lm_head
+    if head == TARGET:
+        if target_head is None:
+            raise CheckpointError(path / CONFIG, f"names no draft_vocab_size: {reading.label if reading else ''} "
+                                                 "takes the target's lm_head; pass the target (--target)")
+        weights["lm_head.weight"] = target_head
+    elif head == EMBEDDING:
+        weights["lm_head.weight"] = weights["embed_tokens.weight"]
+    model = Eagle3Draft(config, numerics=numerics)
     expected = model.state_dict()
     missing = sorted(set(expected) - set(weights) - {"d2t", "t2d"})
     if missing:

@@ -106,6 +106,7 @@ class DraftConfig:
     fc_norm: bool = False
     norm_before_fc: bool = False
     aux_layer_ids: tuple[int, ...] | None = None
+    norm_output: bool | None = None  # None: absent (engines default it differently: readings.py)
     raw: dict = field(default_factory=dict, compare=False)
 
     @property
@@ -146,13 +147,14 @@ class DraftConfig:
             vocab_size=_required(raw, "vocab_size"),
             draft_vocab_size=_int(raw, "draft_vocab_size"),
             rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
-            rope_theta=_float(raw, "rope_theta", _float(rope, "rope_theta", 10000.0)),
+            rope_theta=_float(rope, "rope_theta", _float(raw, "rope_theta", 10000.0)),  # as the engines read it
             head_dim=_int(raw, "head_dim"),
             target_hidden_size=_int(raw, "target_hidden_size"),
             max_position_embeddings=2048 if positions is None else positions,
             fc_norm=bool(raw.get("fc_norm", False)),
             norm_before_fc=bool(eagle.get("norm_before_fc", raw.get("norm_before_fc", False))),
             aux_layer_ids=tuple(aux) if aux else None,
+            norm_output=None if raw.get("norm_output") is None else bool(raw["norm_output"]),
             raw=raw,
         )
 
@@ -218,6 +220,8 @@ class DraftConfig:
             out["fc_norm"] = True
         if self.norm_before_fc:
             out["norm_before_fc"] = True
+        if self.norm_output is not None:
+            out["norm_output"] = self.norm_output
         if self.aux_layer_ids is not None:
             out["eagle_config"] = {**out.get("eagle_config", {}),
                                    "eagle_aux_hidden_state_layer_ids": list(self.aux_layer_ids)}

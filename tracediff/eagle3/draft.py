@@ -2,7 +2,9 @@
 
 One midlayer: ``cat([input_layernorm(embed), hidden_norm(h)])`` -> attention (+ residual h) ->
 post_attention_layernorm -> MLP (+ residual); ``norm`` -> ``lm_head`` gives draft logits, and the
-pre-norm output is the hidden fed to the next depth. fc runs at depth 0 only.
+pre-norm output is the hidden fed to the next depth. fc runs at depth 0 only. Where engines read
+the config differently (``norm_output``, ``norm_before_fc``, RoPE: tracediff/eagle3/readings.py),
+the draft computes as its ``Numerics`` say.
 
 Attention at depth d follows SpecForge's TTT: a query at row t sees the depth-0 keys of rows
 <= t (causal) plus the keys of its own row at depths 1..d (its draft chain), with RoPE at
@@ -18,6 +20,7 @@ import torch
 from torch import nn
 
 from tracediff.eagle3.config import DraftConfig
+from tracediff.eagle3.readings import READINGS, SGLANG, Numerics
 from tracediff.eagle3.vocab import DIRECT, OFFSET
 
 
@@ -58,10 +61,10 @@ class DraftKV:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: DraftConfig) -> None:
+    def __init__(self, config: DraftConfig, theta: float) -> None:
         super().__init__()
         hd, heads, kv = config.attention_head_dim, config.num_attention_heads, config.num_key_value_heads
-        self.head_dim, self.heads, self.kv_heads, self.theta = hd, heads, kv, config.rope_theta
+        self.head_dim, self.heads, self.kv_heads, self.theta = hd, heads, kv, theta
         self.q_proj = nn.Linear(2 * config.hidden_size, heads * hd, bias=False)
         self.k_proj = nn.Linear(2 * config.hidden_size, kv * hd, bias=False)
         self.v_proj = nn.Linear(2 * config.hidden_size, kv * hd, bias=False)
@@ -117,12 +120,12 @@ class MLP(nn.Module):
 
 
 class MidLayer(nn.Module):
-    def __init__(self, config: DraftConfig) -> None:
+    def __init__(self, config: DraftConfig, theta: float) -> None:
         super().__init__()
         eps = config.rms_norm_eps
         self.hidden_norm = RMSNorm(config.hidden_size, eps)
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, theta)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps)
         self.mlp = MLP(config)
 
@@ -138,20 +141,24 @@ class DepthResult:
     """One draft depth: the canonical tensors it produced, as [B, T, ...] torch tensors."""
 
     embed: torch.Tensor
-    hidden: torch.Tensor  # pre-norm output, fed to the next depth
+    hidden: torch.Tensor  # what this depth hands to the next (pre-norm, or normed where the engine says)
     logits: torch.Tensor
     fc_out: torch.Tensor | None = None
 
 
 class Eagle3Draft(nn.Module):
-    """Weights laid out with the SpecForge export keys, so a checkpoint loads by name."""
+    """Weights laid out with the SpecForge export keys, so a checkpoint loads by name. ``numerics``:
+    how the engine being played computes this config (default: SGLang's reading of its norms and
+    RoPE, which is SpecForge's too wherever ``norm_output`` and ``norm_before_fc`` are absent)."""
 
     d2t: torch.Tensor  # buffers, registered in __init__
     t2d: torch.Tensor
 
-    def __init__(self, config: DraftConfig, embed_tokens: torch.Tensor | None = None) -> None:
+    def __init__(self, config: DraftConfig, embed_tokens: torch.Tensor | None = None,
+                 numerics: Numerics | None = None) -> None:
         super().__init__()
         self.config = config
+        self.numerics = READINGS[SGLANG].numerics(config) if numerics is None else numerics
         h, k = config.hidden_size, config.num_aux
         self.embed_tokens = nn.Embedding(config.vocab_size, h)
         if embed_tokens is not None:
@@ -159,20 +166,20 @@ class Eagle3Draft(nn.Module):
         self.input_norm = RMSNorm(k * config.target_hidden, config.rms_norm_eps) if config.norm_before_fc \
             else None
         self.fc_norm = nn.ModuleList(RMSNorm(config.target_hidden, config.rms_norm_eps) for _ in range(k)) \
-            if config.fc_norm else None
+            if config.fc_norm or self.numerics.fc_norm else None
         self.fc = nn.Linear(k * config.target_hidden, h, bias=False)
-        self.midlayer = MidLayer(config)
+        self.midlayer = MidLayer(config, self.numerics.rope_theta)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab, dtype=torch.int64))
         self.register_buffer("t2d", torch.ones(config.vocab_size, dtype=torch.bool))
 
     def project(self, fc_in: torch.Tensor, norms: bool = True) -> torch.Tensor:
-        """fc_in [..., K*H] -> fc_out [..., Hd], with whichever input norm the config asks for
-        (``norms=False`` plays an engine that ignores norm_before_fc / fc_norm)."""
-        if self.input_norm is not None and norms:
+        """fc_in [..., K*H] -> fc_out [..., Hd], with the input norms the engine applies for this
+        config (``norms=False`` plays an engine that ignores norm_before_fc / fc_norm)."""
+        if self.input_norm is not None and norms and self.numerics.norm_before_fc:
             fc_in = self.input_norm(fc_in)
-        if self.fc_norm is not None and norms:
+        if self.fc_norm is not None and norms and self.numerics.fc_norm:
             chunks = fc_in.chunk(len(self.fc_norm), dim=-1)
             fc_in = torch.cat([norm(c) for norm, c in zip(self.fc_norm, chunks)], dim=-1)
         return self.fc(fc_in)
@@ -187,7 +194,10 @@ class Eagle3Draft(nn.Module):
             first = (prior + t if depth == 0 else prior) - t
             visible = first + torch.arange(1, t + 1, device=input_ids.device)
         out = self.midlayer(embed, hidden, positions, cache, depth, visible)
-        return DepthResult(embed=embed, hidden=out, logits=self.lm_head(self.norm(out)))
+        normed = self.norm(out)
+        numerics = self.numerics
+        return DepthResult(embed=embed, hidden=normed if numerics.next_hidden_normed else out,
+                           logits=self.lm_head(normed if numerics.logits_normed else out))
 
     def unroll(self, fc_in: torch.Tensor, input_ids: torch.Tensor, length: int,
                positions: torch.Tensor | None = None,

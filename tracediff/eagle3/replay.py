@@ -18,6 +18,7 @@ import torch
 from tracediff.eagle3.canonical import RowLogger
 from tracediff.eagle3.capture import AuxSpec
 from tracediff.eagle3.draft import DepthResult, Eagle3Draft, to_target_fn
+from tracediff.eagle3.readings import READINGS, EngineChoice, differences
 from tracediff.eagle3.selfcheck import RecordedChains, SelfCheck
 from tracediff.errors import InputError
 from tracediff.record.recorder import Recorder
@@ -40,8 +41,7 @@ def chain_depths(trace: Trace, asked: int | None = None) -> DepthChoice:
     recorded (a training trace: its TTT length); else ``DEFAULT_DEPTHS``."""
     if asked is not None:
         return DepthChoice(asked, "--depths")
-    spec = trace.contract.get("speculative_args")
-    steps = spec.get("num_steps") if isinstance(spec, dict) else None
+    steps = (trace.speculative_args or {}).get("num_steps")
     if isinstance(steps, int) and not isinstance(steps, bool) and steps >= 1:
         return DepthChoice(steps, f"the trace's speculative num_steps {steps}")
     idx = trace.index
@@ -91,6 +91,9 @@ class ReplayReport:
     every_row_accept_len: float = 1.0
     every_row_chains: int = 0
     self_check: SelfCheck | None = None  # the recorded chains replayed with their own inputs (serving)
+    engine: str = ""  # whose reading of the draft config the replay computed ("SGLang 0.5.23")
+    engine_from: str = ""  # why that one (``engine_choice``)
+    not_the_servers: str | None = None  # why the figure is not the server's chains' (a tree), if it is not
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -101,7 +104,7 @@ def drafted_from(trace: Trace) -> dict[str, set[int]]:
     contract holds the server's ``speculative_args``) holds draft rows at depth 1 (the last row of
     each forward: the prefill's last token, then each decode step). Empty for any other trace."""
     found: dict[str, set[int]] = {}
-    if not isinstance(trace.contract.get("speculative_args"), dict):
+    if trace.speculative_args is None:
         return found
     for name in trace.names():
         if not name.startswith("draft.") or not (trace.index.depth[trace.select(name=name)] == 1).any():
@@ -133,27 +136,57 @@ def _by_position(rows: TensorRows, request: str) -> dict[int, int]:
 
 
 def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
-    """Depth-0 rows per request, in position order, where every input the draft needs was recorded."""
+    """Depth-0 rows per request, in position order from position 0, where every input the draft
+    needs was recorded. A request whose first rows the server took from its prefix cache (rows
+    another request computed) borrows them from the request it shares those tokens with: the
+    server's draft attended to them too. Rows need no target token (prompt rows: their fc input
+    is context); they are scored where the target's token is recorded."""
     targets = trace.rows("target.token")
     fed = trace.rows("draft.input_ids", depth=0) if "draft.input_ids" in trace.names() else None
     sources = {name: trace.rows(name) for name in (aux.sources() if aux else ["draft.fc_in"])}
+    texts = trace.request_tokens()
+    known = {r for r in texts.requests()} if len(texts) else set()
+    done: dict[str, RequestRows] = {}
     for request in dict.fromkeys(targets.request.tolist()):
         target_at = _by_position(targets, request)
         source_at = {name: _by_position(rows, request) for name, rows in sources.items()}
         fed_at = _by_position(fed, request) if fed is not None else {}
-        positions = sorted(set(target_at).intersection(*source_at.values()))
-        tokens_at = {p: int(targets.token_id[target_at[p]]) for p in target_at}
-        usable = [p for p in positions if p in fed_at or p + 1 in tokens_at]
+        text = dict(zip(*(a.tolist() for a in texts.sequence(request)))) if request in known else {}
+        text.update({p: int(targets.token_id[i]) for p, i in target_at.items()})
+        positions = sorted(set.intersection(*(set(at) for at in source_at.values())))
+        usable = [p for p in positions if p in fed_at or p + 1 in text]
         if not usable:
             continue
         fc_in = np.concatenate([rows.numpy()[[source_at[name][p] for p in usable]].astype(np.float32)
                                 for name, rows in sources.items()], axis=-1)
-        nxt = [int(fed.data[fed_at[p]]) if fed is not None and p in fed_at else tokens_at[p + 1]
-               for p in usable]
-        yield RequestRows(request=request, positions=np.array(usable),
-                          tokens=np.array([tokens_at[p] for p in usable]), fc_in=fc_in,
-                          next_tokens=np.array(nxt),
-                          target_at={p: int(targets.data[i]) for p, i in target_at.items()})
+        nxt = np.array([int(fed.data[fed_at[p]]) if fed is not None and p in fed_at else text[p + 1]
+                        for p in usable])
+        own = RequestRows(request=request, positions=np.array(usable), tokens=np.array(
+            [text.get(p, -1) for p in usable]), fc_in=fc_in, next_tokens=nxt,
+            target_at={p: int(targets.data[i]) for p, i in target_at.items()})
+        done[request] = own = _with_cached_prefix(own, text, done)
+        yield own
+
+
+def _with_cached_prefix(own: RequestRows, text: dict[int, int], done: dict[str, RequestRows]) -> RequestRows:
+    """``own`` preceded by the rows 0 .. first-1 of an earlier request whose text agrees at
+    positions 0 .. first (a prefix cache hit: the draft's rows there were computed once, for it)."""
+    first = int(own.positions[0])
+    if first == 0:
+        return own
+    for donor in done.values():
+        lead = np.flatnonzero(donor.positions < first)
+        if len(lead) != first or not (donor.positions[:first] == np.arange(first)).all():
+            continue
+        if any(text.get(p) != int(t) for p, t in zip(range(first), donor.tokens[:first])) or \
+                text.get(first) != int(donor.next_tokens[first - 1]):
+            continue
+        return RequestRows(request=own.request, positions=np.concatenate([donor.positions[:first], own.positions]),
+                           tokens=np.concatenate([donor.tokens[:first], own.tokens]),
+                           fc_in=np.concatenate([donor.fc_in[:first], own.fc_in]),
+                           next_tokens=np.concatenate([donor.next_tokens[:first], own.next_tokens]),
+                           target_at=own.target_at)
+    return own
 
 
 def _check_width(width: int, draft: Eagle3Draft, sources: str) -> None:
@@ -166,24 +199,41 @@ def _check_width(width: int, draft: Eagle3Draft, sources: str) -> None:
                          f"the draft's fc takes {takes} ({takes // hidden} slots)")
 
 
+def tree_shape(trace: Trace) -> str | None:
+    """Why the server's verify did not score chains, where it drafted trees (topk > 1), else None."""
+    spec = trace.speculative_args or {}
+    topk = spec.get("topk")
+    if isinstance(topk, int) and not isinstance(topk, bool) and topk > 1:
+        tokens = spec.get("num_draft_tokens")
+        return (f"the server drafted trees (topk {topk}" + (f", {tokens} draft tokens" if tokens else "")
+                + "): a verify accepts a tree's best path, which replay does not score; the figure is the "
+                "teacher-forced chain from every row")
+    return None
+
+
 def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: AuxSpec | None = None,
-           d2t_reading: str = "offset", rec: Recorder | None = None) -> ReplayReport:
+           d2t_reading: str = "offset", rec: Recorder | None = None,
+           engine: EngineChoice | None = None) -> ReplayReport:
     """Teacher-forced accuracy per depth and expected accept length of a chain of ``depths`` drafts
-    (default: ``chain_depths``). A trace where no row can be scored (no draft row whose next
+    (default: ``chain_depths``), the draft computed as ``engine`` reads its config (``draft`` was
+    loaded under that reading). A trace where no row can be scored (no draft row whose next
     position holds a target token) is an ``InputError``, never a figure over 0 rows."""
     choice = chain_depths(trace, depths)
     depths = choice.depths
     to_target = to_target_fn(draft, d2t_reading)
+    tree = tree_shape(trace)
     correct = [0] * depths
     total = [0] * depths
     leading: list[int] = []  # every row's chain
     chained: list[int] = []  # the chains the server drafted
-    anchors = drafted_from(trace)
+    anchors = drafted_from(trace) if tree is None else {}
     recorded = RecordedChains(trace) if anchors else None
     own_inputs = aux is None  # the self-check replays the trace's own inputs, never --aux's
     check = SelfCheck() if own_inputs and recorded is not None and recorded.usable else None
     report = ReplayReport(aux=", ".join(aux.sources()) if aux else RECORDED, requests=0,
-                          depths_from=choice.reason)
+                          depths_from=choice.reason, not_the_servers=tree,
+                          engine="" if engine is None else engine.reading.label,
+                          engine_from="" if engine is None else engine.reason)
     for req in request_rows(trace, aux):
         _check_width(req.fc_in.shape[1], draft, report.aux)
         report.requests += 1
@@ -226,6 +276,8 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     report.depth_rows = total
     report.every_row_accept_len = 1 + (float(np.mean(leading)) if leading else 0.0)
     report.every_row_chains = len(leading)
+    if check is not None and check.first_departure is not None and engine is not None:
+        check.suspect = _suspect(draft, engine)
     report.self_check = check
     scored = [k for k in chained if k >= 0]
     if anchors:
@@ -236,6 +288,17 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
         report.chains = len(leading)
         report.expected_accept_len = report.every_row_accept_len
     return report
+
+
+def _suspect(draft: Eagle3Draft, engine: EngineChoice) -> str | None:
+    """The config keys another engine reads differently: a departure's likely cause."""
+    others = [name for name in READINGS if READINGS[name] != engine.reading]
+    for other in others:
+        found = differences(draft.config, engine.reading.engine, other)
+        if found:
+            return (f"replayed with {engine.reading.label}'s reading of the draft config; "
+                    f"{'; '.join(d.text for d in found)} (--engine {other})")
+    return None
 
 
 def _log_depth(rec: Recorder | None, req: RequestRows, result: DepthResult, ids: np.ndarray, rows: int,

@@ -44,6 +44,7 @@ class SelfCheck:
     reproduced: int = 0
     hidden_max_rel: float = 0.0
     first_departure: Departure | None = None
+    suspect: str | None = None  # a reading of the draft config that explains the departure, if one does
 
     def to_dict(self) -> dict:
         return asdict(self)

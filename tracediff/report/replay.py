@@ -14,6 +14,8 @@ def render_replay(console: Console, report: ReplayReport, served_accept_len: flo
     heading = Text("fc input: ")
     heading.append(safe(report.aux), style="bold")  # read from the trace: data, never markup
     heading.append(f" · {report.requests} requests")
+    if report.engine:
+        heading.append(f" · draft computed as {report.engine} computes it ({report.engine_from})")
     console.print(heading, highlight=False)
     table = Table(show_edge=False, header_style="bold")
     for column in ("depth", "accuracy", "rows"):
@@ -30,6 +32,8 @@ def render_replay(console: Console, report: ReplayReport, served_accept_len: flo
     if served_accept_len is not None:
         line += f" · the trace's own verify steps: {served_accept_len:.2f}"
     console.print(line, highlight=False)
+    if report.not_the_servers:
+        console.print(Text(f"not the server's figure: {report.not_the_servers}"), soft_wrap=True)
     check = report.self_check
     if check is not None:
         left = check.first_departure
@@ -42,8 +46,8 @@ def render_replay(console: Console, report: ReplayReport, served_accept_len: flo
                 f"self-check: replay reproduces {check.reproduced} of {check.chains} recorded chains; it "
                 f"leaves the recorded draft at depth {left.depth} (request {left.request}, position "
                 f"{left.position}): {left.tensor} {left.detail}: the draft is not computed as the server "
-                "computed it (its checkpoint or config, or the server's reading of it, differs)")),
-                soft_wrap=True)
+                "computed it (its checkpoint or config, or the server's reading of it, differs)"
+                + (f"; {check.suspect}" if check.suspect else ""))), soft_wrap=True)
     if report.scored_on == "the server's chains":
         console.print(f"teacher-forced from every row (prompt rows included): "
                       f"{report.every_row_accept_len:.2f} ({report.every_row_chains} rows)", highlight=False)

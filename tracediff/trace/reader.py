@@ -327,6 +327,32 @@ class Trace:
             merged.update(learned if isinstance(learned, dict) else {})
         return merged
 
+    @property
+    def speculative_args(self) -> dict | None:
+        """The speculative arguments the server resolved (``num_steps``, ``topk``,
+        ``num_draft_tokens``, ``algorithm``) where the contract states any (a serving trace), else None."""
+        return self._stated("speculative_args")
+
+    @property
+    def speculative_args_requested(self) -> dict | None:
+        """The speculative arguments as the user gave them (a clamp shows as a difference from
+        ``speculative_args``), where the contract states any."""
+        return self._stated("speculative_args_requested")
+
+    def _stated(self, key: str) -> dict | None:
+        value = self.contract.get(key)
+        return value if isinstance(value, dict) and any(v is not None for v in value.values()) else None
+
+    @property
+    def engine(self) -> str | None:
+        """The engine whose draft code produced the trace, as its contract states it: "sglang" (a
+        server's trace: SGLang's version or speculative arguments), "specforge" (its trainer's
+        integration), or None where the contract says neither."""
+        contract = self.contract
+        if contract.get("sglang_version") or self.speculative_args is not None:
+            return "sglang"
+        return "specforge" if contract.get("producer_integration") == "specforge" else None
+
     def names(self) -> list[str]:
         """Tensor names in execution order (first seq_no of each name); reserved ``__`` records
         never enter the index, so never appear here."""

@@ -19,12 +19,11 @@ def draft_depths(ctx: Context) -> list[Diagnosis]:
         return []
     only = sorted(set(recorded.a) ^ set(recorded.b))
     deeper, shallower = ("a", "b") if max(recorded.a) > max(recorded.b) else ("b", "a")
-    stated = traces.map(lambda t: t.contract)
-    deep_says, shallow_says = getattr(stated, deeper), getattr(stated, shallower)
+    deep, shallow = getattr(traces, deeper), getattr(traces, shallower)
+    deep_says, shallow_says = deep.contract, shallow.contract
     ttt = _int(deep_says.get("ttt_length")) or _int(shallow_says.get("ttt_length"))
-    spec = _spec(shallow_says, "speculative_args") or _spec(deep_says, "speculative_args")
-    asked = (_spec(shallow_says, "speculative_args_requested")
-             or _spec(deep_says, "speculative_args_requested"))
+    spec = shallow.speculative_args or deep.speculative_args or {}
+    asked = shallow.speculative_args_requested or deep.speculative_args_requested or {}
     evidence = DraftDepthsEvidence(depths_a=max(recorded.a) + 1, depths_b=max(recorded.b) + 1,
                                    never_compared=only, ttt_length=ttt, num_steps=_int(spec.get("num_steps")),
                                    topk=_int(spec.get("topk")),
@@ -32,7 +31,7 @@ def draft_depths(ctx: Context) -> list[Diagnosis]:
                                    num_draft_tokens_requested=_int(asked.get("num_draft_tokens")))
     labels = ctx.labels
     n_deep, n_shallow = getattr(evidence, f"depths_{deeper}"), getattr(evidence, f"depths_{shallower}")
-    if _spec(shallow_says, "speculative_args"):  # a server: its chains are what it drafts per verify
+    if shallow.speculative_args is not None:  # a server: its chains are what it drafts per verify
         args = [f"{k} {v}" for k, v in (("num_steps", evidence.num_steps), ("topk", evidence.topk),
                                          ("num_draft_tokens", evidence.num_draft_tokens)) if v is not None]
         text = (f"{getattr(labels, shallower)} drafts {n_shallow} token{'s' if n_shallow != 1 else ''} "
@@ -49,12 +48,6 @@ def draft_depths(ctx: Context) -> list[Diagnosis]:
     gap = [d for d in only if d in getattr(recorded, deeper)]
     text += f": {depth_span(gap) if gap else 'depths ' + str(only)} never served, so never compared"
     return [Diagnosis("draft_depths", text, evidence, severity="warning")]
-
-
-def _spec(contract: dict, key: str) -> dict:
-    """A contract's speculative arguments (``key``), {} unless it states some value."""
-    spec = contract.get(key)
-    return spec if isinstance(spec, dict) and any(v is not None for v in spec.values()) else {}
 
 
 def _int(value: object) -> int | None:

@@ -1,0 +1,173 @@
+"""How each engine reads a draft's config.json: the keys two engines honour differently.
+``READINGS`` is the table (one ``Reading`` per engine release); ``Reading.numerics(config)`` the
+draft computation it implies; ``differences(config)`` the keys on which the engines part.
+
+Read from the engines' own model code (kept true by tests that run SGLang's and SpecForge's real
+draft classes on the same weights):
+
+- ``norm_output``. SGLang 0.5.23 (``LlamaModel.forward`` of ``llama_eagle3.py``): absent means
+  false; logits always come from the final norm; true hands the *normed* hidden state to the next
+  draft step (false: the pre-norm one). SpecForge 0.2.0 (``LlamaForCausalLMEagle3``): absent means
+  true; the next depth always gets the pre-norm hidden state; false takes the logits from the
+  un-normed one. So ``norm_output: true`` serves differently from depth 1 on, and ``false``
+  trains differently at every depth; absent, the two agree.
+- ``norm_before_fc`` (top level or in ``eagle_config``): SGLang normalises the concatenated fc
+  input; SpecForge has no such norm and ignores the key.
+- ``fc_norm`` (SGLang also ``use_aux_norm``): a norm per aux chunk before fc, in both.
+- RoPE: both read ``rope_parameters.rope_theta`` when the config has ``rope_parameters`` (as
+  transformers 5 loads every config), else ``rope_theta``, default 10000.
+- Embedding: SGLang embeds with the target's embedding whenever the draft's hidden size is the
+  target's (``set_embed``), whatever the checkpoint holds; SpecForge with the checkpoint's.
+- lm_head: SGLang ties it to the embedding under ``tie_word_embeddings``, and takes the target's
+  whole lm_head when the config names no ``draft_vocab_size``; SpecForge always uses the
+  checkpoint's (``draft_vocab_size`` defaults to the vocab size).
+- ``d2t``: offsets in both (``target = draft + d2t[draft]``; SGLang's ``hot_token_id``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from tracediff.eagle3.config import DraftConfig
+from tracediff.eagle3.vocab import OFFSET
+
+SGLANG = "sglang"
+SPECFORGE = "specforge"
+DRAFT, TARGET, EMBEDDING = "draft", "target", "embedding"  # where an embedding / lm_head comes from
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One engine release's reading of a draft config (the rules in the module docstring)."""
+
+    engine: str
+    version: str
+    norm_output_default: bool
+    norm_output_true_normalises_next_hidden: bool  # SGLang: the next depth gets the normed state
+    norm_output_false_skips_logits_norm: bool  # SpecForge: logits from the un-normed state
+    reads_norm_before_fc: bool
+    fc_norm_keys: tuple[str, ...]
+    embeds_with_target: bool  # the target's embedding when the hidden sizes agree
+    lm_head_from_target_without_draft_vocab: bool
+    ties_lm_head_to_embedding: bool  # honours tie_word_embeddings
+
+    @property
+    def label(self) -> str:
+        return f"{'SGLang' if self.engine == SGLANG else 'SpecForge'} {self.version}"
+
+    def numerics(self, config: DraftConfig) -> Numerics:
+        raw = config.raw
+        norm_output = self.norm_output_default if config.norm_output is None else config.norm_output
+        fc_norm = config.fc_norm or any(bool(raw.get(key, False)) for key in self.fc_norm_keys)
+        shares_embedding = config.target_hidden_size in (None, config.hidden_size)
+        tied = self.ties_lm_head_to_embedding and bool(raw.get("tie_word_embeddings", False))
+        head = EMBEDDING if tied else TARGET if (
+            self.lm_head_from_target_without_draft_vocab and config.draft_vocab_size is None) else DRAFT
+        return Numerics(
+            next_hidden_normed=norm_output and self.norm_output_true_normalises_next_hidden,
+            logits_normed=norm_output or not self.norm_output_false_skips_logits_norm,
+            norm_before_fc=config.norm_before_fc and self.reads_norm_before_fc,
+            fc_norm=fc_norm,
+            rope_theta=config.rope_theta,
+            embedding=TARGET if self.embeds_with_target and shares_embedding else DRAFT,
+            lm_head=head,
+            d2t_reading=OFFSET,
+        )
+
+
+class Numerics(NamedTuple):
+    """The draft computation one engine makes of one config."""
+
+    next_hidden_normed: bool  # the hidden state a depth hands to the next is the final norm's output
+    logits_normed: bool  # logits = lm_head(norm(h)) (else lm_head(h))
+    norm_before_fc: bool  # one norm over the concatenated fc input
+    fc_norm: bool  # a norm per aux chunk before fc
+    rope_theta: float
+    embedding: str  # DRAFT (the checkpoint's, else the target's) or TARGET (the target's when given)
+    lm_head: str  # DRAFT, TARGET (the target's whole lm_head) or EMBEDDING (tied)
+    d2t_reading: str
+
+
+READINGS: dict[str, Reading] = {
+    SGLANG: Reading(SGLANG, "0.5.23", norm_output_default=False, norm_output_true_normalises_next_hidden=True,
+                    norm_output_false_skips_logits_norm=False, reads_norm_before_fc=True,
+                    fc_norm_keys=("fc_norm", "use_aux_norm"), embeds_with_target=True,
+                    lm_head_from_target_without_draft_vocab=True, ties_lm_head_to_embedding=True),
+    SPECFORGE: Reading(SPECFORGE, "0.2.0", norm_output_default=True, norm_output_true_normalises_next_hidden=False,
+                       norm_output_false_skips_logits_norm=True, reads_norm_before_fc=False,
+                       fc_norm_keys=("fc_norm",), embeds_with_target=False,
+                       lm_head_from_target_without_draft_vocab=False, ties_lm_head_to_embedding=False),
+}
+
+# What each Numerics value means, in words (``differences`` quotes them).
+PHRASES: dict[str, dict[object, str]] = {
+    "next_hidden_normed": {True: "hands the normed hidden state to the next draft depth",
+                           False: "hands the pre-norm hidden state to the next draft depth"},
+    "logits_normed": {True: "takes logits from the normed hidden state",
+                      False: "takes logits from the un-normed hidden state"},
+    "norm_before_fc": {True: "normalises the concatenated fc input", False: "feeds fc its input un-normalised"},
+    "fc_norm": {True: "normalises each aux chunk before fc", False: "skips the per-chunk fc norms"},
+    "embedding": {TARGET: "embeds with the target's embedding", DRAFT: "embeds with the checkpoint's embedding"},
+    "lm_head": {DRAFT: "uses the checkpoint's lm_head", TARGET: "uses the target's whole lm_head",
+                EMBEDDING: "ties lm_head to the embedding"},
+}
+KEYS = {"next_hidden_normed": "norm_output", "logits_normed": "norm_output", "norm_before_fc": "norm_before_fc",
+        "fc_norm": "fc_norm", "embedding": "embed_tokens.weight", "lm_head": "draft_vocab_size",
+        "rope_theta": "rope_theta", "d2t_reading": "d2t"}
+
+
+class ReadingDifference(NamedTuple):
+    """A draft computation two engines make differently of one config."""
+
+    key: str  # the config key (or weight) behind it
+    field: str  # the Numerics field
+    text: str  # "norm_output true: SGLang 0.5.23 hands ...; SpecForge 0.2.0 hands ..."
+
+
+def differences(config: DraftConfig, a: str = SGLANG, b: str = SPECFORGE,
+                checkpoint_has_embedding: bool = False) -> list[ReadingDifference]:
+    """Where engines ``a`` and ``b`` compute this config's draft differently. The embedding counts
+    only when the checkpoint holds its own (else both embed with the target's)."""
+    ra, rb = READINGS[a], READINGS[b]
+    na, nb = ra.numerics(config), rb.numerics(config)
+    out = []
+    for name in Numerics._fields:
+        va, vb = getattr(na, name), getattr(nb, name)
+        if va == vb or (name == "embedding" and not checkpoint_has_embedding):
+            continue
+        key = KEYS[name]
+        said = key if "." in key else f"{key} {_stated(config.raw, key)}"
+        words = PHRASES.get(name, {})
+        text = (f"{said}: {ra.label} {words.get(va, f'uses {va}')}; "
+                f"{rb.label} {words.get(vb, f'uses {vb}')}")
+        out.append(ReadingDifference(key, name, text))
+    return out
+
+
+def _stated(raw: dict, key: str) -> str:
+    """A config key's value as JSON (also from ``eagle_config``), or "absent"."""
+    eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
+    where = raw if key in raw else eagle if key in eagle else None
+    return "absent" if where is None else json.dumps(where[key])
+
+
+class EngineChoice(NamedTuple):
+    """The reading a replay computes the draft with, and why that one."""
+
+    reading: Reading
+    reason: str
+
+
+def engine_choice(produced_by: str | None, asked: str | None = None) -> EngineChoice:
+    """``asked`` (``--engine``); else the engine that produced the trace (``Trace.engine``: a
+    serving trace is computed as SGLang computes it, a SpecForge training trace as SpecForge
+    does); else SpecForge's reading (a trace that names no engine: the trainer's reading)."""
+    if asked is not None:
+        if asked not in READINGS:
+            raise ValueError(f"unknown engine {asked!r}: one of {', '.join(READINGS)}")
+        return EngineChoice(READINGS[asked], "--engine")
+    if produced_by in READINGS:
+        return EngineChoice(READINGS[produced_by], "the engine that recorded the trace")
+    return EngineChoice(READINGS[SPECFORGE], "the trace names no engine: the trainer's reading")
