@@ -452,3 +452,24 @@ def test_the_headline_counts_errors_and_warnings() -> None:
     assert shown() == shown("info") == "no problems found"
     assert shown("warning", "info") == "1 warning found"
     assert shown("error", "error", "warning", "warning") == "2 errors, 2 warnings found"
+
+
+@pytest.mark.parametrize(("changes", "said"), [
+    ({"norm_output": True}, "norm_output true: SGLang 0.5.23 hands the normed hidden state to the next draft depth"),
+    ({"norm_output": False}, "norm_output false: SGLang 0.5.23 takes logits from the normed hidden state; "
+                             "SpecForge 0.2.0 takes logits from the un-normed hidden state"),
+    ({"use_aux_norm": True}, "use_aux_norm true: SGLang 0.5.23 normalises each aux chunk before fc"),
+    ({"draft_vocab_size": None}, "draft_vocab_size absent: SGLang 0.5.23 uses the target's whole lm_head"),
+])
+def test_config_keys_the_engines_read_differently(healthy, changes, said) -> None:
+    """One warning per key SGLang and SpecForge compute differently (tracediff/eagle3/readings.py)."""
+    edit_config(healthy[0], **changes)
+    found = [f for f in doctor(*healthy) if f.code == "engine_reading" and f.severity == "warning"]
+    assert len(found) == 1 and said in found[0].message, [f.message for f in found]
+
+
+def test_no_engine_reading_warning_where_the_engines_agree(healthy) -> None:
+    """Absent norm_output both hand on the pre-norm state and norm the logits; an own embedding is
+    only an info (SGLang embeds with the target's: the same where training froze it)."""
+    found = [f for f in doctor(*healthy) if f.code == "engine_reading"]
+    assert [f.severity for f in found] == ["info"] and "embed_tokens.weight" in found[0].message

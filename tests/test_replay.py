@@ -142,3 +142,50 @@ def test_no_self_check_on_a_training_trace_or_another_fc_input() -> None:
         "self_check"] is None
     bug = json.loads(replay(SAMPLES / "serving_aux_bug.h5", "--json").stdout)["self_check"]
     assert bug["first_departure"] is None  # the server computed the draft right, on the wrong inputs
+
+
+def copy_with_contract(source: Path, path: Path, **contract) -> None:
+    """The rows replay reads of ``source`` (depth-0 fc input and fed ids, chain rows, target
+    tokens), written again under a contract with ``contract``'s keys."""
+    with td.open_trace(source) as trace, td.record(path, meta={**trace.contract, **contract}) as rec:
+        for name in ("draft.fc_in", "draft.input_ids", "draft.token", "target.token"):
+            rows = trace.rows(name)
+            for depth in sorted(set(rows.depth.tolist())):
+                pick = rows.depth == depth
+                rec.log(name, rows.numpy()[pick], request=rows.request[pick].tolist(),
+                        positions=rows.position[pick], token_ids=rows.token_id[pick], depth=depth)
+
+
+def test_a_server_that_drafted_trees_is_not_scored_as_chains(tmp_path) -> None:
+    """topk > 1: a verify accepts a tree's best path, which replay does not score; the figure is
+    every row's teacher-forced chain and the output says it is not the server's."""
+    import json
+
+    path = tmp_path / "tree.h5"
+    copy_with_contract(SAMPLES / "serving.h5", path, speculative_args={
+        "algorithm": "EAGLE3", "num_steps": 4, "topk": 4, "num_draft_tokens": 8})
+    done = replay(path, "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["scored_on"] == "every row" and report["self_check"] is None
+    assert report["not_the_servers"].startswith("the server drafted trees (topk 4, 8 draft tokens)")
+    assert report["expected_accept_len"] == report["every_row_accept_len"]
+    text = replay(path)
+    assert "not the server's figure: the server drafted trees (topk 4" in " ".join(text.stdout.split())
+    chain = tmp_path / "chain.h5"  # the same rows under topk 1: the server's chains again
+    copy_with_contract(SAMPLES / "serving.h5", chain)
+    assert json.loads(replay(chain, "--json").stdout)["scored_on"] == "the server's chains"
+
+
+def test_docs_replay_names_every_field_of_the_json() -> None:
+    import dataclasses
+
+    from tracediff.eagle3.replay import ReplayReport
+    from tracediff.eagle3.selfcheck import Departure, SelfCheck
+
+    doc = (REPO / "docs" / "REPLAY.md").read_text()
+    for cls in (ReplayReport, SelfCheck):
+        for f in dataclasses.fields(cls):
+            assert f"| `{f.name}` |" in doc, f"{cls.__name__}.{f.name}"
+    for f in dataclasses.fields(Departure):
+        assert f"`{f.name}`" in doc, f"Departure.{f.name}"

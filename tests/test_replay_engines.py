@@ -173,3 +173,32 @@ def test_specforges_own_draft_class_computes_what_replay_computes_under_its_read
             torch.testing.assert_close(mine[depth].hidden, hidden, rtol=1e-4, atol=1e-5)
     same = torch.allclose(sglang[0].logits, mine[0].logits, rtol=1e-4, atol=1e-5)
     assert same == (norm_output is not False)  # only SpecForge's norm_output false skips the logits norm
+
+
+def test_compare_names_the_engines_reading_when_sglangs_draft_meets_specforges(norm_output, tmp_path) -> None:
+    """The server's trace against replay's output computed as SpecForge computes the same draft
+    (its contract states draft_engine specforge): compare diverges at draft.hidden, downstream of
+    equal inputs, and the engine_reading diagnosis names norm_output."""
+    out = tmp_path / "specforge.h5"
+    done = cli("replay", str(norm_output.trace), "--draft", str(norm_output.draft_dir), "--target",
+               str(norm_output.target_dir), "--engine", "specforge", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    report = td.compare(norm_output.trace, out)
+    assert report.verdict == "diverged" and report.first_divergence.name == "draft.hidden"
+    statuses = {t.name: t.status for t in report.tensors}
+    assert statuses["draft.fc_in"] == statuses["draft.fc_out"] == statuses["draft.embed"] == "match"
+    (found,) = [d for d in report.diagnoses if d.kind == "engine_reading"]
+    assert found.severity == "error" and found.evidence.keys == ["norm_output"]
+    assert (found.evidence.engine_a, found.evidence.engine_b) == ("SGLang 0.5.23", "SpecForge 0.2.0")
+
+
+def test_no_engine_reading_where_the_engines_compute_the_config_alike(healthy, tmp_path) -> None:
+    """Without norm_output the two readings are one computation: SpecForge's replay of the healthy
+    server's trace matches it wherever both computed the same rows."""
+    out = tmp_path / "specforge.h5"
+    done = cli("replay", str(healthy.trace), "--draft", str(healthy.draft_dir), "--target",
+               str(healthy.target_dir), "--engine", "specforge", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    report = td.compare(healthy.trace, out)
+    assert report.verdict == "match", [(t.name, t.status) for t in report.tensors]
+    assert not [d for d in report.diagnoses if d.kind == "engine_reading"]

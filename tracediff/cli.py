@@ -341,6 +341,7 @@ def replay(
     from tracediff.eagle3.capture import parse_aux
     from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
     from tracediff.eagle3.readings import READINGS, engine_choice
+    from tracediff.integrations.draft_summary import draft_config_summary
     from tracediff.eagle3.replay import replay as run_replay
     from tracediff.record.recorder import record
     from tracediff.report.replay import render_replay
@@ -376,7 +377,8 @@ def replay(
                 need = "target.token" if missing else "draft.fc_in (or pass --aux)"
                 fail(trace, f"replay needs recorded {need}")
             contract = {"draft": str(draft), "aux": spec.to_dict() if spec else "recorded draft.fc_in",
-                        "d2t_reading": d2t, "replayed_trace": str(trace)}
+                        "d2t_reading": d2t, "replayed_trace": str(trace), "draft_engine": chosen.reading.engine,
+                        "draft_config": draft_config_summary(model.config.raw)}
             rec = record(staged, source="replay", meta=contract) if staged else None
             try:
                 report = run_replay(opened, model, depths, spec, d2t, rec, chosen)

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 
 Kind = Literal["nan_inf", "aux_layer_set", "aux_order", "layer_offset", "vocab_map", "position_shift",
                "scale", "norm", "precision", "token_mismatch", "draft_depths", "config", "aux_branch",
-               "aux_slot_count", "aux_duplicate"]
+               "aux_slot_count", "aux_duplicate", "engine_reading"]
 Severity = Literal["error", "warning", "info"]
 Side = Literal["a", "b"]
 NormedSide = Literal["a", "b", "both"]
@@ -236,6 +236,20 @@ class ConfigBystandersEvidence:
 
 
 @dataclass
+class EngineReadingEvidence:
+    """The sides' draft code comes from engines that compute the stated draft config differently
+    (tracediff/eagle3/readings.py): the engines (``SGLang 0.5.23``), the config keys behind it and
+    what each engine does with them, one line per key."""
+
+    KINDS: ClassVar = ("engine_reading",)
+    tensor: str
+    engine_a: str
+    engine_b: str
+    keys: list[str]
+    readings: list[str]
+
+
+@dataclass
 class CaptureQuirkEvidence:
     """What one side's capture shows (its contract and its aux): the boundaries SGLang was given
     (``layers_to_capture``) and really captures (``capture_layers``), what each slot was measured to
@@ -255,7 +269,7 @@ class CaptureQuirkEvidence:
 Evidence = (TokenMismatchEvidence | NonFiniteEvidence | SlotsEvidence | SlotNormEvidence | D2tSizeEvidence
             | D2tEntriesEvidence | DirectMapEvidence | ValueOffsetEvidence | RowShiftEvidence | ScaleEvidence
             | NormFitEvidence | PrecisionEvidence | DraftDepthsEvidence
-            | ConfigCauseEvidence | ConfigBystandersEvidence | CaptureQuirkEvidence)
+            | ConfigCauseEvidence | ConfigBystandersEvidence | CaptureQuirkEvidence | EngineReadingEvidence)
 VARIANTS: tuple[type[Any], ...] = typing.get_args(Evidence)
 
 

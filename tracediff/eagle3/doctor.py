@@ -32,6 +32,7 @@ from tracediff.eagle3.conventions import (
 )
 from tracediff.eagle3.conventions import label as state_label
 from tracediff.eagle3.draft import Eagle3Draft
+from tracediff.eagle3.readings import FIXES, differences
 from tracediff.eagle3.vocab import Finding, check_vocab_map
 from tracediff.errors import CheckpointError, InputError
 
@@ -99,6 +100,20 @@ def check_config(ck: Checkpoint) -> list[Finding]:
     return [Finding("error", "config_value", f"config.json: {problem}",
                     "correct config.json: it must describe the draft the weights were trained as")
             for problem in ck.config.problems()]
+
+
+def check_engine_readings(ck: Checkpoint) -> list[Finding]:
+    """Config keys SGLang and SpecForge compute differently (tracediff/eagle3/readings.py): a draft
+    trained by one and served by the other is not the same computation."""
+    if ck.config.problems():
+        return []
+    found = differences(ck.config, checkpoint_has_embedding="embed_tokens.weight" in ck.weights)
+    return [Finding("info", "engine_reading", f"{WEIGHTS} holds embed_tokens.weight: {d.text} (the same "
+                    "draft only where training kept the target's embedding)", FIXES[d.field])
+            if d.field == "embedding" else
+            Finding("warning", "engine_reading", f"config.json: {d.text}: the trained and the served draft differ",
+                    FIXES[d.field])
+            for d in found]
 
 
 def check_weights(ck: Checkpoint) -> list[Finding]:
@@ -502,7 +517,8 @@ def _parse_args(text: str) -> dict[str, str]:
     return args
 
 
-CHECKS = (check_config, check_weights, check_vocab, check_target_vocab, check_fc, check_aux)
+CHECKS = (check_config, check_weights, check_vocab, check_target_vocab, check_fc, check_aux,
+          check_engine_readings)
 
 
 def doctor(

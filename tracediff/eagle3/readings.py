@@ -113,6 +113,18 @@ PHRASES: dict[str, dict[object, str]] = {
     "lm_head": {DRAFT: "uses the checkpoint's lm_head", TARGET: "uses the target's whole lm_head",
                 EMBEDDING: "ties lm_head to the embedding"},
 }
+# What to do when the engines part on a field: make the config say one computation.
+FIXES = {
+    "next_hidden_normed": "drop norm_output from config.json unless the draft was trained for the normed "
+                          "hand-off; `tracediff replay --engine sglang|specforge` measures both",
+    "logits_normed": "drop norm_output: false (both engines norm the logits when it is absent)",
+    "norm_before_fc": "SpecForge trains without this norm: drop the key, or train with a trainer that "
+                      "applies it",
+    "fc_norm": "name the per-chunk norms fc_norm (SpecForge does not read use_aux_norm)",
+    "embedding": "SGLang embeds with the target's embedding: export the draft without embed_tokens, or with "
+                 "the target's",
+    "lm_head": "set draft_vocab_size in config.json (SGLang then uses the checkpoint's lm_head)",
+}
 KEYS = {"next_hidden_normed": "norm_output", "logits_normed": "norm_output", "norm_before_fc": "norm_before_fc",
         "fc_norm": "fc_norm", "embedding": "embed_tokens.weight", "lm_head": "draft_vocab_size",
         "rope_theta": "rope_theta", "d2t_reading": "d2t"}
@@ -137,7 +149,8 @@ def differences(config: DraftConfig, a: str = SGLANG, b: str = SPECFORGE,
         va, vb = getattr(na, name), getattr(nb, name)
         if va == vb or (name == "embedding" and not checkpoint_has_embedding):
             continue
-        key = KEYS[name]
+        key = KEYS[name] if name != "fc_norm" else next(
+            (k for k in (*ra.fc_norm_keys, *rb.fc_norm_keys) if config.raw.get(k)), KEYS[name])
         said = key if "." in key else f"{key} {_stated(config.raw, key)}"
         words = PHRASES.get(name, {})
         text = (f"{said}: {ra.label} {words.get(va, f'uses {va}')}; "

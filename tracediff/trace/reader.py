@@ -345,10 +345,12 @@ class Trace:
 
     @property
     def engine(self) -> str | None:
-        """The engine whose draft code produced the trace, as its contract states it: "sglang" (a
-        server's trace: SGLang's version or speculative arguments), "specforge" (its trainer's
-        integration), or None where the contract says neither."""
+        """The engine whose draft code produced the trace, as its contract states it: ``draft_engine``
+        where stated (a replay's output), else "sglang" (a server's trace: SGLang's version or
+        speculative arguments), "specforge" (its trainer's integration), or None."""
         contract = self.contract
+        if isinstance(contract.get("draft_engine"), str):
+            return contract["draft_engine"]
         if contract.get("sglang_version") or self.speculative_args is not None:
             return "sglang"
         return "specforge" if contract.get("producer_integration") == "specforge" else None

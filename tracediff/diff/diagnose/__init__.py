@@ -13,6 +13,7 @@ from tracediff.diff.diagnose.depths import draft_depths
 from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.diagnose.nan_inf import nan_inf
 from tracediff.diff.diagnose.precision import precision
+from tracediff.diff.diagnose.readings import engine_readings
 from tracediff.diff.diagnose.scale import scale_or_norm
 from tracediff.diff.diagnose.shift import position_shift
 from tracediff.diff.diagnose.tokens import token_mismatch
@@ -22,7 +23,7 @@ from tracediff.diff.findings import Diagnosis
 from tracediff.diff.pair import Pair
 from tracediff.trace.reader import Trace
 
-DIAGNOSES = (nan_inf, aux_slots, vocab_map, position_shift, scale_or_norm, config_causes)
+DIAGNOSES = (nan_inf, aux_slots, vocab_map, position_shift, engine_readings, scale_or_norm, config_causes)
 STATIC_DIAGNOSES = (vocab_map,)
 COVERAGE_DIAGNOSES = (draft_depths, aux_quirks)  # what was never compared, and why: run on every compare
 
