@@ -189,3 +189,42 @@ def test_docs_replay_names_every_field_of_the_json() -> None:
             assert f"| `{f.name}` |" in doc, f"{cls.__name__}.{f.name}"
     for f in dataclasses.fields(Departure):
         assert f"`{f.name}`" in doc, f"Departure.{f.name}"
+
+
+@pytest.mark.parametrize(("extra", "said"), [
+    (("--d2t", "ids"), "error: --d2t: unknown d2t reading 'ids': offset or direct"),
+    (("--engine", "vllm"), "error: --engine: unknown engine 'vllm': one of sglang, specforge"),
+    (("--aux", "embed,1,99"), "the trace holds no target.layer.99 (the fc input --aux rebuilds needs them)"),
+])
+def test_bad_options_are_one_error_line(extra, said) -> None:
+    done = replay(SAMPLES / "serving.h5", *extra)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert said in done.stderr and len(done.stderr.strip().splitlines()) == 1
+
+
+def test_an_output_that_names_no_trace_format_is_refused_before_the_replay(tmp_path) -> None:
+    out = tmp_path / "replayed.bin"
+    done = replay(SAMPLES / "serving.h5", "--out", str(out))
+    assert done.returncode == 2 and done.stderr.startswith(f"error: {out}: cannot tell the trace format")
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
+def test_the_self_check_compares_the_target_tokens_the_figure_is_scored_on() -> None:
+    """Read as a direct map, d2t sends the same drafts to other target tokens: the recorded
+    draft.token_target is not reproduced, and the self-check says so."""
+    import json
+
+    report = json.loads(replay(SAMPLES / "serving.h5", "--d2t", "direct", "--json").stdout)
+    left = report["self_check"]["first_departure"]
+    assert report["self_check"]["reproduced"] == 0 and left["tensor"] == "draft.token_target"
+    assert "the vocab map is read otherwise" in left["detail"]
+
+
+def test_an_accuracy_over_no_rows_is_null_in_the_json() -> None:
+    import json
+
+    from tracediff.eagle3.replay import ReplayReport
+
+    plain = ReplayReport(aux="x", requests=1, depth_accuracy=[0.5, float("nan")], depth_rows=[4, 0]).to_dict()
+    assert plain["depth_accuracy"] == [0.5, None]
+    json.dumps(plain, allow_nan=False)

@@ -202,3 +202,35 @@ def test_no_engine_reading_where_the_engines_compute_the_config_alike(healthy, t
     report = td.compare(healthy.trace, out)
     assert report.verdict == "match", [(t.name, t.status) for t in report.tensors]
     assert not [d for d in report.diagnoses if d.kind == "engine_reading"]
+
+
+def test_a_one_step_server_is_scored_on_its_chains(tmp_path) -> None:
+    """num_steps 1 drafts no depth 1: the chains are the draft.token_target rows draft_forward returned."""
+    run = serve_sample(tmp_path, num_steps=1, requests=2, new_tokens=8)
+    report = replayed(run)
+    assert len(report.depth_accuracy) == 1
+    assert_the_servers_figure(report, run)
+    assert_reproduces_every_chain(report, run)
+
+
+def test_a_trace_whose_chains_all_reach_past_its_text_is_one_error_line(tmp_path) -> None:
+    run = serve_sample(tmp_path, num_steps=3, requests=1, new_tokens=1)
+    assert run.accepted == [] and run.chains == 1
+    done = cli("replay", str(run.trace), "--draft", str(run.draft_dir), "--target", str(run.target_dir))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"error: {run.trace}: replay has no server chain to score: all 1 of them reach "
+                                  "past the recorded text")
+
+
+def test_replay_completes_a_checkpoint_as_sglang_does(tmp_path) -> None:
+    """fc_norm asked for without its weights (SGLang normalises with unit weights) and a tied
+    lm_head (SGLang's logits: the embedding's first draft-vocab rows): replay computes the same,
+    says so, and reproduces every chain."""
+    run = serve_sample(tmp_path, config={"fc_norm": True, "tie_word_embeddings": True}, requests=2,
+                       new_tokens=8)
+    report = replayed(run)
+    assert_the_servers_figure(report, run)
+    assert_reproduces_every_chain(report, run)
+    notes = " ".join(report.engine_notes)
+    assert "no fc_norm.0.weight, fc_norm.1.weight, fc_norm.2.weight: SGLang 0.5.23 normalises with unit weights" \
+        in notes and "tie_word_embeddings" in notes

@@ -186,13 +186,19 @@ def convert(
 ) -> None:
     """Convert a trace between HDF5 and Arrow without loss. The output appears whole or not at all."""
     from tracediff.trace.convert import convert as run_convert
+
+    check_trace_suffix(dst)
+    guarded(src, lambda: console.print(wrote(run_convert(src, dst, force=force))))
+
+
+def check_trace_suffix(path: Path) -> None:
+    """One ``error:`` line unless the path's extension names a trace format (before any work)."""
     from tracediff.trace.writer import format_for
 
     try:
-        format_for(dst)
+        format_for(path)
     except ValueError as exc:
-        fail(dst, str(exc).split(": ", 1)[-1])
-    guarded(src, lambda: console.print(wrote(run_convert(src, dst, force=force))))
+        fail(path, str(exc).split(": ", 1)[-1])
 
 
 @app.command("slice")
@@ -325,7 +331,8 @@ def replay(
                                        f"a producer's name ({', '.join(AUX_READERS)}: a draft's aux ids as "
                                        "it reads them for the trace's target family; its architecture "
                                        "from the contract or --target)"),
-    d2t: str = typer.Option("offset", "--d2t", help="read d2t as offsets (right) or as a direct map"),
+    d2t: str = typer.Option("offset", "--d2t", help="how to read d2t: offset (what it holds: target = draft + "
+                            "d2t[draft]) or direct (the misreading target = d2t[draft])"),
     engine: str | None = typer.Option(None, "--engine", help="compute the draft as this engine reads its "
                                       "config (norm_output, norm_before_fc, embedding and lm_head): sglang "
                                       "or specforge (default: the engine that recorded the trace)"),
@@ -341,6 +348,7 @@ def replay(
     from tracediff.eagle3.capture import parse_aux
     from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
     from tracediff.eagle3.readings import READINGS, engine_choice
+    from tracediff.eagle3.vocab import DIRECT, OFFSET
     from tracediff.integrations.draft_summary import draft_config_summary
     from tracediff.eagle3.replay import replay as run_replay
     from tracediff.record.recorder import record
@@ -358,6 +366,10 @@ def replay(
 
     if engine is not None and engine not in READINGS:
         fail("--engine", f"unknown engine {engine!r}: one of {', '.join(READINGS)}")
+    if d2t not in (OFFSET, DIRECT):
+        fail("--d2t", f"unknown d2t reading {d2t!r}: {OFFSET} or {DIRECT}")
+    if out is not None:
+        check_trace_suffix(out)
     inputs = [trace, *checkpoint_files(draft), *(checkpoint_files(target) if target else [])]
     if out is not None:
         guarded(out, lambda: check_output(out, inputs, force))  # before the replay: it may be long

@@ -159,6 +159,7 @@ class Eagle3Draft(nn.Module):
         super().__init__()
         self.config = config
         self.numerics = READINGS[SGLANG].numerics(config) if numerics is None else numerics
+        self.notes: tuple[str, ...] = ()  # how the loader completed the checkpoint (checkpoint.load_draft)
         h, k = config.hidden_size, config.num_aux
         self.embed_tokens = nn.Embedding(config.vocab_size, h)
         if embed_tokens is not None:

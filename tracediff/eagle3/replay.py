@@ -8,6 +8,7 @@ target tokens. A fc input built from the wrong layers shows up as an accuracy co
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import NamedTuple
@@ -94,23 +95,32 @@ class ReplayReport:
     engine: str = ""  # whose reading of the draft config the replay computed ("SGLang 0.5.23")
     engine_from: str = ""  # why that one (``engine_choice``)
     not_the_servers: str | None = None  # why the figure is not the server's chains' (a tree), if it is not
+    engine_notes: list[str] = field(default_factory=list)  # how the checkpoint was completed as the engine does
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain JSON: an accuracy over 0 rows is null (JSON has no NaN)."""
+        out = asdict(self)
+        out["depth_accuracy"] = [None if math.isnan(a) else a for a in self.depth_accuracy]
+        return out
 
 
 def drafted_from(trace: Trace) -> dict[str, set[int]]:
-    """Per request, the positions the server drafted a chain from: where a serving trace (its
-    contract holds the server's ``speculative_args``) holds draft rows at depth 1 (the last row of
-    each forward: the prefill's last token, then each decode step). Empty for any other trace."""
+    """Per request, the positions the server drafted a chain from, on a serving trace (its contract
+    holds the server's ``speculative_args``): where it holds draft rows at depth 1 (the last row of
+    each forward: the prefill's last token, then each decode step); a server of one step drafts no
+    depth 1, and there its chains are its ``draft.token_target`` rows (the tokens draft_forward
+    returned). Empty for any other trace, or one that records no chain."""
     found: dict[str, set[int]] = {}
     if trace.speculative_args is None:
         return found
-    for name in trace.names():
-        if not name.startswith("draft.") or not (trace.index.depth[trace.select(name=name)] == 1).any():
-            continue
+    names = [n for n in trace.names() if n.startswith("draft.")
+             and (trace.index.depth[trace.select(name=n)] == 1).any()]
+    depth = 1
+    if not names and trace.speculative_args.get("num_steps") == 1 and "draft.token_target" in trace.names():
+        names, depth = ["draft.token_target"], 0
+    for name in names:
         try:
-            keys = trace.keys(name, depth=1)
+            keys = trace.keys(name, depth=depth)
         except KeyError:  # static records only
             continue
         for request, position in zip(keys.request.tolist(), keys.position.tolist()):
@@ -143,7 +153,12 @@ def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
     is context); they are scored where the target's token is recorded."""
     targets = trace.rows("target.token")
     fed = trace.rows("draft.input_ids", depth=0) if "draft.input_ids" in trace.names() else None
-    sources = {name: trace.rows(name) for name in (aux.sources() if aux else ["draft.fc_in"])}
+    wanted = aux.sources() if aux else ["draft.fc_in"]
+    lacking = [name for name in wanted if name not in trace.names()]
+    if lacking:
+        raise InputError(trace.paths[0], f"the trace holds no {', '.join(lacking)}"
+                                         + (" (the fc input --aux rebuilds needs them)" if aux else ""))
+    sources = {name: trace.rows(name) for name in wanted}
     texts = trace.request_tokens()
     known = {r for r in texts.requests()} if len(texts) else set()
     done: dict[str, RequestRows] = {}
@@ -227,6 +242,9 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     leading: list[int] = []  # every row's chain
     chained: list[int] = []  # the chains the server drafted
     anchors = drafted_from(trace) if tree is None else {}
+    if tree is None and not anchors and trace.speculative_args is not None:
+        tree = ("the trace records none of the server's chains (no draft rows at depth 1, nor a one-step "
+                "server's draft.token_target): the figure is the teacher-forced chain from every row")
     recorded = RecordedChains(trace) if anchors else None
     own_inputs = aux is None  # the self-check replays the trace's own inputs, never --aux's
     check = SelfCheck() if own_inputs and recorded is not None and recorded.usable else None
@@ -267,7 +285,7 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
                 own = draft.unroll(torch.from_numpy(req.fc_in[None, :n]), teacher, depths,
                                    positions=torch.from_numpy(req.positions[None, :n]),
                                    fed=recorded.fed(req.request, rows_at, req.positions[:n], teacher, depths))
-            recorded.compare(check, req.request, rows_at, req.positions[:n], own)
+            recorded.compare(check, req.request, rows_at, req.positions[:n], own, to_target)
     if not total or not total[0]:
         raise InputError(trace.paths[0], f"replay has no row to score: no row of {report.aux} has the "
                                          "target's token at its next position recorded (target.token); a "
@@ -279,7 +297,12 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     if check is not None and check.first_departure is not None and engine is not None:
         check.suspect = _suspect(draft, engine)
     report.self_check = check
+    report.engine_notes = list(draft.notes)
     scored = [k for k in chained if k >= 0]
+    if anchors and not scored:
+        raise InputError(trace.paths[0], f"replay has no server chain to score: all {len(chained)} of them reach "
+                                         "past the recorded text (the target's tokens after them are not "
+                                         "recorded); record more new tokens per request")
     if anchors:
         report.scored_on, report.chains, report.chains_unscored = "the server's chains", len(scored), \
             len(chained) - len(scored)

@@ -21,7 +21,7 @@ from tracediff.eagle3.draft import DepthResult
 from tracediff.trace.reader import TensorRows, Trace
 
 HIDDEN_RTOL = 1e-3  # max |replayed - recorded| / max |recorded| of a row's draft.hidden still "the same"
-CHAIN_TENSORS = ("draft.input_ids", "draft.token", "draft.hidden")
+CHAIN_TENSORS = ("draft.input_ids", "draft.token", "draft.token_target", "draft.hidden")
 
 
 @dataclass(frozen=True)
@@ -31,7 +31,7 @@ class Departure:
     request: str
     position: int  # the chain's anchor row
     depth: int
-    tensor: str  # "draft.token" or "draft.hidden"
+    tensor: str  # "draft.token", "draft.token_target" or "draft.hidden"
     detail: str  # e.g. "recorded 532, replayed 17" or "max_rel 0.78"
 
 
@@ -88,8 +88,10 @@ class RecordedChains:
         return fed
 
     def compare(self, check: SelfCheck, request: str, anchors: np.ndarray, positions: np.ndarray,
-                results: list[DepthResult]) -> None:
-        """Fold one request's replayed chains (``results`` of an unroll fed by ``fed``) into ``check``."""
+                results: list[DepthResult], to_target=None) -> None:
+        """Fold one request's replayed chains (``results`` of an unroll fed by ``fed``) into ``check``;
+        ``to_target`` (draft ids -> target ids under replay's d2t reading) checks the recorded
+        ``draft.token_target`` too: the target tokens the figure is scored on."""
         for row in anchors.tolist():
             position = int(positions[row])
             same, compared = True, False
@@ -103,6 +105,13 @@ class RecordedChains:
                 if replayed != int(token):
                     departure = Departure(request, position, depth, "draft.token",
                                           f"recorded {int(token)}, replayed {replayed}")
+                mapped = self.value("draft.token_target", request, position, depth)
+                if departure is None and mapped is not None and to_target is not None:
+                    ours = int(to_target(torch.tensor([replayed]))[0])
+                    if ours != int(mapped):
+                        departure = Departure(request, position, depth, "draft.token_target",
+                                              f"recorded {int(mapped)}, replayed {ours} (draft id {replayed}: "
+                                              "the vocab map is read otherwise)")
                 hidden = self.value("draft.hidden", request, position, depth)
                 if hidden is not None:
                     ours = result.hidden[0, row].float().numpy()

@@ -6,22 +6,24 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tracediff.eagle3.replay import ReplayReport
+from tracediff.eagle3.replay import RECORDED, ReplayReport
 from tracediff.report.text import safe
 
 
 def render_replay(console: Console, report: ReplayReport, served_accept_len: float | None) -> None:
     heading = Text("fc input: ")
     heading.append(safe(report.aux), style="bold")  # read from the trace: data, never markup
-    heading.append(f" · {report.requests} requests")
+    heading.append(f" · {report.requests} request{'s' if report.requests != 1 else ''}")
     if report.engine:
         heading.append(f" · draft computed as {report.engine} computes it ({report.engine_from})")
     console.print(heading, highlight=False)
+    for note in report.engine_notes:
+        console.print(Text(f"note: {note}"), soft_wrap=True)
     table = Table(show_edge=False, header_style="bold")
     for column in ("depth", "accuracy", "rows"):
         table.add_column(column, justify="right")
     for depth, (acc, rows) in enumerate(zip(report.depth_accuracy, report.depth_rows)):
-        table.add_row(str(depth), f"{acc:.3f}", str(rows))
+        table.add_row(str(depth), "-" if rows == 0 else f"{acc:.3f}", str(rows))
     console.print(table)
     on = f"{report.chains} of the server's chains" if report.scored_on == "the server's chains" \
         else f"a chain from each of {report.chains} rows"
@@ -45,9 +47,13 @@ def render_replay(console: Console, report: ReplayReport, served_accept_len: flo
             console.print(Text(safe(
                 f"self-check: replay reproduces {check.reproduced} of {check.chains} recorded chains; it "
                 f"leaves the recorded draft at depth {left.depth} (request {left.request}, position "
-                f"{left.position}): {left.tensor} {left.detail}: the draft is not computed as the server "
-                "computed it (its checkpoint or config, or the server's reading of it, differs)"
+                f"{left.position}): {left.tensor} {left.detail}: "
+                + ("replay maps draft ids to target ids otherwise than the server did (--d2t)"
+                   if left.tensor == "draft.token_target" else "the draft is not computed as the server "
+                   "computed it (its checkpoint or config, or the server's reading of it, differs)")
                 + (f"; {check.suspect}" if check.suspect else ""))), soft_wrap=True)
+    elif report.scored_on == "the server's chains" and report.aux != RECORDED:
+        console.print("self-check: not run (--aux replaces the fc input the server recorded)", highlight=False)
     if report.scored_on == "the server's chains":
         console.print(f"teacher-forced from every row (prompt rows included): "
                       f"{report.every_row_accept_len:.2f} ({report.every_row_chains} rows)", highlight=False)
