@@ -228,3 +228,24 @@ def test_an_accuracy_over_no_rows_is_null_in_the_json() -> None:
     plain = ReplayReport(aux="x", requests=1, depth_accuracy=[0.5, float("nan")], depth_rows=[4, 0]).to_dict()
     assert plain["depth_accuracy"] == [0.5, None]
     json.dumps(plain, allow_nan=False)
+
+
+@pytest.mark.parametrize(("contract", "engine"), [
+    ({"producer_integration": "specforge"}, "specforge"),
+    ({"sglang_version": "0.5.23"}, "sglang"),
+    ({"speculative_args": {"num_steps": 3, "topk": 1}}, "sglang"),
+    ({"draft_engine": "specforge", "speculative_args": {"num_steps": 3}}, "specforge"),
+    ({}, None),
+])
+def test_the_engine_a_trace_states_picks_the_reading_replay_computes_with(tmp_path, contract, engine) -> None:
+    from tracediff.eagle3.readings import READINGS, SPECFORGE, engine_choice
+
+    with td.record(tmp_path / "t.h5", meta=contract) as rec:
+        rec.log("target.token", np.arange(2), request="r", positions=[0, 1], token_ids=[1, 2])
+    with td.open_trace(tmp_path / "t.h5") as trace:
+        assert trace.engine == engine
+        choice = engine_choice(trace.engine)
+    assert choice.reading == READINGS[engine or SPECFORGE]
+    assert choice.reason == ("the engine that recorded the trace" if engine else
+                             "the trace names no engine: the trainer's reading")
+    assert engine_choice(trace.engine, "sglang").reason == "--engine"
