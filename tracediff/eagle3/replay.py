@@ -204,6 +204,43 @@ def _with_cached_prefix(own: RequestRows, text: dict[int, int], done: dict[str, 
     return own
 
 
+def contiguous_rows(positions: np.ndarray) -> int:
+    """How many leading rows hold consecutive positions (a chain's context has no gap)."""
+    gaps = np.flatnonzero(np.diff(positions) != 1)
+    return int(gaps[0]) + 1 if len(gaps) else len(positions)
+
+
+class Scored(NamedTuple):
+    """A teacher-forced unroll over n rows: per row and depth, whether the draft's token is the
+    target's (``hits``) and whether the target's token is known there (``valid``)."""
+
+    hits: np.ndarray  # [n, depths] bool
+    valid: np.ndarray  # [n, depths] bool
+    results: list[DepthResult]
+
+
+def teacher_forced(draft: Eagle3Draft, fc_in: np.ndarray, ids: np.ndarray, positions: np.ndarray, depths: int,
+                   labels, to_target) -> Scored:
+    """Unroll ``depths`` depths over rows fed ``ids`` (row t embeds x[t+1], shifted left per depth),
+    scored against ``labels(depth, rows) -> (label, known)`` after ``to_target``. Row t at depth d
+    is fed x[t+1+d]: scored only for t + d < n."""
+    n = len(ids)
+    with torch.no_grad():
+        results = draft.unroll(torch.from_numpy(fc_in[None]), torch.from_numpy(ids[None]), depths,
+                               positions=torch.from_numpy(positions[None]))
+    hits = np.zeros((n, depths), dtype=bool)
+    valid = np.zeros((n, depths), dtype=bool)
+    for depth, result in enumerate(results):
+        rows = n - depth
+        if rows <= 0:
+            continue
+        label, known = labels(depth, rows)
+        predicted = to_target(result.logits[0, :rows].argmax(-1)).numpy()
+        hits[:rows, depth] = (predicted == label) & known
+        valid[:rows, depth] = known
+    return Scored(hits, valid, results)
+
+
 def _check_width(width: int, draft: Eagle3Draft, sources: str) -> None:
     """The fc input must be as wide as the draft's fc takes (a slot more or less is not replayable)."""
     takes = draft.fc.in_features
@@ -255,25 +292,15 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     for req in request_rows(trace, aux):
         _check_width(req.fc_in.shape[1], draft, report.aux)
         report.requests += 1
-        contiguous = np.concatenate([[True], np.diff(req.positions) == 1])
-        n = int(np.argmin(contiguous)) if not contiguous.all() else len(req.positions)
+        n = contiguous_rows(req.positions)
         ids = req.next_tokens[:n]  # row t embeds x[t+1]; unroll shifts them left at each depth
-        with torch.no_grad():
-            results = draft.unroll(torch.from_numpy(req.fc_in[None, :n]), torch.from_numpy(ids[None]), depths,
-                                   positions=torch.from_numpy(req.positions[None, :n]))
-        hits = np.zeros((n, depths), dtype=bool)
-        valid = np.zeros((n, depths), dtype=bool)
-        for depth, result in enumerate(results):
-            rows = n - depth  # row t at depth d is fed x[t+1+d]: known for t + d < n
-            if rows <= 0:
-                continue
-            labels, known = req.labels(depth, rows)
-            predicted = to_target(result.logits[0, :rows].argmax(-1)).numpy()
-            hits[:rows, depth] = (predicted == labels) & known
-            valid[:rows, depth] = known
-            correct[depth] += int(hits[:rows, depth].sum())
-            total[depth] += int(known.sum())
-            _log_depth(rec, req, result, ids, rows, depth, to_target)
+        scored = teacher_forced(draft, req.fc_in[:n], ids, req.positions[:n], depths, req.labels, to_target)
+        hits, valid = scored.hits, scored.valid
+        for depth, result in enumerate(scored.results):
+            correct[depth] += int(hits[:, depth].sum())
+            total[depth] += int(valid[:, depth].sum())
+            if n - depth > 0:
+                _log_depth(rec, req, result, ids, n - depth, depth, to_target)
         lead = leading_hits(hits, valid)
         leading += lead[lead >= 0].tolist()
         drafted = np.isin(req.positions[:n], sorted(anchors.get(req.request, ())))
