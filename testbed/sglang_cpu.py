@@ -22,8 +22,8 @@ they ship: scaffolding for the tests and for scripts, recorded through ``integra
 from __future__ import annotations
 
 import importlib.abc
-import json
 import importlib.util
+import json
 import os
 import platform
 import sys

@@ -454,16 +454,26 @@ def test_the_headline_counts_errors_and_warnings() -> None:
     assert shown("error", "error", "warning", "warning") == "2 errors, 2 warnings found"
 
 
+ABSENT = object()  # a key left out of config.json
+
+
 @pytest.mark.parametrize(("changes", "said"), [
-    ({"norm_output": True}, "norm_output true: SGLang 0.5.23 hands the normed hidden state to the next draft depth"),
+    ({"norm_output": True}, "norm_output true: SGLang 0.5.23 hands the normed hidden state to the next "
+                            "draft depth"),
     ({"norm_output": False}, "norm_output false: SGLang 0.5.23 takes logits from the normed hidden state; "
                              "SpecForge 0.2.0 takes logits from the un-normed hidden state"),
     ({"use_aux_norm": True}, "use_aux_norm true: SGLang 0.5.23 normalises each aux chunk before fc"),
-    ({"draft_vocab_size": None}, "draft_vocab_size absent: SGLang 0.5.23 uses the target's whole lm_head"),
+    ({"draft_vocab_size": ABSENT}, "draft_vocab_size absent: SGLang 0.5.23 uses the target's whole lm_head"),
+    ({"tie_word_embeddings": True}, "tie_word_embeddings true: SGLang 0.5.23 ties lm_head to the embedding"),
+    ({"norm_output": None}, "norm_output null: SGLang 0.5.23 takes logits from the normed hidden state; "
+                              "SpecForge 0.2.0 takes logits from the un-normed hidden state"),
 ])
 def test_config_keys_the_engines_read_differently(healthy, changes, said) -> None:
-    """One warning per key SGLang and SpecForge compute differently (tracediff/eagle3/readings.py)."""
-    edit_config(healthy[0], **changes)
+    """One warning per key SGLang and SpecForge compute differently (tracediff/eagle3/readings.py);
+    a null norm_output is false to both (SpecForge's getattr finds it: no default)."""
+    raw = json.loads((healthy[0] / "config.json").read_text())
+    raw.update(changes)
+    (healthy[0] / "config.json").write_text(json.dumps({k: v for k, v in raw.items() if v is not ABSENT}))
     found = [f for f in doctor(*healthy) if f.code == "engine_reading" and f.severity == "warning"]
     assert len(found) == 1 and said in found[0].message, [f.message for f in found]
 
@@ -473,3 +483,14 @@ def test_no_engine_reading_warning_where_the_engines_agree(healthy) -> None:
     only an info (SGLang embeds with the target's: the same where training froze it)."""
     found = [f for f in doctor(*healthy) if f.code == "engine_reading"]
     assert [f.severity for f in found] == ["info"] and "embed_tokens.weight" in found[0].message
+
+
+@pytest.mark.parametrize(("key", "value", "read_as"), [("norm_output", "false", "true"),
+                                                      ("fc_norm", 0, "false"),
+                                                      ("tie_word_embeddings", "yes", "true")])
+def test_a_config_flag_that_is_not_a_boolean_says_how_the_engines_read_it(healthy, key, value,
+                                                                          read_as) -> None:
+    edit_config(healthy[0], **{key: value})
+    (found,) = [f for f in doctor(*healthy) if f.code == "config_flag"]
+    assert found.message == (f"config.json: {key} is {json.dumps(value)}, not true or false: the engines "
+                             f"read it as {read_as}")

@@ -132,6 +132,8 @@ def test_the_self_check_names_where_a_draft_not_the_servers_leaves_the_recorded_
     left = check["first_departure"]
     assert (left["request"], left["depth"], left["tensor"]) == ("req0", 0, "draft.hidden")
     assert float(left["detail"].removeprefix("max_rel ")) > 1e-2
+    assert check["suspect"] == ("the checkpoint's config.json is not the one the trace's producer ran: "
+                                "rope_theta 500000.0 (the trace states 10000.0)")
 
 
 def test_no_self_check_on_a_training_trace_or_another_fc_input() -> None:
@@ -249,3 +251,30 @@ def test_the_engine_a_trace_states_picks_the_reading_replay_computes_with(tmp_pa
     assert choice.reason == ("the engine that recorded the trace" if engine else
                              "the trace names no engine: the trainer's reading")
     assert engine_choice(trace.engine, "sglang").reason == "--engine"
+
+
+@pytest.mark.parametrize("reading", ["sglang", "specforge"])
+def test_norms_a_checkpoint_lacks_are_unit_weights_only_where_the_engine_applies_them(tmp_path,
+                                                                                     reading) -> None:
+    """norm_before_fc without input_norm.weight: SGLang normalises with unit weights (and replay says
+    so); SpecForge never applies the norm, and replay says nothing of it."""
+    import json
+
+    import torch
+
+    from tracediff.eagle3.checkpoint import load_draft, target_embedding
+    from tracediff.eagle3.readings import READINGS
+
+    draft = tmp_path / "draft"
+    shutil.copytree(SAMPLES / "draft", draft)
+    config = json.loads((draft / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**config, "norm_before_fc": True}))
+    model = load_draft(draft, target_embedding(SAMPLES / "target"), reading=READINGS[reading])
+    assert model.numerics.norm_before_fc == (reading == "sglang")
+    assert torch.equal(model.input_norm.weight, torch.ones_like(model.input_norm.weight))
+    if reading == "sglang":
+        assert model.notes == ("config.json asks for norm_before_fc and the checkpoint has no "
+                               "input_norm.weight: SGLang 0.5.23 normalises with unit weights, and so does "
+                               "replay",)
+    else:
+        assert model.notes == ()

@@ -86,7 +86,8 @@ def assert_reproduces_every_chain(report: ReplayReport, run: ServedSample) -> No
 
 def test_replay_gives_the_accept_length_of_the_chains_sglang_drafted(healthy) -> None:
     report = replayed(healthy)
-    assert len(report.depth_accuracy) == STEPS and report.depths_from == f"the trace's speculative num_steps {STEPS}"
+    assert len(report.depth_accuracy) == STEPS
+    assert report.depths_from == f"the trace's speculative num_steps {STEPS}"
     assert report.engine == "SGLang 0.5.23" and report.engine_from == "the engine that recorded the trace"
     assert_the_servers_figure(report, healthy)
     assert served(healthy) > 2.0  # a healthy draft: the figure is not a trivial 1.0 on both sides
@@ -94,7 +95,8 @@ def test_replay_gives_the_accept_length_of_the_chains_sglang_drafted(healthy) ->
     assert report.self_check.hidden_max_rel < 1e-4
 
 
-@pytest.mark.parametrize(("case", "least_move"), [("norm_output", 0.2), ("rope", 0.05), ("norm_output_false", None)])
+@pytest.mark.parametrize(("case", "least_move"), [("norm_output", 0.2), ("rope", 0.05),
+                                                  ("norm_output_false", None)])
 def test_a_config_key_moves_replay_as_much_as_it_moved_sglang(case, least_move, healthy, request) -> None:
     """SGLang 0.5.23 hands the normed hidden state to the next depth under norm_output: true, and
     rotates with the config's rope_theta (500000 here, trained at 10000); norm_output: false is its
@@ -120,7 +122,8 @@ def test_under_specforges_reading_norm_output_is_the_healthy_draft_and_the_self_
     check = report.self_check
     assert check is not None and check.reproduced == 0 and check.first_departure is not None
     assert (check.first_departure.depth, check.first_departure.tensor) == (0, "draft.hidden")
-    assert check.suspect is not None and "norm_output true" in check.suspect and "--engine sglang" in check.suspect
+    assert check.suspect is not None
+    assert "norm_output true" in check.suspect and "--engine sglang" in check.suspect
 
 
 def test_a_draft_exported_without_d2t_costs_replay_what_it_cost_sglang(healthy, no_d2t) -> None:
@@ -143,16 +146,19 @@ def test_the_cli_reports_the_engine_and_the_self_check_in_json(norm_output) -> N
                str(norm_output.target_dir), "--engine", "specforge")
     assert text.returncode == 0, text.stderr
     assert "draft computed as SpecForge 0.2.0 computes it (--engine)" in text.stdout
-    assert "norm_output true: SpecForge 0.2.0 hands the pre-norm hidden state" in " ".join(text.stdout.split())
+    said = " ".join(text.stdout.split())
+    assert "norm_output true: SpecForge 0.2.0 hands the pre-norm hidden state" in said
 
 
 @pytest.mark.parametrize("norm_output", [None, True, False])
-def test_specforges_own_draft_class_computes_what_replay_computes_under_its_reading(norm_output, tmp_path) -> None:
+def test_specforges_own_draft_class_computes_what_replay_computes_under_its_reading(norm_output,
+                                                                                   tmp_path) -> None:
     """SpecForge 0.2.0's LlamaForCausalLMEagle3 (backbone + compute_logits, two TTT depths) on the
     sample draft's weights, and ours under SpecForge's reading: the same logits and hidden states.
     Its norm_output false takes logits from the un-normed state (our SGLang reading does not)."""
-    from testbed import specforge_cpu
     from specforge.modeling.draft.llama3_eagle import prepare_decoder_attention_mask
+
+    from testbed import specforge_cpu
 
     draft_dir = tmp_path / "draft"
     draft_dir.mkdir()
@@ -177,7 +183,8 @@ def test_specforges_own_draft_class_computes_what_replay_computes_under_its_read
         hidden, cache = theirs.project_hidden_states(fc_in), [[], []]
         for depth in range(2):
             fed = torch.cat([ids[:, depth : t], torch.zeros(1, depth, dtype=ids.dtype)], dim=1)[:, :t]
-            hidden = theirs.backbone(theirs.embed_input_ids(fed), hidden, cache, mask, positions, use_cache=False)
+            hidden = theirs.backbone(theirs.embed_input_ids(fed), hidden, cache, mask, positions,
+                                     use_cache=False)
             logits = theirs.compute_logits(hidden)
             torch.testing.assert_close(mine[depth].logits, logits, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(mine[depth].hidden, hidden, rtol=1e-4, atol=1e-5)
@@ -228,8 +235,8 @@ def test_a_trace_whose_chains_all_reach_past_its_text_is_one_error_line(tmp_path
     assert run.accepted == [] and run.chains == 1
     done = cli("replay", str(run.trace), "--draft", str(run.draft_dir), "--target", str(run.target_dir))
     assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert done.stderr.startswith(f"error: {run.trace}: replay has no server chain to score: all 1 of them reach "
-                                  "past the recorded text")
+    assert done.stderr.startswith(f"error: {run.trace}: replay has no server chain to score: all 1 of them "
+                                  "reach past the recorded text")
 
 
 def test_replay_completes_a_checkpoint_as_sglang_does(tmp_path) -> None:
@@ -242,5 +249,26 @@ def test_replay_completes_a_checkpoint_as_sglang_does(tmp_path) -> None:
     assert_the_servers_figure(report, run)
     assert_reproduces_every_chain(report, run)
     notes = " ".join(report.engine_notes)
-    assert "no fc_norm.0.weight, fc_norm.1.weight, fc_norm.2.weight: SGLang 0.5.23 normalises with unit weights" \
-        in notes and "tie_word_embeddings" in notes
+    assert "no fc_norm.0.weight, fc_norm.1.weight, fc_norm.2.weight: SGLang 0.5.23 normalises with unit " \
+        "weights" in notes and "tie_word_embeddings" in notes
+
+
+@pytest.mark.parametrize("order", ["serving first", "replay first"])
+def test_a_config_that_differs_is_never_blamed_on_the_engines(healthy, tmp_path, order) -> None:
+    """Replayed with another config (norm_output true and rope_theta 500000) where the server ran
+    none of them: the configs differ, so engine_reading stays silent whichever side comes first."""
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    raw = json.loads((healthy.draft_dir / "config.json").read_text())
+    (draft / "config.json").write_text(json.dumps({**raw, "norm_output": True, "rope_theta": 500000.0}))
+    (draft / "model.safetensors").write_bytes((healthy.draft_dir / "model.safetensors").read_bytes())
+    out = tmp_path / "specforge.h5"
+    done = cli("replay", str(healthy.trace), "--draft", str(draft), "--target", str(healthy.target_dir),
+               "--engine", "specforge", "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    a, b = (healthy.trace, out) if order == "serving first" else (out, healthy.trace)
+    report = td.compare(a, b)
+    assert report.verdict == "diverged"
+    assert not [d for d in report.diagnoses if d.kind == "engine_reading"]
+    causes = [d.evidence.key for d in report.diagnoses if d.kind == "config" and d.severity == "error"]
+    assert "draft_config.rope_theta" in causes

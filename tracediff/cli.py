@@ -331,8 +331,8 @@ def replay(
                                        f"a producer's name ({', '.join(AUX_READERS)}: a draft's aux ids as "
                                        "it reads them for the trace's target family; its architecture "
                                        "from the contract or --target)"),
-    d2t: str = typer.Option("offset", "--d2t", help="how to read d2t: offset (what it holds: target = draft + "
-                            "d2t[draft]) or direct (the misreading target = d2t[draft])"),
+    d2t: str = typer.Option("offset", "--d2t", help="how to read d2t: offset (what it holds: target = "
+                            "draft + d2t[draft]) or direct (the misreading target = d2t[draft])"),
     engine: str | None = typer.Option(None, "--engine", help="compute the draft as this engine reads its "
                                       "config (norm_output, norm_before_fc, embedding and lm_head): sglang "
                                       "or specforge (default: the engine that recorded the trace)"),
@@ -348,9 +348,9 @@ def replay(
     from tracediff.eagle3.capture import parse_aux
     from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
     from tracediff.eagle3.readings import READINGS, engine_choice
+    from tracediff.eagle3.replay import replay as run_replay
     from tracediff.eagle3.vocab import DIRECT, OFFSET
     from tracediff.integrations.draft_summary import draft_config_summary
-    from tracediff.eagle3.replay import replay as run_replay
     from tracediff.record.recorder import record
     from tracediff.report.replay import render_replay
     from tracediff.trace.output import check_output, staged_output
@@ -389,7 +389,8 @@ def replay(
                 need = "target.token" if missing else "draft.fc_in (or pass --aux)"
                 fail(trace, f"replay needs recorded {need}")
             contract = {"draft": str(draft), "aux": spec.to_dict() if spec else "recorded draft.fc_in",
-                        "d2t_reading": d2t, "replayed_trace": str(trace), "draft_engine": chosen.reading.engine,
+                        "d2t_reading": d2t, "replayed_trace": str(trace),
+                        "draft_engine": chosen.reading.engine,
                         "draft_config": draft_config_summary(model.config.raw)}
             rec = record(staged, source="replay", meta=contract) if staged else None
             try:
@@ -457,6 +458,60 @@ def compare_options(tol: list[str], mapping: list[str], align: str,
             fail("--map", f"{name_b!r} is mapped twice")
         rename[name_b] = name_a
     return tolerances, rename
+
+
+@app.command()
+def explain(
+    a: Path = typer.Argument(..., help="baseline trace (e.g. training)"),
+    b: Path = typer.Argument(..., help="trace to explain against it (e.g. serving)"),
+    draft: Path = typer.Option(..., "--draft", help="draft checkpoint (config.json + model.safetensors)"),
+    draft_b: Path | None = typer.Option(None, "--draft-b", help="B's draft checkpoint, when it differs from "
+                                        "A's"),
+    target: Path | None = typer.Option(None, "--target", help="target checkpoint directory (its embedding, "
+                                       "and its lm_head where the engine takes it)"),
+    depths: int | None = typer.Option(None, min=1, help="draft depths to unroll (default: the serving "
+                                      "trace's speculative num_steps, as replay)"),
+    as_json: bool = typer.Option(False, "--json", help="the explanation as JSON"),
+    markdown: bool = typer.Option(False, "--markdown", help="the explanation as Markdown, for a bug report"),
+    no_verify: bool = no_verify_option(),
+) -> None:
+    """Which input costs how many accepted tokens: the draft replayed on A's inputs, B's, and swaps."""
+    need_torch()
+    from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
+    from tracediff.eagle3.explain import explain as run_explain
+    from tracediff.eagle3.readings import engine_choice
+    from tracediff.report.explain import explanation_markdown, render_explanation
+    from tracediff.report.progress import progress_bar
+    from tracediff.trace.reader import open_trace
+
+    if as_json and markdown:
+        fail("--json", "choose one of --json and --markdown")
+    done = []
+
+    def run() -> None:
+        embed = target_embedding(target) if target else None
+        head = target_tensor(target, "lm_head") if target else None
+        with open_trace(a) as ta, open_trace(b) as tb:
+            readings = {side: engine_choice(t.engine).reading for side, t in (("a", ta), ("b", tb))}
+            drafts = {"a": load_draft(draft, embed, reading=readings["a"], target_head=head)}
+            same = draft_b is None and readings["a"] == readings["b"]
+            drafts["b"] = drafts["a"] if same else load_draft(draft_b or draft, embed, reading=readings["b"],
+                                                              target_head=head)
+            with progress_bar("explaining") as progress:
+                done.append(run_explain(ta, tb, drafts, depths, progress))
+
+    guarded(b, run)
+    ex = done[0]
+    try:
+        if as_json:
+            print(ex.to_json())
+        elif markdown:
+            print(explanation_markdown(ex), end="")
+        else:
+            render_explanation(console, ex)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        drop_output()
 
 
 @app.command()

@@ -99,3 +99,22 @@ def _expect(data: Any, kind: type, where: str) -> Any:
     if not isinstance(data, kind):
         raise ValueError(f"{where}: expected a JSON {kind.__name__}, got {type(data).__name__}")
     return data
+
+
+def dumps(value: Any, indent: int | None = 1) -> str:
+    """A dataclass tree as strict JSON (``to_plain``)."""
+    import json
+
+    return json.dumps(to_plain(value), indent=indent, allow_nan=False)
+
+
+def loads_versioned(cls: type[T], text: str, key: str, version: int, what: str) -> T:
+    """The ``cls`` that ``dumps`` wrote, when its ``key`` field is ``version``; ValueError for another
+    version ("<what> version 3: this tracediff reads version 4") or shape."""
+    import json
+
+    data = json.loads(text)
+    found = data.get(key) if isinstance(data, dict) else None
+    if found != version:
+        raise ValueError(f"{what} version {found!r}: this tracediff reads version {version}")
+    return from_plain(cls, data)

@@ -5,12 +5,11 @@ round-trip exactly and docs/REPORT.md can be checked against the code.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tracediff.diff.findings import Diagnosis
-from tracediff.diff.jsonio import from_plain, to_plain
+from tracediff.diff.jsonio import dumps, loads_versioned
 
 REPORT_VERSION = 4
 
@@ -287,16 +286,12 @@ class Report:
         return EXIT_CODES[self.verdict]
 
     def to_json(self, indent: int | None = 1) -> str:
-        return json.dumps(to_plain(self), indent=indent, allow_nan=False)
+        return dumps(self, indent)
 
     @classmethod
     def from_json(cls, text: str) -> Report:
         """The report ``to_json`` wrote; ValueError for another report version or shape."""
-        data = json.loads(text)
-        version = data.get("report_version") if isinstance(data, dict) else None
-        if version != REPORT_VERSION:
-            raise ValueError(f"report version {version!r}: this tracediff reads version {REPORT_VERSION}")
-        return from_plain(cls, data)
+        return loads_versioned(cls, text, "report_version", REPORT_VERSION, "report")
 
 
 def _nonzero(counts: dict[str, int]) -> dict[str, int]:

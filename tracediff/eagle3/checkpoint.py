@@ -112,27 +112,30 @@ def load_draft(path: str | Path, target_embed: torch.Tensor | None = None,
     if "embed_tokens.weight" not in weights:
         raise CheckpointError(path, "no embed_tokens.weight in the checkpoint and no target embedding given")
     head = DRAFT if numerics is None else numerics.lm_head
+    label = "the engine" if reading is None else reading.label
     if head == TARGET:
         if target_head is None:
-            raise CheckpointError(path / CONFIG, f"names no draft_vocab_size: {reading.label if reading else ''} "
-                                                 "takes the target's lm_head; pass the target (--target)")
+            raise CheckpointError(path / CONFIG, f"names no draft_vocab_size: {label} takes the target's "
+                                                 "lm_head; pass the target (--target)")
         weights["lm_head.weight"] = target_head
     elif head == EMBEDDING:  # tied: the engine's logits are the first draft-vocab rows of the embedding
         weights["lm_head.weight"] = weights["embed_tokens.weight"][: config.draft_vocab]
     model = Eagle3Draft(config, numerics=numerics)
     expected = model.state_dict()
     notes = []
-    if reading is not None:  # an engine runs the norms the config asks for with their initial unit weights
-        unit = sorted(k for k in expected if k not in weights and k.startswith(("fc_norm.", "input_norm.")))
-        if unit:
-            notes.append(f"config.json asks for {'fc_norm' if unit[0].startswith('fc_norm') else 'norm_before_fc'} "
-                         f"and the checkpoint has no {', '.join(unit)}: {reading.label} normalises with unit "
-                         "weights, and so does replay")
-            weights.update({k: torch.ones_like(expected[k]) for k in unit})
+    if numerics is not None:  # an engine runs the norms it applies with their initial unit weights
+        for applied, prefix, flag in ((numerics.fc_norm, "fc_norm.", "fc_norm"),
+                                      (numerics.norm_before_fc, "input_norm.", "norm_before_fc")):
+            unit = sorted(k for k in expected if k.startswith(prefix) and k not in weights)
+            if applied and unit:
+                notes.append(f"config.json asks for {flag} and the checkpoint has no {', '.join(unit)}: "
+                             f"{label} normalises with unit weights, and so does replay")
+            weights.update({k: torch.ones_like(expected[k]) for k in unit})  # unread where not applied
     if head != DRAFT:
-        notes.append(f"lm_head: {reading.label if reading else 'the engine'} uses "
+        notes.append(f"lm_head: {label} uses "
                      + ("the target's lm_head (the config names no draft_vocab_size)" if head == TARGET
-                        else "the embedding's first rows (tie_word_embeddings), not the checkpoint's lm_head"))
+                        else "the embedding's first rows (tie_word_embeddings), not the checkpoint's "
+                        "lm_head"))
     missing = sorted(set(expected) - set(weights) - {"d2t", "t2d"})
     if missing:
         raise CheckpointError(path / WEIGHTS, f"missing weights: {', '.join(missing)}")

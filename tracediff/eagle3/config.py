@@ -147,14 +147,15 @@ class DraftConfig:
             vocab_size=_required(raw, "vocab_size"),
             draft_vocab_size=_int(raw, "draft_vocab_size"),
             rms_norm_eps=_float(raw, "rms_norm_eps", 1e-6),
-            rope_theta=_float(rope, "rope_theta", _float(raw, "rope_theta", 10000.0)),  # as the engines read it
+            rope_theta=_float(rope, "rope_theta", _float(raw, "rope_theta", 10000.0)),  # the engines' order
             head_dim=_int(raw, "head_dim"),
             target_hidden_size=_int(raw, "target_hidden_size"),
             max_position_embeddings=2048 if positions is None else positions,
             fc_norm=bool(raw.get("fc_norm", False)),
             norm_before_fc=bool(eagle.get("norm_before_fc", raw.get("norm_before_fc", False))),
             aux_layer_ids=tuple(aux) if aux else None,
-            norm_output=None if raw.get("norm_output") is None else bool(raw["norm_output"]),
+            # present, it is tested for truth by both engines (null: false); absent, each has its default
+            norm_output=bool(raw["norm_output"]) if "norm_output" in raw else None,
             raw=raw,
         )
 

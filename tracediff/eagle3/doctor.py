@@ -102,6 +102,26 @@ def check_config(ck: Checkpoint) -> list[Finding]:
             for problem in ck.config.problems()]
 
 
+FLAGS = ("norm_output", "norm_before_fc", "fc_norm", "use_aux_norm", "tie_word_embeddings")
+
+
+def check_flag_types(ck: Checkpoint) -> list[Finding]:
+    """A config flag that is not true/false: engines test it for truth, so "false" or 1 reads as true."""
+    raw = ck.config.raw
+    found = raw.get("eagle_config")
+    eagle: dict = found if isinstance(found, dict) else {}
+    out = []
+    for where, values in (("", raw), ("eagle_config.", eagle)):
+        for key in FLAGS:
+            value = values.get(key)
+            if key in values and value is not None and not isinstance(value, bool):
+                out.append(Finding("warning", "config_flag", f"config.json: {where}{key} is "
+                                   f"{json.dumps(value)}, not true or false: the engines read it as "
+                                   f"{str(bool(value)).lower()}",
+                                   f"write {where}{key}: true or false"))
+    return out
+
+
 def check_engine_readings(ck: Checkpoint) -> list[Finding]:
     """Config keys SGLang and SpecForge compute differently (tracediff/eagle3/readings.py): a draft
     trained by one and served by the other is not the same computation."""
@@ -109,10 +129,11 @@ def check_engine_readings(ck: Checkpoint) -> list[Finding]:
         return []
     found = differences(ck.config, checkpoint_has_embedding="embed_tokens.weight" in ck.weights)
     return [Finding("info", "engine_reading", f"{WEIGHTS} holds embed_tokens.weight: {d.text} (the same "
-                    "draft only where training kept the target's embedding)", FIXES[d.field])
+                    "draft only where training kept the target's embedding)", FIXES[d.key])
             if d.field == "embedding" else
-            Finding("warning", "engine_reading", f"config.json: {d.text}: the trained and the served draft differ",
-                    FIXES[d.field])
+            Finding("warning", "engine_reading", f"config.json: {d.text}: the trained and the served draft "
+                    "differ",
+                    FIXES[d.key])
             for d in found]
 
 
@@ -518,7 +539,7 @@ def _parse_args(text: str) -> dict[str, str]:
 
 
 CHECKS = (check_config, check_weights, check_vocab, check_target_vocab, check_fc, check_aux,
-          check_engine_readings)
+          check_engine_readings, check_flag_types)
 
 
 def doctor(

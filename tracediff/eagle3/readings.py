@@ -89,13 +89,20 @@ class Numerics(NamedTuple):
     lm_head: str  # DRAFT, TARGET (the target's whole lm_head) or EMBEDDING (tied)
     d2t_reading: str
 
+    @property
+    def forward(self) -> tuple:
+        """What the draft's forward computes differently (embedding and lm_head are weights the loader
+        places; d2t is the vocab map's)."""
+        return self.next_hidden_normed, self.logits_normed, self.norm_before_fc, self.fc_norm, self.rope_theta
+
 
 READINGS: dict[str, Reading] = {
     SGLANG: Reading(SGLANG, "0.5.23", norm_output_default=False, norm_output_true_normalises_next_hidden=True,
                     norm_output_false_skips_logits_norm=False, reads_norm_before_fc=True,
                     fc_norm_keys=("fc_norm", "use_aux_norm"), embeds_with_target=True,
                     lm_head_from_target_without_draft_vocab=True, ties_lm_head_to_embedding=True),
-    SPECFORGE: Reading(SPECFORGE, "0.2.0", norm_output_default=True, norm_output_true_normalises_next_hidden=False,
+    SPECFORGE: Reading(SPECFORGE, "0.2.0", norm_output_default=True,
+                       norm_output_true_normalises_next_hidden=False,
                        norm_output_false_skips_logits_norm=True, reads_norm_before_fc=False,
                        fc_norm_keys=("fc_norm",), embeds_with_target=False,
                        lm_head_from_target_without_draft_vocab=False, ties_lm_head_to_embedding=False),
@@ -107,25 +114,34 @@ PHRASES: dict[str, dict[object, str]] = {
                            False: "hands the pre-norm hidden state to the next draft depth"},
     "logits_normed": {True: "takes logits from the normed hidden state",
                       False: "takes logits from the un-normed hidden state"},
-    "norm_before_fc": {True: "normalises the concatenated fc input", False: "feeds fc its input un-normalised"},
+    "norm_before_fc": {True: "normalises the concatenated fc input",
+                       False: "feeds fc its input un-normalised"},
     "fc_norm": {True: "normalises each aux chunk before fc", False: "skips the per-chunk fc norms"},
-    "embedding": {TARGET: "embeds with the target's embedding", DRAFT: "embeds with the checkpoint's embedding"},
+    "embedding": {TARGET: "embeds with the target's embedding",
+                  DRAFT: "embeds with the checkpoint's embedding"},
     "lm_head": {DRAFT: "uses the checkpoint's lm_head", TARGET: "uses the target's whole lm_head",
                 EMBEDDING: "ties lm_head to the embedding"},
 }
-# What to do when the engines part on a field: make the config say one computation.
+# What to do when the engines part on a config key: make the config say one computation.
 FIXES = {
-    "next_hidden_normed": "drop norm_output from config.json unless the draft was trained for the normed "
-                          "hand-off; `tracediff replay --engine sglang|specforge` measures both",
-    "logits_normed": "drop norm_output: false (both engines norm the logits when it is absent)",
+    "norm_output": "drop norm_output from config.json unless the draft was trained for that engine's "
+                   "reading; `tracediff replay --engine sglang|specforge` measures both",
     "norm_before_fc": "SpecForge trains without this norm: drop the key, or train with a trainer that "
                       "applies it",
+    "use_aux_norm": "name the per-chunk norms fc_norm (SpecForge does not read use_aux_norm)",
     "fc_norm": "name the per-chunk norms fc_norm (SpecForge does not read use_aux_norm)",
-    "embedding": "SGLang embeds with the target's embedding: export the draft without embed_tokens, or with "
-                 "the target's",
-    "lm_head": "set draft_vocab_size in config.json (SGLang then uses the checkpoint's lm_head)",
+    "embed_tokens.weight": "SGLang embeds with the target's embedding: export the draft without "
+                           "embed_tokens, or with the target's",
+    "draft_vocab_size": "set draft_vocab_size in config.json (SGLang then uses the checkpoint's lm_head)",
+    "tie_word_embeddings": "set tie_word_embeddings false (SGLang ties lm_head to the embedding; SpecForge "
+                           "trains the checkpoint's lm_head)",
 }
-KEYS = {"next_hidden_normed": "norm_output", "logits_normed": "norm_output", "norm_before_fc": "norm_before_fc",
+# The config keys the readings read (a side's stated draft config must agree on them for a
+# difference of engines, not of configs, to be the cause).
+READ_KEYS = ("norm_output", "norm_before_fc", "fc_norm", "use_aux_norm", "tie_word_embeddings",
+             "draft_vocab_size")
+KEYS = {"next_hidden_normed": "norm_output", "logits_normed": "norm_output",
+        "norm_before_fc": "norm_before_fc",
         "fc_norm": "fc_norm", "embedding": "embed_tokens.weight", "lm_head": "draft_vocab_size",
         "rope_theta": "rope_theta", "d2t_reading": "d2t"}
 
@@ -149,8 +165,11 @@ def differences(config: DraftConfig, a: str = SGLANG, b: str = SPECFORGE,
         va, vb = getattr(na, name), getattr(nb, name)
         if va == vb or (name == "embedding" and not checkpoint_has_embedding):
             continue
-        key = KEYS[name] if name != "fc_norm" else next(
-            (k for k in (*ra.fc_norm_keys, *rb.fc_norm_keys) if config.raw.get(k)), KEYS[name])
+        key = KEYS[name]
+        if name == "fc_norm":
+            key = next((k for k in (*ra.fc_norm_keys, *rb.fc_norm_keys) if config.raw.get(k)), key)
+        if name == "lm_head" and EMBEDDING in (va, vb):
+            key = "tie_word_embeddings"
         said = key if "." in key else f"{key} {_stated(config.raw, key)}"
         words = PHRASES.get(name, {})
         text = (f"{said}: {ra.label} {words.get(va, f'uses {va}')}; "
@@ -161,7 +180,8 @@ def differences(config: DraftConfig, a: str = SGLANG, b: str = SPECFORGE,
 
 def _stated(raw: dict, key: str) -> str:
     """A config key's value as JSON (also from ``eagle_config``), or "absent"."""
-    eagle = raw.get("eagle_config") if isinstance(raw.get("eagle_config"), dict) else {}
+    found = raw.get("eagle_config")
+    eagle: dict = found if isinstance(found, dict) else {}
     where = raw if key in raw else eagle if key in eagle else None
     return "absent" if where is None else json.dumps(where[key])
 

@@ -8,6 +8,7 @@ target tokens. A fc input built from the wrong layers shows up as an accuracy co
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -22,6 +23,7 @@ from tracediff.eagle3.draft import DepthResult, Eagle3Draft, to_target_fn
 from tracediff.eagle3.readings import READINGS, EngineChoice, differences
 from tracediff.eagle3.selfcheck import RecordedChains, SelfCheck
 from tracediff.errors import InputError
+from tracediff.integrations.draft_summary import draft_config_summary
 from tracediff.record.recorder import Recorder
 from tracediff.trace.reader import TensorRows, Trace
 
@@ -63,6 +65,7 @@ class RequestRows:
     fc_in: np.ndarray  # [R, K*H] float32
     next_tokens: np.ndarray  # x[t+1]: what row t embeds
     target_at: dict[int, int]  # position -> the target's prediction there, for every recorded row
+    rope_positions: np.ndarray  # the positions the draft rotated row t by (recorded draft.positions, else t)
 
     def labels(self, depth: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
         """(label, has_label) for the first ``rows`` rows at ``depth``: the target token at t + 1 + depth."""
@@ -95,7 +98,7 @@ class ReplayReport:
     engine: str = ""  # whose reading of the draft config the replay computed ("SGLang 0.5.23")
     engine_from: str = ""  # why that one (``engine_choice``)
     not_the_servers: str | None = None  # why the figure is not the server's chains' (a tree), if it is not
-    engine_notes: list[str] = field(default_factory=list)  # how the checkpoint was completed as the engine does
+    engine_notes: list[str] = field(default_factory=list)  # how the loader completed it, as the engine does
 
     def to_dict(self) -> dict:
         """Plain JSON: an accuracy over 0 rows is null (JSON has no NaN)."""
@@ -153,6 +156,7 @@ def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
     is context); they are scored where the target's token is recorded."""
     targets = trace.rows("target.token")
     fed = trace.rows("draft.input_ids", depth=0) if "draft.input_ids" in trace.names() else None
+    rope = trace.rows("draft.positions", depth=0) if "draft.positions" in trace.names() else None
     wanted = aux.sources() if aux else ["draft.fc_in"]
     lacking = [name for name in wanted if name not in trace.names()]
     if lacking:
@@ -166,6 +170,7 @@ def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
         target_at = _by_position(targets, request)
         source_at = {name: _by_position(rows, request) for name, rows in sources.items()}
         fed_at = _by_position(fed, request) if fed is not None else {}
+        rope_at = _by_position(rope, request) if rope is not None else {}
         text = dict(zip(*(a.tolist() for a in texts.sequence(request)))) if request in known else {}
         text.update({p: int(targets.token_id[i]) for p, i in target_at.items()})
         positions = sorted(set.intersection(*(set(at) for at in source_at.values())))
@@ -176,9 +181,11 @@ def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
                                 for name, rows in sources.items()], axis=-1)
         nxt = np.array([int(fed.data[fed_at[p]]) if fed is not None and p in fed_at else text[p + 1]
                         for p in usable])
+        rotated = np.array([int(rope.data[rope_at[p]]) if rope is not None and p in rope_at else p
+                            for p in usable], dtype=np.int64)
         own = RequestRows(request=request, positions=np.array(usable), tokens=np.array(
             [text.get(p, -1) for p in usable]), fc_in=fc_in, next_tokens=nxt,
-            target_at={p: int(targets.data[i]) for p, i in target_at.items()})
+            target_at={p: int(targets.data[i]) for p, i in target_at.items()}, rope_positions=rotated)
         done[request] = own = _with_cached_prefix(own, text, done)
         yield own
 
@@ -196,11 +203,13 @@ def _with_cached_prefix(own: RequestRows, text: dict[int, int], done: dict[str, 
         if any(text.get(p) != int(t) for p, t in zip(range(first), donor.tokens[:first])) or \
                 text.get(first) != int(donor.next_tokens[first - 1]):
             continue
-        return RequestRows(request=own.request, positions=np.concatenate([donor.positions[:first], own.positions]),
+        return RequestRows(request=own.request,
+                           positions=np.concatenate([donor.positions[:first], own.positions]),
                            tokens=np.concatenate([donor.tokens[:first], own.tokens]),
                            fc_in=np.concatenate([donor.fc_in[:first], own.fc_in]),
                            next_tokens=np.concatenate([donor.next_tokens[:first], own.next_tokens]),
-                           target_at=own.target_at)
+                           target_at=own.target_at,
+                           rope_positions=np.concatenate([donor.rope_positions[:first], own.rope_positions]))
     return own
 
 
@@ -294,7 +303,8 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
         report.requests += 1
         n = contiguous_rows(req.positions)
         ids = req.next_tokens[:n]  # row t embeds x[t+1]; unroll shifts them left at each depth
-        scored = teacher_forced(draft, req.fc_in[:n], ids, req.positions[:n], depths, req.labels, to_target)
+        scored = teacher_forced(draft, req.fc_in[:n], ids, req.rope_positions[:n], depths, req.labels,
+                                to_target)
         hits, valid = scored.hits, scored.valid
         for depth, result in enumerate(scored.results):
             correct[depth] += int(hits[:, depth].sum())
@@ -310,7 +320,7 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
             teacher = torch.from_numpy(ids[None])
             with torch.no_grad():
                 own = draft.unroll(torch.from_numpy(req.fc_in[None, :n]), teacher, depths,
-                                   positions=torch.from_numpy(req.positions[None, :n]),
+                                   positions=torch.from_numpy(req.rope_positions[None, :n]),
                                    fed=recorded.fed(req.request, rows_at, req.positions[:n], teacher, depths))
             recorded.compare(check, req.request, rows_at, req.positions[:n], own, to_target)
     if not total or not total[0]:
@@ -322,26 +332,36 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     report.every_row_accept_len = 1 + (float(np.mean(leading)) if leading else 0.0)
     report.every_row_chains = len(leading)
     if check is not None and check.first_departure is not None and engine is not None:
-        check.suspect = _suspect(draft, engine)
+        check.suspect = _suspect(draft, engine, trace)
     report.self_check = check
     report.engine_notes = list(draft.notes)
-    scored = [k for k in chained if k >= 0]
-    if anchors and not scored:
-        raise InputError(trace.paths[0], f"replay has no server chain to score: all {len(chained)} of them reach "
-                                         "past the recorded text (the target's tokens after them are not "
-                                         "recorded); record more new tokens per request")
+    server_scored = [k for k in chained if k >= 0]
+    if anchors and not server_scored:
+        raise InputError(trace.paths[0], f"replay has no server chain to score: all {len(chained)} of them "
+                                         "reach past the recorded text (the target's tokens after them are "
+                                         "not recorded); record more new tokens per request")
     if anchors:
-        report.scored_on, report.chains, report.chains_unscored = "the server's chains", len(scored), \
-            len(chained) - len(scored)
-        report.expected_accept_len = 1 + (float(np.mean(scored)) if scored else 0.0)
+        report.scored_on, report.chains, report.chains_unscored = "the server's chains", len(server_scored), \
+            len(chained) - len(server_scored)
+        report.expected_accept_len = 1 + (float(np.mean(server_scored)) if server_scored else 0.0)
     else:
         report.chains = len(leading)
         report.expected_accept_len = report.every_row_accept_len
     return report
 
 
-def _suspect(draft: Eagle3Draft, engine: EngineChoice) -> str | None:
-    """The config keys another engine reads differently: a departure's likely cause."""
+def _suspect(draft: Eagle3Draft, engine: EngineChoice, trace: Trace) -> str | None:
+    """A departure's likely cause: the checkpoint's config is not the one the trace's producer
+    stated (its contract's ``draft_config``), else a key another engine reads differently."""
+    stated = trace.contract.get("draft_config")
+    if isinstance(stated, dict):
+        ours = draft_config_summary(draft.config.raw)
+        differ = [k for k, v in ours.items()
+                  if v is not None and stated.get(k) is not None and stated[k] != v]
+        if differ:
+            return ("the checkpoint's config.json is not the one the trace's producer ran: "
+                    + "; ".join(f"{k} {json.dumps(ours[k])} (the trace states {json.dumps(stated[k])})"
+                                for k in differ))
     others = [name for name in READINGS if READINGS[name] != engine.reading]
     for other in others:
         found = differences(draft.config, engine.reading.engine, other)

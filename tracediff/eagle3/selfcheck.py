@@ -107,11 +107,11 @@ class RecordedChains:
                                           f"recorded {int(token)}, replayed {replayed}")
                 mapped = self.value("draft.token_target", request, position, depth)
                 if departure is None and mapped is not None and to_target is not None:
-                    ours = int(to_target(torch.tensor([replayed]))[0])
-                    if ours != int(mapped):
+                    target = int(to_target(torch.tensor([replayed]))[0])
+                    if target != int(mapped):
                         departure = Departure(request, position, depth, "draft.token_target",
-                                              f"recorded {int(mapped)}, replayed {ours} (draft id {replayed}: "
-                                              "the vocab map is read otherwise)")
+                                              f"recorded {int(mapped)}, replayed {target} (draft id "
+                                              f"{replayed}: the vocab map is read otherwise)")
                 hidden = self.value("draft.hidden", request, position, depth)
                 if hidden is not None:
                     ours = result.hidden[0, row].float().numpy()

@@ -53,7 +53,8 @@ def render_replay(console: Console, report: ReplayReport, served_accept_len: flo
                    "computed it (its checkpoint or config, or the server's reading of it, differs)")
                 + (f"; {check.suspect}" if check.suspect else ""))), soft_wrap=True)
     elif report.scored_on == "the server's chains" and report.aux != RECORDED:
-        console.print("self-check: not run (--aux replaces the fc input the server recorded)", highlight=False)
+        console.print("self-check: not run (--aux replaces the fc input the server recorded)",
+                      highlight=False)
     if report.scored_on == "the server's chains":
         console.print(f"teacher-forced from every row (prompt rows included): "
                       f"{report.every_row_accept_len:.2f} ({report.every_row_chains} rows)", highlight=False)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.findings import Diagnosis, EngineReadingEvidence
 from tracediff.eagle3.config import DraftConfig
-from tracediff.eagle3.readings import READINGS, differences
+from tracediff.eagle3.readings import READ_KEYS, READINGS, differences
 
 DRAFT_INPUTS = ("draft.fc_in", "draft.input_ids", "draft.positions", "draft.d2t", "draft.t2d")
 
@@ -20,7 +20,11 @@ def engine_readings(ctx: Context) -> list[Diagnosis]:
     engines = ctx.traces.map(lambda t: t.engine)
     if engines.a not in READINGS or engines.b not in READINGS or engines.a == engines.b:
         return []
-    stated = ctx.traces.a.contract.get("draft_config") or ctx.traces.b.contract.get("draft_config")
+    stated_by = (t.contract.get("draft_config") for t in (ctx.traces.a, ctx.traces.b))
+    both = [c for c in stated_by if isinstance(c, dict)]
+    if len(both) == 2 and any(both[0].get(k) != both[1].get(k) for k in READ_KEYS):
+        return []  # the configs differ where the readings read them: a config difference (``config``)
+    stated = both[0] if both else None
     try:
         config = DraftConfig.from_dict(stated) if isinstance(stated, dict) else None
     except ValueError:

@@ -1,0 +1,101 @@
+"""``tracediff explain``: the draft replayed on A's inputs, B's and the swaps; the input whose swap
+restores acceptance is named with its cost, and traces that feed the draft alike have nothing to
+explain. On the committed sample (training vs serving with the aux-layer bug)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+pytest.importorskip("torch")
+
+import tracediff as td  # noqa: E402
+from tests.conftest import REPO, cli  # noqa: E402
+from tracediff.eagle3.checkpoint import load_draft, target_embedding  # noqa: E402
+from tracediff.eagle3.explain import Explanation, explain  # noqa: E402
+from tracediff.eagle3.replay import replay  # noqa: E402
+
+S = REPO / "traces" / "eagle3"
+FIGURES = json.loads((S / "figures.json").read_text())
+
+
+def run(a: str, b: str, draft_b=None) -> Explanation:
+    draft = load_draft(S / "draft", target_embedding(S / "target"))
+    other = draft if draft_b is None else load_draft(draft_b, target_embedding(S / "target"))
+    with td.open_trace(S / a) as ta, td.open_trace(S / b) as tb:
+        return explain(ta, tb, {"a": draft, "b": other})
+
+
+def test_the_aux_bug_is_attributed_to_the_fc_input() -> None:
+    ex = run("training.h5", "serving_aux_bug.h5")
+    assert ex.differing == ["fc_in"] and ex.scored_on == "the server's chains"
+    a, b, fixed = ex.run("A's inputs"), ex.run("B's inputs"), ex.run("B with A's fc input")
+    assert ex.conclusion.startswith(f"B's fc input costs {a.expected_accept_len - b.expected_accept_len:.2f} "
+                                    "accepted tokens per verify")
+    assert a.chains == b.chains == fixed.chains  # one set of chains: like compared with like
+    assert fixed.expected_accept_len == pytest.approx(a.expected_accept_len)
+    assert ex.cost > 1.0 and ex.cost > ex.noise
+    with td.open_trace(S / "serving_aux_bug.h5") as trace:  # B's own figure is replay's and the server's
+        alone = replay(trace, load_draft(S / "draft", target_embedding(S / "target")))
+    assert b.own_accept_len == pytest.approx(alone.expected_accept_len)
+    assert b.own_chains == alone.chains
+    assert b.own_accept_len == pytest.approx(FIGURES["serving_aux_bug_mean_accept_len"], abs=0.01)
+
+
+def test_traces_that_feed_the_draft_alike_have_nothing_to_explain() -> None:
+    ex = run("training.h5", "serving.h5")
+    assert ex.differing == [] and ex.conclusion.startswith("A and B give the draft the same inputs")
+    assert "nothing to explain" in ex.conclusion and len(ex.runs) == 2
+
+
+def test_a_second_checkpoint_with_another_rope_theta_is_the_draft_computation(tmp_path) -> None:
+    """rope_theta 10 against the 10000 the draft was trained with (500000 moves this sample's short
+    texts less than the noise of its 24 chains)."""
+    other = tmp_path / "draft"
+    shutil.copytree(S / "draft", other)
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "rope_theta": 10.0}))
+    ex = run("serving.h5", "serving.h5", draft_b=other)
+    assert ex.differing == ["draft"]
+    assert ex.conclusion.startswith("B's draft computation costs"), ex.conclusion
+    assert ex.run("B with A's draft computation").expected_accept_len == pytest.approx(
+        ex.run("A's inputs").expected_accept_len)
+
+
+def test_the_explanation_round_trips_json() -> None:
+    ex = run("training.h5", "serving_aux_bug.h5")
+    assert Explanation.from_json(ex.to_json()) == ex
+    with pytest.raises(ValueError, match="explanation version"):
+        Explanation.from_json(json.dumps({**json.loads(ex.to_json()), "explanation_version": 99}))
+
+
+def test_the_cli_prints_the_conclusion_first_and_markdown_for_a_bug_report() -> None:
+    args = ("explain", str(S / "training.h5"), str(S / "serving_aux_bug.h5"), "--draft", str(S / "draft"),
+            "--target", str(S / "target"))
+    text = cli(*args)
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.splitlines()[0].startswith("B's fc input costs")
+    md = cli(*args, "--markdown")
+    assert md.stdout.startswith("**B's fc input costs") and "| B with A's fc input |" in md.stdout
+    plain = json.loads(cli(*args, "--json").stdout)
+    assert plain["differing"] == ["fc_in"] and plain["explanation_version"] == 1
+    both = cli(*args, "--json", "--markdown")
+    assert both.returncode == 2 and both.stderr.startswith("error: --json: choose one")
+
+
+def test_traces_that_share_no_text_are_one_error_line(tmp_path) -> None:
+    import numpy as np
+
+    with td.open_trace(S / "serving.h5") as sample:
+        width = sample.rows("draft.fc_in", depth=0).data.shape[1]
+    path = tmp_path / "other.h5"
+    with td.record(path, source="training") as rec:
+        rec.log("draft.fc_in", np.zeros((4, width), np.float32), request="x", positions=np.arange(4),
+                token_ids=[1, 2, 3, 4])
+        rec.log("target.token", np.arange(4), request="x", positions=np.arange(4), token_ids=[1, 2, 3, 4])
+    done = cli("explain", str(S / "training.h5"), str(path), "--draft", str(S / "draft"), "--target",
+               str(S / "target"))
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"error: {path}: shares no request text with")

@@ -1,0 +1,344 @@
+"""Explain: which of the draft's inputs costs how many accepted tokens, proven by replaying it.
+The draft runs teacher-forced on A's inputs, on B's, and on each side with an input group (or two)
+taken from the other; the run whose swap restores acceptance names the input that costs it.
+
+Two traces of the same texts (training and serving, two servers) are paired request by request on
+the rows whose text agrees from position 0 (the rows both sides hold). The input groups are the
+fc input (``draft.fc_in``), the ids fed to the draft (``draft.input_ids``), the RoPE positions
+(``draft.positions``), the vocab map (each side's recorded ``draft.d2t``, else the checkpoint's)
+and the draft computation (the checkpoint, and the engine's reading of its config:
+tracediff/eagle3/readings.py). Every run is scored as replay scores a trace: the server's chains
+where one side is a serving trace, else every row; accept length and accuracy per depth, with the
+chains each rests on. A difference counts when it exceeds twice the standard error of the
+per-chain differences between the two runs (the noise of a figure over few chains).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
+
+import numpy as np
+import torch
+
+from tracediff.diff.jsonio import dumps, loads_versioned
+from tracediff.eagle3.draft import Eagle3Draft
+from tracediff.eagle3.replay import (
+    RequestRows,
+    chain_depths,
+    contiguous_rows,
+    drafted_from,
+    leading_hits,
+    request_rows,
+    teacher_forced,
+    tree_shape,
+)
+from tracediff.errors import InputError
+from tracediff.trace.reader import Trace
+
+EXPLANATION_VERSION = 1
+Side = Literal["a", "b"]
+GROUPS = ("fc_in", "input_ids", "positions", "d2t", "draft")
+GROUP_NAMES = {"fc_in": "fc input", "input_ids": "fed token ids", "positions": "positions",
+               "d2t": "vocab map (d2t)", "draft": "draft computation"}
+NOISE_SE = 2.0  # a difference counts beyond this many standard errors of the per-chain differences
+FC_RTOL, FC_ATOL = 1e-5, 1e-6  # fc inputs this close are the same input (float round-off)
+
+
+class SideRows(NamedTuple):
+    """One side's draft inputs over the rows a request pair shares (n rows, position order)."""
+
+    fc_in: np.ndarray  # [n, K*H] float32
+    ids: np.ndarray  # [n]: the id each row was fed at depth 0
+    positions: np.ndarray  # [n]: the RoPE positions it was fed
+
+
+@dataclass(frozen=True)
+class PairedRows:
+    """A request of A and one of B whose texts agree on positions 0..n-1, with each side's inputs
+    there, the target's tokens (either side's record), and the rows the server drafted from."""
+
+    request_a: str
+    request_b: str
+    a: SideRows
+    b: SideRows
+    target_at: dict[int, int]
+    chains: np.ndarray  # [n] bool: the rows scored as chains
+
+    def labels(self, depth: int, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        wanted = [self.target_at.get(p + 1 + depth, -1) for p in range(rows)]
+        labels = np.array(wanted, dtype=np.int64)
+        return labels, labels >= 0
+
+
+@dataclass
+class Run:
+    """One replay: which side each input group came from, and what it scored."""
+
+    name: str  # "A's inputs", "B with A's fc input", ...
+    base: Side
+    swapped: list[str]  # groups taken from the other side
+    expected_accept_len: float  # over the chains every run scores (``chains``): like compared with like
+    chains: int
+    own_accept_len: float  # over the chains this run scores (a chain reaching past the text is unscored)
+    own_chains: int
+    depth_accuracy: list[float]
+    depth_rows: list[int]
+
+
+@dataclass
+class Explanation:
+    """What explain measured and concluded (``to_json`` / ``from_json`` round-trip it)."""
+
+    a: str
+    b: str
+    conclusion: str
+    scored_on: str  # "the server's chains" or "every row"
+    depths: int
+    depths_from: str
+    requests: int  # request pairs replayed
+    rows: int  # rows they share
+    differing: list[str]  # input groups whose values differ between the sides
+    cost: float  # A's accept length - B's
+    noise: float  # what a difference must exceed to count (NOISE_SE standard errors)
+    runs: list[Run] = field(default_factory=list)
+    recorded_agreement: dict[str, float | None] = field(default_factory=dict)  # side -> share of rows
+    explanation_version: int = EXPLANATION_VERSION
+
+    def run(self, name: str) -> Run:
+        return next(r for r in self.runs if r.name == name)
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return dumps(self, indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> Explanation:
+        """The explanation ``to_json`` wrote; ValueError for another version or shape."""
+        return loads_versioned(cls, text, "explanation_version", EXPLANATION_VERSION, "explanation")
+
+
+class Inputs(NamedTuple):
+    """Everything a run draws from one side."""
+
+    draft: Eagle3Draft
+    d2t: torch.Tensor  # offsets, [draft vocab]
+
+
+def explain(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | None = None,
+            progress: Callable[[int, int], None] | None = None) -> Explanation:
+    """Replay ``drafts['a']`` on A's inputs, ``drafts['b']`` on B's, and the swaps (see the module
+    docstring). ``InputError`` when the traces share no scorable row."""
+    pairs = paired_rows(a, b)
+    if not pairs:
+        raise InputError(b.paths[0], f"shares no request text with {a.paths[0]} (no request of one agrees "
+                                     "with one of the other from position 0): nothing to replay on both")
+    serving = b if drafted_from(b) else a if drafted_from(a) else None
+    choice = chain_depths(serving or b, depths)
+    sides = {"a": Inputs(drafts["a"], _d2t(a, drafts["a"])), "b": Inputs(drafts["b"], _d2t(b, drafts["b"]))}
+    differing = [g for g in GROUPS if _differs(g, pairs, sides)]
+    runs: dict[str, tuple[Run, np.ndarray]] = {}
+    planned = 2 + 2 * len(differing) + math.comb(len(differing), 2)
+
+    def add(base: Side, swapped: Sequence[str]) -> None:
+        other = "b" if base == "a" else "a"
+        name = f"{base.upper()}'s inputs" if not swapped else \
+            f"{base.upper()} with {other.upper()}'s {' and '.join(GROUP_NAMES[g] for g in swapped)}"
+        if progress is not None:
+            progress(len(runs), planned)
+        pick = {g: (other if g in swapped else base) for g in GROUPS}
+        runs[name] = score(name, base, list(swapped), pairs, sides, pick, choice.depths)
+
+    add("a", [])
+    add("b", [])
+    for group in differing:
+        add("b", [group])
+        add("a", [group])
+    for first, second in itertools.combinations(differing, 2):
+        add("b", [first, second])
+    common = np.logical_and.reduce([lead >= 0 for _, lead in runs.values()])
+    for run, lead in runs.values():
+        run.expected_accept_len = 1 + (float(lead[common].mean()) if common.any() else 0.0)
+        run.chains = int(common.sum())
+    runs = {name: (run, np.where(common, lead, -1)) for name, (run, lead) in runs.items()}
+    base_a, lead_a = runs["A's inputs"]
+    base_b, lead_b = runs["B's inputs"]
+    if base_a.chains == 0:
+        raise InputError(b.paths[0], "explain has no chain to score: the rows the traces share hold no "
+                                     "target token after them")
+    noise = _noise(lead_a, lead_b)
+    tree = tree_shape(serving) if serving is not None else None
+    explanation = Explanation(
+        a=str(a.paths[0]), b=str(b.paths[0]), conclusion="", depths=choice.depths, depths_from=choice.reason,
+        scored_on="the server's chains" if serving is not None and tree is None else "every row",
+        requests=len(pairs), rows=sum(len(p.a.ids) for p in pairs), differing=differing,
+        cost=base_a.expected_accept_len - base_b.expected_accept_len, noise=noise,
+        runs=[run for run, _ in runs.values()],
+        recorded_agreement={"a": _recorded_agreement(a, pairs, "a", sides),
+                            "b": _recorded_agreement(b, pairs, "b", sides)})
+    explanation.conclusion = conclude(explanation, {name: lead for name, (_, lead) in runs.items()})
+    return explanation
+
+
+def paired_rows(a: Trace, b: Trace) -> list[PairedRows]:
+    """Each request of B with the request of A whose text agrees with it longest from position 0."""
+    rows_a = list(request_rows(a, None))
+    chains_a, chains_b = drafted_from(a), drafted_from(b)
+    pairs = []
+    for rb in request_rows(b, None):
+        best, shared = None, 0
+        for ra in rows_a:
+            n = _agree(ra, rb)
+            if n > shared:
+                best, shared = ra, n
+        if best is None:
+            continue
+        positions = np.arange(shared)
+        anchors = chains_b.get(rb.request) if chains_b else chains_a.get(best.request) if chains_a else None
+        chains = np.ones(shared, bool) if anchors is None and not (chains_a or chains_b) else \
+            np.isin(positions, sorted(anchors or ()))
+        # the target's tokens: B's, and A's where the texts agree (a label at p is x[p+1])
+        labels = {**{p: v for p, v in best.target_at.items() if p + 1 < shared}, **rb.target_at}
+        pairs.append(PairedRows(best.request, rb.request, _side(best, shared), _side(rb, shared), labels,
+                                chains))
+    return pairs
+
+
+def _agree(ra: RequestRows, rb: RequestRows) -> int:
+    """How many rows from position 0 both hold with the same text (x[t]) and in order."""
+    n = min(contiguous_rows(ra.positions), contiguous_rows(rb.positions))
+    if n == 0 or ra.positions[0] != 0 or rb.positions[0] != 0:
+        return 0
+    same = ra.tokens[:n] == rb.tokens[:n]
+    return int(np.argmin(same)) if not same.all() else n
+
+
+def _side(rows: RequestRows, n: int) -> SideRows:
+    return SideRows(rows.fc_in[:n], rows.next_tokens[:n], rows.rope_positions[:n])
+
+
+def _d2t(trace: Trace, draft: Eagle3Draft) -> torch.Tensor:
+    recorded = trace.last_static("draft.d2t")
+    if recorded is not None and recorded.data.shape == tuple(draft.d2t.shape):
+        return torch.from_numpy(np.asarray(recorded.data, dtype=np.int64))
+    return draft.d2t
+
+
+def _differs(group: str, pairs: list[PairedRows], sides: dict[str, Inputs]) -> bool:
+    if group == "d2t":
+        return not torch.equal(sides["a"].d2t, sides["b"].d2t)
+    if group == "draft":
+        da, db = sides["a"].draft, sides["b"].draft
+        return da is not db and (da.numerics.forward != db.numerics.forward or any(
+            not torch.equal(x, y) for x, y in zip(da.state_dict().values(), db.state_dict().values())))
+    field_name = "ids" if group == "input_ids" else group
+    for pair in pairs:
+        x, y = getattr(pair.a, field_name), getattr(pair.b, field_name)
+        if group == "fc_in" and not np.allclose(x, y, rtol=FC_RTOL, atol=FC_ATOL):
+            return True
+        if group != "fc_in" and not np.array_equal(x, y):
+            return True
+    return False
+
+
+def score(name: str, base: Side, swapped: list[str], pairs: list[PairedRows], sides: dict[str, Inputs],
+          pick: dict[str, str], depths: int) -> tuple[Run, np.ndarray]:
+    """One run over every pair; returns it with each scored chain's accepted drafts (-1: unscored)."""
+    draft, d2t = sides[pick["draft"]].draft, sides[pick["d2t"]].d2t
+
+    def to_target(ids: torch.Tensor) -> torch.Tensor:
+        return ids + d2t[ids]
+
+    correct, total, lead = np.zeros(depths, int), np.zeros(depths, int), []
+    for pair in pairs:
+        fc_in = getattr(pair, pick["fc_in"]).fc_in
+        ids = getattr(pair, pick["input_ids"]).ids
+        positions = getattr(pair, pick["positions"]).positions
+        scored = teacher_forced(draft, fc_in, ids, positions, depths, pair.labels, to_target)
+        correct += scored.hits.sum(axis=0)
+        total += scored.valid.sum(axis=0)
+        lead.append(leading_hits(scored.hits, scored.valid)[pair.chains])
+    leads = np.concatenate(lead) if lead else np.zeros(0, int)
+    counted = leads[leads >= 0]
+    own = 1 + (float(counted.mean()) if len(counted) else 0.0)
+    run = Run(name=name, base=base, swapped=swapped, expected_accept_len=own, chains=len(counted),
+              own_accept_len=own, own_chains=len(counted),
+              depth_accuracy=[c / t if t else math.nan for c, t in zip(correct.tolist(), total.tolist())],
+              depth_rows=total.tolist())
+    return run, leads
+
+
+def _noise(x: np.ndarray, y: np.ndarray) -> float:
+    """NOISE_SE standard errors of the mean per-chain difference of two runs over the same chains."""
+    both = (x >= 0) & (y >= 0)
+    d = (x[both] - y[both]).astype(float)
+    if len(d) < 2:
+        return math.inf
+    return NOISE_SE * float(d.std(ddof=1)) / math.sqrt(len(d)) if d.std() > 0 else 0.0
+
+
+def conclude(ex: Explanation, leads: dict[str, np.ndarray]) -> str:
+    """The one line the evidence supports."""
+    a, b = ex.run("A's inputs"), ex.run("B's inputs")
+    figures = f"A {a.expected_accept_len:.2f}, B {b.expected_accept_len:.2f} over {a.chains} chains"
+    if not ex.differing:
+        return (f"A and B give the draft the same inputs ({', '.join(GROUP_NAMES.values())}): nothing to "
+                f"explain ({figures})")
+    noise = max(ex.noise, 0.0)
+    if abs(ex.cost) <= noise:
+        return (f"no difference in acceptance beyond the noise ({figures}; noise {noise:.2f}); the sides' "
+                f"{' and '.join(GROUP_NAMES[g] for g in ex.differing)} differ without costing acceptance")
+    worse, better = ("B", "A") if ex.cost > 0 else ("A", "B")
+    low, high = (b, a) if ex.cost > 0 else (a, b)
+    cost = abs(ex.cost)
+    found = []
+    for run in ex.runs:
+        if run.base.upper() != worse or not run.swapped:
+            continue
+        gain = run.expected_accept_len - low.expected_accept_len
+        if gain > _noise(leads[run.name], leads[low.name]):
+            found.append((len(run.swapped), -gain, run))
+    if not found:
+        return (f"no input swap moves acceptance by more than the noise ({figures}): the difference is not "
+                "in the draft's inputs")
+    _, _, best = min(found, key=lambda f: (f[0], f[1]))
+    what = " and ".join(GROUP_NAMES[g] for g in best.swapped)
+    verb = "costs" if len(best.swapped) == 1 else "cost"
+    text = (f"{worse}'s {what} {verb} {cost:.2f} accepted tokens per verify "
+            f"({high.expected_accept_len:.2f} -> {low.expected_accept_len:.2f}); with {better}'s {what} "
+            f"{worse} recovers {best.expected_accept_len:.2f}")
+    left = high.expected_accept_len - best.expected_accept_len
+    if left > _noise(leads[best.name], leads[high.name]):
+        text += f" ({left:.2f} still unexplained)"
+    if "draft" not in ex.differing:
+        text += ("; the draft computation is the same on both sides (one checkpoint, one reading of its "
+                 "config)")
+    return text
+
+
+def _recorded_agreement(trace: Trace, pairs: list[PairedRows], side: Side,
+                        sides: dict[str, Inputs]) -> float | None:
+    """The share of the side's recorded depth-0 draft tokens (over the shared rows) that the draft
+    replayed on the side's own inputs gives: 1.0 when the recording is what the checkpoint computes."""
+    if "draft.token" not in trace.names():
+        return None
+    recorded = trace.rows("draft.token", depth=0)
+    draft = sides[side].draft
+    same = seen = 0
+    for pair in pairs:
+        request = pair.request_a if side == "a" else pair.request_b
+        mine = recorded.request == request
+        at = {int(p): int(v) for p, v in zip(recorded.position[mine], recorded.numpy()[mine])}
+        inputs = getattr(pair, side)
+        rows = [p for p in range(len(inputs.ids)) if p in at]
+        if not rows:
+            continue
+        with torch.no_grad():
+            out = draft.unroll(torch.from_numpy(inputs.fc_in[None]), torch.from_numpy(inputs.ids[None]), 1,
+                               positions=torch.from_numpy(inputs.positions[None]))
+        replayed = out[0].logits[0].argmax(-1).numpy()
+        same += sum(int(replayed[p] == at[p]) for p in rows)
+        seen += len(rows)
+    return same / seen if seen else None

@@ -1,0 +1,54 @@
+"""Rendering of ``tracediff explain``: the conclusion, then one row per run (terminal or Markdown).
+Names and paths read from traces are data: printed through ``safe``/``Text``, never as markup."""
+
+from __future__ import annotations
+
+import math
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from tracediff.eagle3.explain import GROUP_NAMES, Explanation
+from tracediff.report.text import safe
+
+
+def _accuracy(values: list[float]) -> str:
+    return " / ".join("-" if math.isnan(v) else f"{v:.2f}" for v in values)
+
+
+def _header(ex: Explanation) -> list[str]:
+    differing = ", ".join(GROUP_NAMES[g] for g in ex.differing) or "none"
+    agree = ", ".join(f"{side.upper()} {'-' if v is None else f'{v:.0%}'}"
+                      for side, v in ex.recorded_agreement.items())
+    return [f"A: {ex.a}", f"B: {ex.b}",
+            f"{ex.requests} request pairs, {ex.rows} shared rows; scored on {ex.scored_on}; chain of "
+            f"{ex.depths} (from {ex.depths_from}); noise {ex.noise:.2f} tokens per verify",
+            f"inputs that differ: {differing}",
+            f"recorded draft tokens the replay reproduces on each side's own inputs (depth 0): {agree}"]
+
+
+def render_explanation(console: Console, ex: Explanation) -> None:
+    console.print(Text(safe(ex.conclusion), style="bold"), soft_wrap=True)
+    for line in _header(ex):
+        console.print(Text(safe(line)), soft_wrap=True)
+    table = Table(show_edge=False, header_style="bold")
+    for column in ("run", "accept length", "chains", "own figure", "accuracy per depth"):
+        table.add_column(column, justify="left" if column in ("run", "accuracy per depth") else "right")
+    for run in ex.runs:
+        table.add_row(Text(run.name), f"{run.expected_accept_len:.2f}", str(run.chains),
+                      f"{run.own_accept_len:.2f} ({run.own_chains})", _accuracy(run.depth_accuracy))
+    console.print(table)
+
+
+def explanation_markdown(ex: Explanation) -> str:
+    """The explanation as Markdown for a bug report (trace text escaped as data)."""
+    def cell(text: str) -> str:
+        return safe(text).replace("|", "\\|")
+
+    lines = [f"**{cell(ex.conclusion)}**", ""] + [f"- {cell(line)}" for line in _header(ex)] + [
+        "", "| run | accept length | chains | own figure (chains) | accuracy per depth |",
+        "|---|---:|---:|---:|---|"]
+    lines += [f"| {cell(r.name)} | {r.expected_accept_len:.2f} | {r.chains} | {r.own_accept_len:.2f} "
+              f"({r.own_chains}) | {_accuracy(r.depth_accuracy)} |" for r in ex.runs]
+    return "\n".join(lines) + "\n"
