@@ -33,6 +33,22 @@ def drop_output() -> None:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
+def emit(as_json: bool, markdown: bool, json_text: Callable[[], str], markdown_text: Callable[[], str],
+         render: Callable[[], None]) -> None:
+    """A result on stdout as JSON, Markdown or the terminal rendering; a reader that leaves early
+    (``| head``) ends the output, never the exit code."""
+    try:
+        if as_json:
+            print(json_text())
+        elif markdown:
+            print(markdown_text(), end="")
+        else:
+            render()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        drop_output()
+
+
 class _Console(Console):
     def on_broken_pipe(self) -> None:
         self.quiet = True
@@ -502,16 +518,8 @@ def explain(
 
     guarded(b, run)
     ex = done[0]
-    try:
-        if as_json:
-            print(ex.to_json())
-        elif markdown:
-            print(explanation_markdown(ex), end="")
-        else:
-            render_explanation(console, ex)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        drop_output()
+    emit(as_json, markdown, ex.to_json, lambda: explanation_markdown(ex),
+         lambda: render_explanation(console, ex))
 
 
 @app.command()
@@ -576,16 +584,7 @@ def compare(
     from tracediff.report.compare import render, to_markdown
     from tracediff.report.text import safe
 
-    try:
-        if as_json:
-            print(report.to_json())
-        elif markdown:
-            print(to_markdown(report), end="")
-        else:
-            render(console, report)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        drop_output()
+    emit(as_json, markdown, report.to_json, lambda: to_markdown(report), lambda: render(console, report))
     if report.verdict == "incomparable":
         print(safe(f"error: {b}: not comparable with {a}: {report.reasons[0]}"), file=sys.stderr)
     raise typer.Exit(report.exit_code)
