@@ -708,10 +708,12 @@ SAMPLE_AUX = [-1, 1, 3]  # SGLang's ids for what the sample draft was trained on
 
 
 def serve_sample(workdir: str | os.PathLike, *, config: dict | None = None, without_d2t: bool = False,
-                 num_steps: int = 7, requests: int = 4, new_tokens: int = 24, seed: int = 1) -> ServedSample:
+                 num_steps: int = 7, requests: int = 4, new_tokens: int = 24, seed: int = 1,
+                 aux_ids: Sequence[int] = SAMPLE_AUX) -> ServedSample:
     """Serve ``requests`` chat-like prompts (a shared 3-token system prefix, then 2 tokens of their
     own) with the sample's trained target and draft (traces/eagle3/), topk 1, greedy, through
-    ``CpuServer``; the draft's config.json gets SGLang ids for the fc input it was trained on and
+    ``CpuServer``; the draft's config.json gets ``aux_ids`` (default: SGLang's ids for the fc input it
+    was trained on; the sample's own config says [1, 3, 5], the aux-layer bug) and
     ``config``'s keys (e.g. ``{"norm_output": True}``); ``without_d2t`` exports it without d2t/t2d
     (an exporter's bug: SGLang then takes draft ids for target ids). A d2t written as ids instead
     of offsets is not servable here: SGLang's next draft step embeds ids past the vocab and raises
@@ -725,7 +727,7 @@ def serve_sample(workdir: str | os.PathLike, *, config: dict | None = None, with
     draft = work / "draft"
     draft.mkdir(parents=True, exist_ok=True)
     raw = json.loads((SAMPLE / "draft" / "config.json").read_text())
-    raw["eagle_config"] = {**raw.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids": SAMPLE_AUX}
+    raw["eagle_config"] = {**raw.get("eagle_config", {}), "eagle_aux_hidden_state_layer_ids": list(aux_ids)}
     raw.update(config or {})
     (draft / "config.json").write_text(json.dumps(raw, indent=1))
     weights = load_file(SAMPLE / "draft" / "model.safetensors")

@@ -44,6 +44,7 @@ Side = Literal["a", "b"]
 GROUPS = ("fc_in", "input_ids", "positions", "d2t", "draft")
 GROUP_NAMES = {"fc_in": "fc input", "input_ids": "fed token ids", "positions": "positions",
                "d2t": "vocab map (d2t)", "draft": "draft computation"}
+VOCAB_BUFFERS = ("d2t", "t2d")  # the vocab map is its own group, not the draft computation's
 NOISE_SE = 2.0  # a difference counts beyond this many standard errors of the per-chain differences
 FC_RTOL, FC_ATOL = 1e-5, 1e-6  # fc inputs this close are the same input (float round-off)
 
@@ -231,8 +232,11 @@ def _differs(group: str, pairs: list[PairedRows], sides: dict[str, Inputs]) -> b
         return not torch.equal(sides["a"].d2t, sides["b"].d2t)
     if group == "draft":
         da, db = sides["a"].draft, sides["b"].draft
-        return da is not db and (da.numerics.forward != db.numerics.forward or any(
-            not torch.equal(x, y) for x, y in zip(da.state_dict().values(), db.state_dict().values())))
+        weights_a, weights_b = (
+            {k: v for k, v in d.state_dict().items() if k not in VOCAB_BUFFERS} for d in (da, db))
+        same = da.numerics.forward == db.numerics.forward and weights_a.keys() == weights_b.keys() and all(
+            torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
+        return da is not db and not same
     field_name = "ids" if group == "input_ids" else group
     for pair in pairs:
         x, y = getattr(pair.a, field_name), getattr(pair.b, field_name)
