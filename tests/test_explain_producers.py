@@ -33,7 +33,8 @@ def healthy(tmp_path_factory) -> ServedSample:
 
 def explained(a: ServedSample, b: ServedSample) -> Explanation:
     embed = target_embedding(a.target_dir)
-    drafts = {side: load_draft(run.draft_dir, embed, reading=READINGS[SGLANG]) for side, run in (("a", a), ("b", b))}
+    drafts = {side: load_draft(run.draft_dir, embed, reading=READINGS[SGLANG])
+              for side, run in (("a", a), ("b", b))}
     with td.open_trace(a.trace) as ta, td.open_trace(b.trace) as tb:
         return explain(ta, tb, drafts)
 
@@ -48,7 +49,8 @@ def test_each_bug_is_attributed_to_its_input(healthy, tmp_path, case, changes, g
     ex = explained(healthy, broken)
     a, b = ex.run("A's inputs"), ex.run("B's inputs")
     assert a.expected_accept_len - b.expected_accept_len > 0.5 and ex.cost > ex.noise
-    assert ex.conclusion.startswith(f"B's {group} costs {ex.cost:.2f} accepted tokens per verify"), ex.conclusion
+    said = f"B's {group} costs {ex.cost:.2f} accepted tokens per verify"
+    assert ex.conclusion.startswith(said), ex.conclusion
     fixed = ex.run(f"B with A's {group}")
     assert abs(fixed.expected_accept_len - a.expected_accept_len) <= ex.noise
     assert ex.recorded_agreement == {"a": 1.0, "b": 1.0}  # each server ran the checkpoint it was given
