@@ -20,6 +20,7 @@ from tracediff.trace.fileio import MADV_POPULATE_READ, advise
 from tracediff.trace.schema import Record, RecordIndex, tokens_record
 from tracediff.trace.storage import MAGIC_BYTES, TraceFile, by_magic, by_name
 
+PREFETCH_MIN_BYTES = 1 << 20  # a gather of fewer bytes sends the kernel no read-ahead hints
 PREFETCH = 16  # records read ahead by rows()
 VERIFY = True  # open_trace's default: check checksums as records are read (the CLI's --no-verify clears it)
 SPAN_GAP = 1 << 20
@@ -508,8 +509,9 @@ class Trace:
         whole = (keys.within[rows[starts]] == 0) & (stops - starts == idx.n_rows[first])
         self.check_records(first[~whole])  # records read in part: checked on their own, first
         sums: list[tuple[TraceFile, int, Future]] = []
+        ahead_too = flat.nbytes >= PREFETCH_MIN_BYTES  # a small read is over before a hint would help
         for k, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist())):
-            if k % PREFETCH == 0:  # keep the disk busy with the next window while we copy this one
+            if ahead_too and k % PREFETCH == 0:  # keep the disk busy with the next window while we copy this one
                 ahead = slice(k + (PREFETCH if k else 0), k + 2 * PREFETCH)
                 for s, e in zip(starts[ahead].tolist(), stops[ahead].tolist()):
                     self.prefetch(keys, rows[s:e])
