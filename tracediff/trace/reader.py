@@ -511,7 +511,7 @@ class Trace:
         sums: list[tuple[TraceFile, int, Future]] = []
         ahead_too = flat.nbytes >= PREFETCH_MIN_BYTES  # a small read is over before a hint would help
         for k, (start, stop) in enumerate(zip(starts.tolist(), stops.tolist())):
-            if ahead_too and k % PREFETCH == 0:  # keep the disk busy with the next window while we copy this one
+            if ahead_too and k % PREFETCH == 0:  # the disk reads the next window meanwhile
                 ahead = slice(k + (PREFETCH if k else 0), k + 2 * PREFETCH)
                 for s, e in zip(starts[ahead].tolist(), stops[ahead].tolist()):
                     self.prefetch(keys, rows[s:e])
