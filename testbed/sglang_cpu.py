@@ -701,6 +701,7 @@ class ServedSample:
     target_dir: Any  # Path of the target checkpoint
     accepted: list[int]  # what a greedy verify accepts of each chain draft_forward returned (scored ones)
     chains: int  # chains draft_forward returned
+    texts: list[list[int]]  # each request's prompt and output
 
 
 SAMPLE = Path(__file__).resolve().parents[1] / "traces" / "eagle3"
@@ -745,4 +746,45 @@ def serve_sample(workdir: str | os.PathLike, *, config: dict | None = None, with
         server.close()
     texts = server.texts()
     scores = [chain.accepted(texts[chain.rid]) for chain in server.chains]
-    return ServedSample(trace, draft, target, [s for s in scores if s is not None], len(server.chains))
+    return ServedSample(trace, draft, target, [s for s in scores if s is not None], len(server.chains),
+                        list(texts.values()))
+
+
+def train_sample(workdir: str | os.PathLike, texts: Sequence[Sequence[int]], *,
+                 captured_ids: Sequence[int] = SAMPLE_AUX, ttt_length: int = 4) -> Path:
+    """A training trace of the sample's draft on ``texts``, from the real producers: features from
+    SGLang's real target code after ``set_eagle3_layers_to_capture(captured_ids)`` (as SpecForge's
+    capture backend gets them; default: what the draft was trained on), then one real SpecForge
+    0.2.0 training step (``OnlineEagle3Model``, TTT of ``ttt_length``) recorded through the SpecForge
+    integration. Returns the trace's path."""
+    import torch
+    from safetensors.torch import load_file
+    from specforge.algorithms.eagle3.model import OnlineEagle3Model
+
+    import tracediff as td
+    from testbed.specforge_cpu import CpuTrainer, build_draft, collate
+    from tracediff.integrations import specforge
+
+    work = Path(workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    out = work / "training.h5"
+    target = SAMPLE / "target"
+    target_weights = load_file(target / "model.safetensors")
+    with td.record(out, source="training", exclude=["target.logits"]) as rec:
+        server = CpuServer(str(target), target_weights, recorder=rec)
+        try:
+            features = server.capture([list(t) for t in texts], list(captured_ids))
+        finally:
+            server.close()
+        config = json.loads((SAMPLE / "draft" / "config.json").read_text())
+        weights = {**load_file(SAMPLE / "draft" / "model.safetensors"),
+                   "embed_tokens.weight": target_weights["model.embed_tokens.weight"]}
+        model = OnlineEagle3Model(build_draft(config, weights=weights), length=ttt_length)
+        samples = [{"input_ids": torch.tensor(f.input_ids), "loss_mask": torch.ones(len(f.input_ids),
+                                                                                     dtype=torch.long),
+                    "aux_hidden_state": f.aux[None], "hidden_state": f.last_hidden[None]} for f in features]
+        batch = collate(samples, sample_ids=[f"sample{i}" for i in range(len(samples))])
+        handle = specforge.install(rec, model, aux_layer_ids=list(captured_ids))
+        CpuTrainer(model, target_weights["lm_head.weight"]).step(batch)
+        handle.remove()
+    return out

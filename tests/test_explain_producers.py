@@ -1,7 +1,9 @@
-"""explain on traces from SGLang's real serving code (the committed sample's trained target and
-draft through ``draft_forward`` on CPU, 7 steps, topk 1, chat prompts sharing a system prefix):
-an aux-layer bug is the fc input's, a draft exported without d2t the vocab map's, and a second
-checkpoint with another rope_theta the draft computation's, each with its cost."""
+"""explain on traces from the real producers: SGLang's serving code (the committed sample's trained
+target and draft through ``draft_forward`` on CPU, 7 steps, topk 1, chat prompts sharing a system
+prefix) and a SpecForge 0.2.0 training step on features from SGLang's target code. An aux-layer
+bug is the fc input's, a draft exported without d2t the vocab map's, and a second checkpoint with
+another rope_theta the draft computation's, each with its cost; training and a healthy server have
+nothing to explain."""
 
 from __future__ import annotations
 
@@ -15,11 +17,11 @@ if sglang_missing():
     pytest.skip(sglang_missing(), allow_module_level=True)
 
 import tracediff as td  # noqa: E402
-from testbed.sglang_cpu import ServedSample, serve_sample  # noqa: E402
+from testbed.sglang_cpu import ServedSample, serve_sample, train_sample  # noqa: E402
 from tests.conftest import cli  # noqa: E402
 from tracediff.eagle3.checkpoint import load_draft, target_embedding  # noqa: E402
 from tracediff.eagle3.explain import Explanation, explain  # noqa: E402
-from tracediff.eagle3.readings import READINGS, SGLANG  # noqa: E402
+from tracediff.eagle3.readings import READINGS, SGLANG, engine_choice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each fixture serves four requests through SGLang's real code
 
@@ -31,6 +33,17 @@ def healthy(tmp_path_factory) -> ServedSample:
     return serve_sample(tmp_path_factory.mktemp("healthy"), **SERVED)
 
 
+@pytest.fixture(scope="module")
+def aux_bug(tmp_path_factory) -> ServedSample:
+    """Outputs of layers 0, 2, 4 where the draft was trained on [embed, layer 1, layer 3]."""
+    return serve_sample(tmp_path_factory.mktemp("aux_bug"), aux_ids=(0, 2, 4), **SERVED)
+
+
+@pytest.fixture(scope="module")
+def training(healthy, tmp_path_factory):
+    return train_sample(tmp_path_factory.mktemp("training"), healthy.texts)
+
+
 def explained(a: ServedSample, b: ServedSample) -> Explanation:
     embed = target_embedding(a.target_dir)
     drafts = {side: load_draft(run.draft_dir, embed, reading=READINGS[SGLANG])
@@ -40,12 +53,12 @@ def explained(a: ServedSample, b: ServedSample) -> Explanation:
 
 
 @pytest.mark.parametrize(("case", "changes", "group"), [
-    ("aux_layers", {"aux_ids": (0, 2, 4)}, "fc input"),  # outputs of layers 0, 2, 4: trained on embed, 1, 3
+    ("aux_bug", None, "fc input"),
     ("no_d2t", {"without_d2t": True}, "vocab map (d2t)"),
     ("rope_theta", {"config": {"rope_theta": 10.0}}, "draft computation"),
 ])
-def test_each_bug_is_attributed_to_its_input(healthy, tmp_path, case, changes, group) -> None:
-    broken = serve_sample(tmp_path, **SERVED, **changes)
+def test_each_bug_is_attributed_to_its_input(healthy, tmp_path, request, case, changes, group) -> None:
+    broken = request.getfixturevalue(case) if changes is None else serve_sample(tmp_path, **SERVED, **changes)
     ex = explained(healthy, broken)
     a, b = ex.run("A's inputs"), ex.run("B's inputs")
     assert a.expected_accept_len - b.expected_accept_len > 0.5 and ex.cost > ex.noise
@@ -63,3 +76,22 @@ def test_two_healthy_servings_have_nothing_to_explain(healthy, tmp_path) -> None
     assert done.returncode == 0, done.stderr
     plain = json.loads(done.stdout)
     assert plain["differing"] == [] and "nothing to explain" in plain["conclusion"]
+
+
+@pytest.mark.parametrize(("served", "said"), [
+    ("healthy", "A and B give the draft the same inputs"),
+    ("aux_bug", "B's fc input costs"),
+])
+def test_specforge_training_against_sglang_serving(training, request, served, said) -> None:
+    """A's draft ran in SpecForge (its training trace says so), B's in SGLang: each is replayed as
+    its engine computes it (the sample's config reads alike in both)."""
+    run = request.getfixturevalue(served)
+    embed = target_embedding(run.target_dir)
+    with td.open_trace(training) as ta, td.open_trace(run.trace) as tb:
+        assert (ta.engine, tb.engine) == ("specforge", "sglang")
+        drafts = {side: load_draft(run.draft_dir, embed, reading=engine_choice(t.engine).reading)
+                  for side, t in (("a", ta), ("b", tb))}
+        ex = explain(ta, tb, drafts)
+    assert ex.conclusion.startswith(said), ex.conclusion
+    assert ex.requests == 4 and ex.scored_on == "the server's chains"
+    assert ex.recorded_agreement == {"a": 1.0, "b": 1.0}

@@ -173,7 +173,8 @@ def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
         rope_at = _by_position(rope, request) if rope is not None else {}
         text = dict(zip(*(a.tolist() for a in texts.sequence(request)))) if request in known else {}
         text.update({p: int(targets.token_id[i]) for p, i in target_at.items()})
-        positions = sorted(set.intersection(*(set(at) for at in source_at.values())))
+        # position -1 keys rows that are no position (padding, a row fed past the text's end)
+        positions = sorted(p for p in set.intersection(*(set(at) for at in source_at.values())) if p >= 0)
         usable = [p for p in positions if p in fed_at or p + 1 in text]
         if not usable:
             continue

@@ -347,14 +347,15 @@ class Trace:
     @property
     def engine(self) -> str | None:
         """The engine whose draft code produced the trace, as its contract states it: ``draft_engine``
-        where stated (a replay's output), else "sglang" (a server's trace: SGLang's version or
-        speculative arguments), "specforge" (its trainer's integration), or None."""
+        where stated (the integrations and a replay's output say it), else "specforge" (its trainer's
+        integration, also where SGLang's target code captured the features), else "sglang" (a
+        server's trace: SGLang's version or speculative arguments), else None."""
         contract = self.contract
         if isinstance(contract.get("draft_engine"), str):
             return contract["draft_engine"]
-        if contract.get("sglang_version") or self.speculative_args is not None:
-            return "sglang"
-        return "specforge" if contract.get("producer_integration") == "specforge" else None
+        if contract.get("producer_integration") == "specforge":  # its draft, whoever captured the target
+            return "specforge"
+        return "sglang" if contract.get("sglang_version") or self.speculative_args is not None else None
 
     def names(self) -> list[str]:
         """Tensor names in execution order (first seq_no of each name); reserved ``__`` records

@@ -33,6 +33,7 @@ def draft_contract(draft: Any) -> dict:
         "fc_norms_applied": hasattr(model, "input_norm") and hasattr(model, "fc_norm"),
         "draft_input_shift": 1,
         "d2t_reading": "offset",
+        "draft_engine": "sglang",  # the draft code that ran (tracediff/eagle3/readings.py)
     }
     hot = draft.hot_token_id
     if hot is not None:

@@ -41,7 +41,7 @@ def contract(model: Any, aux: AuxReading | None) -> dict[str, Any]:
 
     config = model.draft_model.config
     stated: dict[str, Any] = {
-        "source": "training", "producer_integration": "specforge",
+        "source": "training", "producer_integration": "specforge", "draft_engine": "specforge",
         "ttt_length": int(model.length), "attention_backend": str(model.attention_backend),
         "d2t_sha256": hashlib.sha256(host(model.draft_model.d2t).tobytes()).hexdigest(),
         "draft_config": draft_config_summary(config),
