@@ -489,6 +489,9 @@ def explain(
                                       "trace's speculative num_steps, as replay)"),
     as_json: bool = typer.Option(False, "--json", help="the explanation as JSON"),
     markdown: bool = typer.Option(False, "--markdown", help="the explanation as Markdown, for a bug report"),
+    html: Path | None = typer.Option(None, "--html", help="also write it as one self-contained HTML page (a "
+                                     "bar per run): a new file, or with --force a regular file to replace"),
+    force: bool = force_option("the --html file"),
     no_verify: bool = no_verify_option(),
 ) -> None:
     """Which input costs how many accepted tokens: the draft replayed on A's inputs, B's, and swaps."""
@@ -502,6 +505,12 @@ def explain(
 
     if as_json and markdown:
         fail("--json", "choose one of --json and --markdown")
+    inputs = [a, b, *checkpoint_files(draft), *(checkpoint_files(draft_b) if draft_b else []),
+              *(checkpoint_files(target) if target else [])]
+    if html is not None:
+        from tracediff.trace.output import check_output
+
+        guarded(html, lambda: check_output(html, inputs, force))  # before the replays, which may take long
     done = []
 
     def run() -> None:
@@ -518,6 +527,10 @@ def explain(
 
     guarded(b, run)
     ex = done[0]
+    if html is not None:
+        from tracediff.report.explain_html import write_explain_html
+
+        guarded(html, lambda: write_explain_html(ex, html, inputs, force))
     emit(as_json, markdown, ex.to_json, lambda: explanation_markdown(ex),
          lambda: render_explanation(console, ex))
 

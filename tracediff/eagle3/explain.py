@@ -97,6 +97,7 @@ class Explanation:
     a: str
     b: str
     conclusion: str
+    restored_by: str | None  # the run whose swap restores acceptance (``conclusion`` names it), if one does
     scored_on: str  # "the server's chains" or "every row"
     depths: int
     depths_from: str
@@ -140,7 +141,7 @@ def explain(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | No
     choice = chain_depths(serving or b, depths)
     sides = {"a": Inputs(drafts["a"], _d2t(a, drafts["a"])), "b": Inputs(drafts["b"], _d2t(b, drafts["b"]))}
     differing = [g for g in GROUPS if _differs(g, pairs, sides)]
-    runs: dict[str, tuple[Run, np.ndarray]] = {}
+    scores: dict[str, Scores] = {}
     planned = 2 + 2 * len(differing) + math.comb(len(differing), 2)
 
     def add(base: Side, swapped: Sequence[str]) -> None:
@@ -148,9 +149,9 @@ def explain(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | No
         name = f"{base.upper()}'s inputs" if not swapped else \
             f"{base.upper()} with {other.upper()}'s {' and '.join(GROUP_NAMES[g] for g in swapped)}"
         if progress is not None:
-            progress(len(runs), planned)
+            progress(len(scores), planned)
         pick = {g: (other if g in swapped else base) for g in GROUPS}
-        runs[name] = score(name, base, list(swapped), pairs, sides, pick, choice.depths)
+        scores[name] = score(name, base, list(swapped), pairs, sides, pick, choice.depths)
 
     add("a", [])
     add("b", [])
@@ -159,28 +160,26 @@ def explain(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | No
         add("a", [group])
     for first, second in itertools.combinations(differing, 2):
         add("b", [first, second])
-    common = np.logical_and.reduce([lead >= 0 for _, lead in runs.values()])
-    for run, lead in runs.values():
-        run.expected_accept_len = 1 + (float(lead[common].mean()) if common.any() else 0.0)
-        run.chains = int(common.sum())
-    runs = {name: (run, np.where(common, lead, -1)) for name, (run, lead) in runs.items()}
-    base_a, lead_a = runs["A's inputs"]
-    base_b, lead_b = runs["B's inputs"]
+    common = np.logical_and.reduce([sc.leads >= 0 for sc in scores.values()])  # chains every run scores
+    runs = {name: sc.over(common) for name, sc in scores.items()}
+    leads = {name: np.where(common, sc.leads, -1) for name, sc in scores.items()}
+    base_a, base_b = runs["A's inputs"], runs["B's inputs"]
     if base_a.chains == 0:
         raise InputError(b.paths[0], "explain has no chain to score: the rows the traces share hold no "
                                      "target token after them")
-    noise = _noise(lead_a, lead_b)
+    noise = _noise(leads["A's inputs"], leads["B's inputs"])
+    cost = base_a.expected_accept_len - base_b.expected_accept_len
+    verdict = conclude(runs, differing, cost, noise, leads)
     tree = tree_shape(serving) if serving is not None else None
-    explanation = Explanation(
-        a=str(a.paths[0]), b=str(b.paths[0]), conclusion="", depths=choice.depths, depths_from=choice.reason,
+    return Explanation(
+        a=str(a.paths[0]), b=str(b.paths[0]), conclusion=verdict.text, restored_by=verdict.restored_by,
+        depths=choice.depths, depths_from=choice.reason,
         scored_on="the server's chains" if serving is not None and tree is None else "every row",
-        requests=len(pairs), rows=sum(len(p.a.ids) for p in pairs), differing=differing,
-        cost=base_a.expected_accept_len - base_b.expected_accept_len, noise=noise,
-        runs=[run for run, _ in runs.values()],
+        requests=len(pairs), rows=sum(len(p.a.ids) for p in pairs), differing=differing, cost=cost,
+        noise=noise,
+        runs=list(runs.values()),
         recorded_agreement={"a": _recorded_agreement(a, pairs, "a", sides),
                             "b": _recorded_agreement(b, pairs, "b", sides)})
-    explanation.conclusion = conclude(explanation, {name: lead for name, (_, lead) in runs.items()})
-    return explanation
 
 
 def paired_rows(a: Trace, b: Trace) -> list[PairedRows]:
@@ -247,9 +246,31 @@ def _differs(group: str, pairs: list[PairedRows], sides: dict[str, Inputs]) -> b
     return False
 
 
+class Scores(NamedTuple):
+    """One run's raw figures: each chain's accepted drafts (-1: unscored) and the hits per depth."""
+
+    name: str
+    base: Side
+    swapped: list[str]
+    leads: np.ndarray
+    correct: np.ndarray  # per depth
+    total: np.ndarray
+
+    def over(self, common: np.ndarray) -> Run:
+        """The run's figures over the ``common`` chains (every run's), and over its own."""
+        own = self.leads[self.leads >= 0]
+        return Run(name=self.name, base=self.base, swapped=self.swapped,
+                   expected_accept_len=1 + (float(self.leads[common].mean()) if common.any() else 0.0),
+                   chains=int(common.sum()), own_accept_len=1 + (float(own.mean()) if len(own) else 0.0),
+                   own_chains=len(own),
+                   depth_accuracy=[c / t if t else math.nan for c, t in zip(self.correct.tolist(),
+                                                                             self.total.tolist())],
+                   depth_rows=self.total.tolist())
+
+
 def score(name: str, base: Side, swapped: list[str], pairs: list[PairedRows], sides: dict[str, Inputs],
-          pick: dict[str, str], depths: int) -> tuple[Run, np.ndarray]:
-    """One run over every pair; returns it with each scored chain's accepted drafts (-1: unscored)."""
+          pick: dict[str, str], depths: int) -> Scores:
+    """One run over every pair, the inputs of each group from the side ``pick`` names."""
     draft, d2t = sides[pick["draft"]].draft, sides[pick["d2t"]].d2t
 
     def to_target(ids: torch.Tensor) -> torch.Tensor:
@@ -265,13 +286,7 @@ def score(name: str, base: Side, swapped: list[str], pairs: list[PairedRows], si
         total += scored.valid.sum(axis=0)
         lead.append(leading_hits(scored.hits, scored.valid)[pair.chains])
     leads = np.concatenate(lead) if lead else np.zeros(0, int)
-    counted = leads[leads >= 0]
-    own = 1 + (float(counted.mean()) if len(counted) else 0.0)
-    run = Run(name=name, base=base, swapped=swapped, expected_accept_len=own, chains=len(counted),
-              own_accept_len=own, own_chains=len(counted),
-              depth_accuracy=[c / t if t else math.nan for c, t in zip(correct.tolist(), total.tolist())],
-              depth_rows=total.tolist())
-    return run, leads
+    return Scores(name, base, swapped, leads, correct, total)
 
 
 def _noise(x: np.ndarray, y: np.ndarray) -> float:
@@ -283,43 +298,49 @@ def _noise(x: np.ndarray, y: np.ndarray) -> float:
     return NOISE_SE * float(d.std(ddof=1)) / math.sqrt(len(d)) if d.std() > 0 else 0.0
 
 
-def conclude(ex: Explanation, leads: dict[str, np.ndarray]) -> str:
+class Conclusion(NamedTuple):
+    text: str
+    restored_by: str | None  # the run whose swap restores acceptance, if one does
+
+
+def conclude(runs: dict[str, Run], differing: list[str], cost: float, noise: float,
+             leads: dict[str, np.ndarray]) -> Conclusion:
     """The one line the evidence supports."""
-    a, b = ex.run("A's inputs"), ex.run("B's inputs")
+    a, b = runs["A's inputs"], runs["B's inputs"]
     figures = f"A {a.expected_accept_len:.2f}, B {b.expected_accept_len:.2f} over {a.chains} chains"
-    if not ex.differing:
-        return (f"A and B give the draft the same inputs ({', '.join(GROUP_NAMES.values())}): nothing to "
-                f"explain ({figures})")
-    noise = max(ex.noise, 0.0)
-    if abs(ex.cost) <= noise:
-        return (f"no difference in acceptance beyond the noise ({figures}; noise {noise:.2f}); the sides' "
-                f"{' and '.join(GROUP_NAMES[g] for g in ex.differing)} differ without costing acceptance")
-    worse, better = ("B", "A") if ex.cost > 0 else ("A", "B")
-    low, high = (b, a) if ex.cost > 0 else (a, b)
-    cost = abs(ex.cost)
+    if not differing:
+        return Conclusion(f"A and B give the draft the same inputs ({', '.join(GROUP_NAMES.values())}): "
+                          f"nothing to explain ({figures})", None)
+    noise = max(noise, 0.0)
+    if abs(cost) <= noise:
+        return Conclusion(f"no difference in acceptance beyond the noise ({figures}; noise {noise:.2f}); the "
+                          f"sides' {' and '.join(GROUP_NAMES[g] for g in differing)} differ without costing "
+                          "acceptance", None)
+    worse, better = ("B", "A") if cost > 0 else ("A", "B")
+    low, high = (b, a) if cost > 0 else (a, b)
     found = []
-    for run in ex.runs:
+    for run in runs.values():
         if run.base.upper() != worse or not run.swapped:
             continue
         gain = run.expected_accept_len - low.expected_accept_len
         if gain > _noise(leads[run.name], leads[low.name]):
             found.append((len(run.swapped), -gain, run))
     if not found:
-        return (f"no input swap moves acceptance by more than the noise ({figures}): the difference is not "
-                "in the draft's inputs")
+        return Conclusion(f"no input swap moves acceptance by more than the noise ({figures}): the "
+                          "difference is not in the draft's inputs", None)
     _, _, best = min(found, key=lambda f: (f[0], f[1]))
     what = " and ".join(GROUP_NAMES[g] for g in best.swapped)
     verb = "costs" if len(best.swapped) == 1 else "cost"
-    text = (f"{worse}'s {what} {verb} {cost:.2f} accepted tokens per verify "
+    text = (f"{worse}'s {what} {verb} {abs(cost):.2f} accepted tokens per verify "
             f"({high.expected_accept_len:.2f} -> {low.expected_accept_len:.2f}); with {better}'s {what} "
             f"{worse} recovers {best.expected_accept_len:.2f}")
     left = high.expected_accept_len - best.expected_accept_len
     if left > _noise(leads[best.name], leads[high.name]):
         text += f" ({left:.2f} still unexplained)"
-    if "draft" not in ex.differing:
+    if "draft" not in differing:
         text += ("; the draft computation is the same on both sides (one checkpoint, one reading of its "
                  "config)")
-    return text
+    return Conclusion(text, best.name)
 
 
 def _recorded_agreement(trace: Trace, pairs: list[PairedRows], side: Side,

@@ -4,6 +4,7 @@ Names and paths read from traces are data: printed through ``safe``/``Text``, ne
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from rich.console import Console
 from rich.table import Table
@@ -13,11 +14,13 @@ from tracediff.eagle3.explain import GROUP_NAMES, Explanation
 from tracediff.report.text import safe
 
 
-def _accuracy(values: list[float]) -> str:
+def accuracy_text(values: Sequence[float]) -> str:
+    """Accuracy per depth, '-' where no row was scored."""
     return " / ".join("-" if math.isnan(v) else f"{v:.2f}" for v in values)
 
 
-def _header(ex: Explanation) -> list[str]:
+def header_lines(ex: Explanation) -> list[str]:
+    """What the conclusion rests on, one line each (the terminal, Markdown and HTML say the same)."""
     differing = ", ".join(GROUP_NAMES[g] for g in ex.differing) or "none"
     agree = ", ".join(f"{side.upper()} {'-' if v is None else f'{v:.0%}'}"
                       for side, v in ex.recorded_agreement.items())
@@ -30,14 +33,14 @@ def _header(ex: Explanation) -> list[str]:
 
 def render_explanation(console: Console, ex: Explanation) -> None:
     console.print(Text(safe(ex.conclusion), style="bold"), soft_wrap=True)
-    for line in _header(ex):
+    for line in header_lines(ex):
         console.print(Text(safe(line)), soft_wrap=True)
     table = Table(show_edge=False, header_style="bold")
     for column in ("run", "accept length", "chains", "own figure", "accuracy per depth"):
         table.add_column(column, justify="left" if column in ("run", "accuracy per depth") else "right")
     for run in ex.runs:
         table.add_row(Text(run.name), f"{run.expected_accept_len:.2f}", str(run.chains),
-                      f"{run.own_accept_len:.2f} ({run.own_chains})", _accuracy(run.depth_accuracy))
+                      f"{run.own_accept_len:.2f} ({run.own_chains})", accuracy_text(run.depth_accuracy))
     console.print(table)
 
 
@@ -46,9 +49,9 @@ def explanation_markdown(ex: Explanation) -> str:
     def cell(text: str) -> str:
         return safe(text).replace("|", "\\|")
 
-    lines = [f"**{cell(ex.conclusion)}**", ""] + [f"- {cell(line)}" for line in _header(ex)] + [
+    lines = [f"**{cell(ex.conclusion)}**", ""] + [f"- {cell(line)}" for line in header_lines(ex)] + [
         "", "| run | accept length | chains | own figure (chains) | accuracy per depth |",
         "|---|---:|---:|---:|---|"]
     lines += [f"| {cell(r.name)} | {r.expected_accept_len:.2f} | {r.chains} | {r.own_accept_len:.2f} "
-              f"({r.own_chains}) | {_accuracy(r.depth_accuracy)} |" for r in ex.runs]
+              f"({r.own_chains}) | {accuracy_text(r.depth_accuracy)} |" for r in ex.runs]
     return "\n".join(lines) + "\n"
