@@ -59,7 +59,11 @@ def test_a_second_checkpoint_with_another_rope_theta_is_the_draft_computation(tm
     (other / "config.json").write_text(json.dumps({**config, "rope_theta": 10.0}))
     ex = run("serving.h5", "serving.h5", draft_b=other)
     assert ex.differing == ["draft"]
-    assert ex.conclusion.startswith("B's draft computation costs"), ex.conclusion
+    caveat, verdict = ex.conclusion.split("; with the checkpoints given: ")
+    assert caveat.startswith("the checkpoint does not reproduce B's recorded drafts") and caveat.endswith(
+        "the checkpoint's config has rope_theta 10.0 (the trace states 10000.0)): give B's own checkpoint as "
+        "--draft-b")
+    assert verdict.startswith("B's draft computation costs"), ex.conclusion
     assert ex.run("B with A's draft computation").expected_accept_len == pytest.approx(
         ex.run("A's inputs").expected_accept_len)
 
@@ -99,3 +103,28 @@ def test_traces_that_share_no_text_are_one_error_line(tmp_path) -> None:
                str(S / "target"))
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith(f"error: {path}: shares no request text with")
+
+
+def test_too_few_chains_tell_no_difference_from_noise() -> None:
+    import numpy as np
+
+    from tracediff.eagle3.explain import MIN_CHAINS, Run, conclude
+
+    def run(name: str, base: str, accept: float) -> Run:
+        return Run(name=name, base=base, swapped=[], expected_accept_len=accept, chains=2,
+                   own_accept_len=accept, own_chains=2, depth_accuracy=[0.5], depth_rows=[2])
+
+    runs = {"A's inputs": run("A's inputs", "a", 3.0), "B's inputs": run("B's inputs", "b", 1.0)}
+    leads = {"A's inputs": np.array([2, 2]), "B's inputs": np.array([0, 0])}  # a constant difference
+    verdict = conclude(runs, ["fc_in"], 2.0, float("inf"), leads)
+    assert verdict.text.startswith(f"too few chains to tell a difference from noise (A 3.00, B 1.00 over 2 "
+                                   f"chains; at least {MIN_CHAINS} needed)")
+    assert verdict.restored_by is None
+
+
+def test_the_figures_do_not_depend_on_which_trace_comes_first() -> None:
+    forward, backward = run("training.h5", "serving_aux_bug.h5"), run("serving_aux_bug.h5", "training.h5")
+    assert backward.conclusion.startswith("A's fc input costs")
+    assert backward.cost == pytest.approx(-forward.cost)
+    assert backward.run("A's inputs").chains == forward.run("B's inputs").chains
+    assert backward.run("A's inputs").depth_accuracy == forward.run("B's inputs").depth_accuracy

@@ -40,6 +40,16 @@ def aux_bug(tmp_path_factory) -> ServedSample:
 
 
 @pytest.fixture(scope="module")
+def no_d2t(tmp_path_factory) -> ServedSample:
+    return serve_sample(tmp_path_factory.mktemp("no_d2t"), without_d2t=True, **SERVED)
+
+
+@pytest.fixture(scope="module")
+def rope(tmp_path_factory) -> ServedSample:
+    return serve_sample(tmp_path_factory.mktemp("rope"), config={"rope_theta": 10.0}, **SERVED)
+
+
+@pytest.fixture(scope="module")
 def training(healthy, tmp_path_factory):
     return train_sample(tmp_path_factory.mktemp("training"), healthy.texts)
 
@@ -52,13 +62,11 @@ def explained(a: ServedSample, b: ServedSample) -> Explanation:
         return explain(ta, tb, drafts)
 
 
-@pytest.mark.parametrize(("case", "changes", "group"), [
-    ("aux_bug", None, "fc input"),
-    ("no_d2t", {"without_d2t": True}, "vocab map (d2t)"),
-    ("rope_theta", {"config": {"rope_theta": 10.0}}, "draft computation"),
-])
-def test_each_bug_is_attributed_to_its_input(healthy, tmp_path, request, case, changes, group) -> None:
-    broken = request.getfixturevalue(case) if changes is None else serve_sample(tmp_path, **SERVED, **changes)
+@pytest.mark.parametrize(("case", "group"), [
+    ("aux_bug", "fc input"), ("no_d2t", "vocab map (d2t)"), ("rope", "draft computation")])
+def test_each_bug_is_attributed_to_its_input(healthy, request, case, group) -> None:
+    """Each server's own checkpoint on its side (--draft-b)."""
+    broken = request.getfixturevalue(case)
     ex = explained(healthy, broken)
     a, b = ex.run("A's inputs"), ex.run("B's inputs")
     assert a.expected_accept_len - b.expected_accept_len > 0.5 and ex.cost > ex.noise
@@ -95,3 +103,42 @@ def test_specforge_training_against_sglang_serving(training, request, served, sa
     assert ex.conclusion.startswith(said), ex.conclusion
     assert ex.requests == 4 and ex.scored_on == "the server's chains"
     assert ex.recorded_agreement == {"a": 1.0, "b": 1.0}
+
+
+
+def explained_with(a, b, run: ServedSample, *extra: str) -> Explanation:
+    """The CLI's explanation with one checkpoint, the healthy one, as a user diagnosing B would give."""
+    done = cli("explain", str(a), str(b), "--draft", str(run.draft_dir), "--target", str(run.target_dir),
+               "--json", *extra)
+    assert done.returncode == 0, done.stderr
+    return Explanation.from_json(done.stdout)
+
+
+def test_a_server_that_applied_no_vocab_map_is_the_vocab_maps_even_with_one_checkpoint(
+        training, healthy, no_d2t) -> None:
+    """B's server applied no d2t (its contract says so): B is replayed with none, not with the
+    checkpoint's, and its cost is the vocab map's."""
+    ex = explained_with(training, no_d2t.trace, healthy)
+    assert ex.differing == ["d2t"]
+    assert ex.conclusion.startswith("B's vocab map (d2t) costs"), ex.conclusion
+    assert ex.recorded_agreement == {"a": 1.0, "b": 1.0}
+
+
+def test_a_recording_the_checkpoint_does_not_reproduce_comes_first(training, healthy, rope) -> None:
+    """B's server ran rope_theta 10; explained with the healthy checkpoint only, the first line says
+    that B's recorded drafts are not what it computes, and which config key differs."""
+    ex = explained_with(training, rope.trace, healthy)
+    assert ex.conclusion.startswith("the checkpoint does not reproduce B's recorded drafts ("), ex.conclusion
+    assert "the checkpoint's config has rope_theta 10000.0 (the trace states 10.0)" in ex.conclusion
+    assert ex.recorded_agreement["b"] < 1.0 and ex.recorded_agreement["a"] == 1.0
+
+
+@pytest.mark.parametrize("order", ["healthy first", "short first"])
+def test_requests_that_share_only_a_system_prompt_are_not_blamed_on_fed_ids(healthy, tmp_path, order) -> None:
+    """Two of four chats: the other two share only the 3-token system prompt with them. Requests pair
+    one to one on the text through the next token: the same two pairs and verdict either way round."""
+    short = serve_sample(tmp_path, **{**SERVED, "requests": 2})
+    a, b = (healthy.trace, short.trace) if order == "healthy first" else (short.trace, healthy.trace)
+    ex = explained_with(a, b, healthy)
+    assert ex.differing == [] and ex.requests == 2, (ex.conclusion, ex.requests)
+    assert "nothing to explain" in ex.conclusion

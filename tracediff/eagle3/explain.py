@@ -29,6 +29,7 @@ from tracediff.eagle3.draft import Eagle3Draft
 from tracediff.eagle3.replay import (
     RequestRows,
     chain_depths,
+    config_mismatch,
     contiguous_rows,
     drafted_from,
     leading_hits,
@@ -45,6 +46,7 @@ GROUPS = ("fc_in", "input_ids", "positions", "d2t", "draft")
 GROUP_NAMES = {"fc_in": "fc input", "input_ids": "fed token ids", "positions": "positions",
                "d2t": "vocab map (d2t)", "draft": "draft computation"}
 VOCAB_BUFFERS = ("d2t", "t2d")  # the vocab map is its own group, not the draft computation's
+MIN_CHAINS = 5  # fewer chains tell no difference from noise
 NOISE_SE = 2.0  # a difference counts beyond this many standard errors of the per-chain differences
 FC_RTOL, FC_ATOL = 1e-5, 1e-6  # fc inputs this close are the same input (float round-off)
 
@@ -169,7 +171,10 @@ def explain(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | No
                                      "target token after them")
     noise = _noise(leads["A's inputs"], leads["B's inputs"])
     cost = base_a.expected_accept_len - base_b.expected_accept_len
-    verdict = conclude(runs, differing, cost, noise, leads)
+    agreement = {"a": _recorded_agreement(a, pairs, "a", sides), "b": _recorded_agreement(b, pairs, "b",
+                                                                                          sides)}
+    mismatch = {"a": config_mismatch(drafts["a"], a), "b": config_mismatch(drafts["b"], b)}
+    verdict = conclude(runs, differing, cost, noise, leads, caveats(agreement, mismatch))
     tree = tree_shape(serving) if serving is not None else None
     return Explanation(
         a=str(a.paths[0]), b=str(b.paths[0]), conclusion=verdict.text, restored_by=verdict.restored_by,
@@ -177,42 +182,50 @@ def explain(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | No
         scored_on="the server's chains" if serving is not None and tree is None else "every row",
         requests=len(pairs), rows=sum(len(p.a.ids) for p in pairs), differing=differing, cost=cost,
         noise=noise,
-        runs=list(runs.values()),
-        recorded_agreement={"a": _recorded_agreement(a, pairs, "a", sides),
-                            "b": _recorded_agreement(b, pairs, "b", sides)})
+        runs=list(runs.values()), recorded_agreement=agreement)
 
 
 def paired_rows(a: Trace, b: Trace) -> list[PairedRows]:
-    """Each request of B with the request of A whose text agrees with it longest from position 0."""
-    rows_a = list(request_rows(a, None))
+    """Requests of A and B paired one to one, longest agreement first: a row is shared when both
+    sides hold it with the same text up to it and the same token fed at it (x[0..t+1]), so two
+    conversations that part after a common system prompt share only the rows before they part."""
+    rows_a, rows_b = list(request_rows(a, None)), list(request_rows(b, None))
     chains_a, chains_b = drafted_from(a), drafted_from(b)
-    pairs = []
-    for rb in request_rows(b, None):
-        best, shared = None, 0
-        for ra in rows_a:
-            n = _agree(ra, rb)
-            if n > shared:
-                best, shared = ra, n
-        if best is None:
+    candidates = sorted(((_agree(ra, rb), i, j) for i, ra in enumerate(rows_a)
+                         for j, rb in enumerate(rows_b)), key=lambda c: (-c[0], c[1], c[2]))
+    taken_a, taken_b, pairs = set(), set(), []
+    for shared, i, j in candidates:
+        if shared == 0 or i in taken_a or j in taken_b:
             continue
+        taken_a.add(i)
+        taken_b.add(j)
+        ra, rb = rows_a[i], rows_b[j]
+        anchors = chains_b.get(rb.request) if chains_b else chains_a.get(ra.request) if chains_a else None
         positions = np.arange(shared)
-        anchors = chains_b.get(rb.request) if chains_b else chains_a.get(best.request) if chains_a else None
-        chains = np.ones(shared, bool) if anchors is None and not (chains_a or chains_b) else \
+        chains = np.ones(shared, bool) if not (chains_a or chains_b) else \
             np.isin(positions, sorted(anchors or ()))
-        # the target's tokens: B's, and A's where the texts agree (a label at p is x[p+1])
-        labels = {**{p: v for p, v in best.target_at.items() if p + 1 < shared}, **rb.target_at}
-        pairs.append(PairedRows(best.request, rb.request, _side(best, shared), _side(rb, shared), labels,
-                                chains))
-    return pairs
+        # the target's tokens: the chains' side's (B's unless only A is a server's), and the other's
+        # where the texts agree (a label at p is x[p+1]): the same figures whichever trace comes first
+        own, other = (ra, rb) if chains_a and not chains_b else (rb, ra)
+        labels = {**{p: v for p, v in other.target_at.items() if p + 1 < shared}, **own.target_at}
+        pairs.append(PairedRows(ra.request, rb.request, _side(ra, shared), _side(rb, shared), labels, chains))
+    return sorted(pairs, key=lambda p: p.request_b)
 
 
 def _agree(ra: RequestRows, rb: RequestRows) -> int:
-    """How many rows from position 0 both hold with the same text (x[t]) and in order."""
+    """How many rows from position 0 both hold with the same text through the next token, x[0..t+1]
+    (the token the row should be fed; what it was fed is the fed-ids group, compared apart)."""
     n = min(contiguous_rows(ra.positions), contiguous_rows(rb.positions))
     if n == 0 or ra.positions[0] != 0 or rb.positions[0] != 0:
         return 0
-    same = ra.tokens[:n] == rb.tokens[:n]
+    same = (_through_next(ra, n) == _through_next(rb, n)).all(axis=1)
     return int(np.argmin(same)) if not same.all() else n
+
+
+def _through_next(rows: RequestRows, n: int) -> np.ndarray:
+    """[n, 2]: each row's token and the text's next token (the last row's: what it was fed)."""
+    nxt = np.append(rows.tokens[1:n], rows.next_tokens[n - 1])
+    return np.stack([rows.tokens[:n], nxt], axis=1)
 
 
 def _side(rows: RequestRows, n: int) -> SideRows:
@@ -220,9 +233,13 @@ def _side(rows: RequestRows, n: int) -> SideRows:
 
 
 def _d2t(trace: Trace, draft: Eagle3Draft) -> torch.Tensor:
+    """The vocab map the side ran: its recorded ``draft.d2t``; none at all where its server applied
+    none (``vocab_map_applied`` false: draft ids are target ids); else the checkpoint's."""
     recorded = trace.last_static("draft.d2t")
     if recorded is not None and recorded.data.shape == tuple(draft.d2t.shape):
         return torch.from_numpy(np.asarray(recorded.data, dtype=np.int64))
+    if trace.contract.get("vocab_map_applied") is False:
+        return torch.zeros_like(draft.d2t)
     return draft.d2t
 
 
@@ -293,9 +310,22 @@ def _noise(x: np.ndarray, y: np.ndarray) -> float:
     """NOISE_SE standard errors of the mean per-chain difference of two runs over the same chains."""
     both = (x >= 0) & (y >= 0)
     d = (x[both] - y[both]).astype(float)
-    if len(d) < 2:
+    if len(d) < MIN_CHAINS:
         return math.inf
     return NOISE_SE * float(d.std(ddof=1)) / math.sqrt(len(d)) if d.std() > 0 else 0.0
+
+
+def caveats(agreement: dict[str, float | None], mismatch: dict[str, str | None]) -> list[str]:
+    """What the conclusion must say first: a side whose recorded drafts the checkpoint does not
+    reproduce ran another draft (its config, where the trace states one)."""
+    out = []
+    for side, share in agreement.items():
+        if share is not None and share < 1.0:
+            why = f"; the checkpoint's config has {mismatch[side]}" if mismatch[side] else ""
+            option = "--draft" if side == "a" else "--draft-b"
+            out.append(f"the checkpoint does not reproduce {side.upper()}'s recorded drafts ({share:.0%} of "
+                       f"its depth-0 rows{why}): give {side.upper()}'s own checkpoint as {option}")
+    return out
 
 
 class Conclusion(NamedTuple):
@@ -304,18 +334,34 @@ class Conclusion(NamedTuple):
 
 
 def conclude(runs: dict[str, Run], differing: list[str], cost: float, noise: float,
+             leads: dict[str, np.ndarray], warnings: Sequence[str] = ()) -> Conclusion:
+    """The one line the evidence supports, after what limits it (``warnings``: ``caveats``)."""
+    verdict = _verdict(runs, differing, cost, noise, leads)
+    if not warnings:
+        return verdict
+    return Conclusion(f"{'; '.join(warnings)}; with the checkpoints given: {verdict.text}",
+                      verdict.restored_by)
+
+
+def _groups(groups: Sequence[str]) -> str:
+    return " and ".join(GROUP_NAMES[g] for g in groups)
+
+
+def _verdict(runs: dict[str, Run], differing: list[str], cost: float, noise: float,
              leads: dict[str, np.ndarray]) -> Conclusion:
-    """The one line the evidence supports."""
     a, b = runs["A's inputs"], runs["B's inputs"]
     figures = f"A {a.expected_accept_len:.2f}, B {b.expected_accept_len:.2f} over {a.chains} chains"
     if not differing:
         return Conclusion(f"A and B give the draft the same inputs ({', '.join(GROUP_NAMES.values())}): "
                           f"nothing to explain ({figures})", None)
+    verb = "differs" if len(differing) == 1 else "differ"
+    if math.isinf(noise):
+        return Conclusion(f"too few chains to tell a difference from noise ({figures}; at least {MIN_CHAINS} "
+                          f"needed); the sides' {_groups(differing)} {verb}", None)
     noise = max(noise, 0.0)
     if abs(cost) <= noise:
         return Conclusion(f"no difference in acceptance beyond the noise ({figures}; noise {noise:.2f}); the "
-                          f"sides' {' and '.join(GROUP_NAMES[g] for g in differing)} differ without costing "
-                          "acceptance", None)
+                          f"sides' {_groups(differing)} {verb} without costing acceptance", None)
     worse, better = ("B", "A") if cost > 0 else ("A", "B")
     low, high = (b, a) if cost > 0 else (a, b)
     found = []
@@ -329,7 +375,7 @@ def conclude(runs: dict[str, Run], differing: list[str], cost: float, noise: flo
         return Conclusion(f"no input swap moves acceptance by more than the noise ({figures}): the "
                           "difference is not in the draft's inputs", None)
     _, _, best = min(found, key=lambda f: (f[0], f[1]))
-    what = " and ".join(GROUP_NAMES[g] for g in best.swapped)
+    what = _groups(best.swapped)
     verb = "costs" if len(best.swapped) == 1 else "cost"
     text = (f"{worse}'s {what} {verb} {abs(cost):.2f} accepted tokens per verify "
             f"({high.expected_accept_len:.2f} -> {low.expected_accept_len:.2f}); with {better}'s {what} "
@@ -337,6 +383,9 @@ def conclude(runs: dict[str, Run], differing: list[str], cost: float, noise: flo
     left = high.expected_accept_len - best.expected_accept_len
     if left > _noise(leads[best.name], leads[high.name]):
         text += f" ({left:.2f} still unexplained)"
+    others = [g for g in differing if g not in best.swapped]
+    if others:
+        text += f"; the sides' {_groups(others)} {'differs' if len(others) == 1 else 'differ'} too"
     if "draft" not in differing:
         text += ("; the draft computation is the same on both sides (one checkpoint, one reading of its "
                  "config)")
@@ -345,25 +394,32 @@ def conclude(runs: dict[str, Run], differing: list[str], cost: float, noise: flo
 
 def _recorded_agreement(trace: Trace, pairs: list[PairedRows], side: Side,
                         sides: dict[str, Inputs]) -> float | None:
-    """The share of the side's recorded depth-0 draft tokens (over the shared rows) that the draft
-    replayed on the side's own inputs gives: 1.0 when the recording is what the checkpoint computes."""
-    if "draft.token" not in trace.names():
+    """The share of the side's recorded depth-0 drafts (over the shared rows) that the draft
+    replayed on the side's own inputs gives: the draft id (``draft.token``) and, where recorded, the
+    target id it maps to (``draft.token_target``, under the side's vocab map). 1.0 when the
+    recording is what the checkpoint computes; None when the trace records neither."""
+    names = [n for n in ("draft.token", "draft.token_target") if n in trace.names()]
+    if not names:
         return None
-    recorded = trace.rows("draft.token", depth=0)
-    draft = sides[side].draft
+    recorded = {n: trace.rows(n, depth=0) for n in names}
+    draft, d2t = sides[side].draft, sides[side].d2t
     same = seen = 0
     for pair in pairs:
         request = pair.request_a if side == "a" else pair.request_b
-        mine = recorded.request == request
-        at = {int(p): int(v) for p, v in zip(recorded.position[mine], recorded.numpy()[mine])}
+        at = {}
+        for n, r in recorded.items():
+            mine = r.request == request
+            at[n] = {int(p): int(v) for p, v in zip(r.position[mine], r.numpy()[mine])}
         inputs = getattr(pair, side)
-        rows = [p for p in range(len(inputs.ids)) if p in at]
+        rows = [p for p in range(len(inputs.ids)) if any(p in values for values in at.values())]
         if not rows:
             continue
         with torch.no_grad():
             out = draft.unroll(torch.from_numpy(inputs.fc_in[None]), torch.from_numpy(inputs.ids[None]), 1,
                                positions=torch.from_numpy(inputs.positions[None]))
-        replayed = out[0].logits[0].argmax(-1).numpy()
-        same += sum(int(replayed[p] == at[p]) for p in rows)
+        ids = out[0].logits[0].argmax(-1)
+        replayed = {"draft.token": ids.numpy(), "draft.token_target": (ids + d2t[ids]).numpy()}
+        same += sum(all(int(replayed[n][p]) == values[p] for n, values in at.items() if p in values)
+                    for p in rows)
         seen += len(rows)
     return same / seen if seen else None

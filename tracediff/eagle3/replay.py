@@ -351,18 +351,24 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     return report
 
 
+def config_mismatch(draft: Eagle3Draft, trace: Trace) -> str | None:
+    """Where the checkpoint's config differs from the draft config the trace's producer stated
+    (its contract's ``draft_config``): "rope_theta 500000.0 (the trace states 10000.0)", else None."""
+    stated = trace.contract.get("draft_config")
+    if not isinstance(stated, dict):
+        return None
+    ours = draft_config_summary(draft.config.raw)
+    differ = [k for k, v in ours.items() if v is not None and stated.get(k) is not None and stated[k] != v]
+    return "; ".join(f"{k} {json.dumps(ours[k])} (the trace states {json.dumps(stated[k])})"
+                     for k in differ) or None
+
+
 def _suspect(draft: Eagle3Draft, engine: EngineChoice, trace: Trace) -> str | None:
     """A departure's likely cause: the checkpoint's config is not the one the trace's producer
     stated (its contract's ``draft_config``), else a key another engine reads differently."""
-    stated = trace.contract.get("draft_config")
-    if isinstance(stated, dict):
-        ours = draft_config_summary(draft.config.raw)
-        differ = [k for k, v in ours.items()
-                  if v is not None and stated.get(k) is not None and stated[k] != v]
-        if differ:
-            return ("the checkpoint's config.json is not the one the trace's producer ran: "
-                    + "; ".join(f"{k} {json.dumps(ours[k])} (the trace states {json.dumps(stated[k])})"
-                                for k in differ))
+    mismatch = config_mismatch(draft, trace)
+    if mismatch:
+        return f"the checkpoint's config.json is not the one the trace's producer ran: {mismatch}"
     others = [name for name in READINGS if READINGS[name] != engine.reading]
     for other in others:
         found = differences(draft.config, engine.reading.engine, other)

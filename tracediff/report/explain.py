@@ -25,8 +25,10 @@ def header_lines(ex: Explanation) -> list[str]:
     agree = ", ".join(f"{side.upper()} {'-' if v is None else f'{v:.0%}'}"
                       for side, v in ex.recorded_agreement.items())
     return [f"A: {ex.a}", f"B: {ex.b}",
-            f"{ex.requests} request pairs, {ex.rows} shared rows; scored on {ex.scored_on}; chain of "
-            f"{ex.depths} (from {ex.depths_from}); noise {ex.noise:.2f} tokens per verify",
+            f"{ex.requests} request pair{'s' if ex.requests != 1 else ''}, {ex.rows} shared rows; scored on "
+            f"{ex.scored_on}; chain of {ex.depths} (from {ex.depths_from}); "
+            + ("too few chains to estimate the noise" if math.isinf(ex.noise) else
+               f"noise {ex.noise:.2f} tokens per verify"),
             f"inputs that differ: {differing}",
             f"recorded draft tokens the replay reproduces on each side's own inputs (depth 0): {agree}"]
 

@@ -36,6 +36,7 @@ def draft_contract(draft: Any) -> dict:
         "draft_engine": "sglang",  # the draft code that ran (tracediff/eagle3/readings.py)
     }
     hot = draft.hot_token_id
+    values["vocab_map_applied"] = hot is not None  # without one SGLang takes draft ids for target ids
     if hot is not None:
         hot = hot.detach().to("cpu", torch.int64)
         values["hot_token_id_sha256"] = sha256(hot)
