@@ -272,3 +272,15 @@ def test_a_config_that_differs_is_never_blamed_on_the_engines(healthy, tmp_path,
     assert not [d for d in report.diagnoses if d.kind == "engine_reading"]
     causes = [d.evidence.key for d in report.diagnoses if d.kind == "config" and d.severity == "error"]
     assert "draft_config.rope_theta" in causes
+
+
+def test_the_trace_s_own_acceptance_is_the_servers(healthy, norm_output) -> None:
+    """Without a checkpoint: the drafts SGLang recorded, scored against the target's tokens, are
+    the chains' figure the test took from SGLang itself."""
+    from tracediff.eagle3.acceptance import recorded_acceptance
+
+    for run in (healthy, norm_output):
+        with td.open_trace(run.trace) as trace:
+            acc = recorded_acceptance(trace)
+        assert acc is not None and acc.scored_on == "the server's chains"
+        assert_the_servers_figure(acc, run)

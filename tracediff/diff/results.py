@@ -10,8 +10,9 @@ from typing import Any, Literal
 
 from tracediff.diff.findings import Diagnosis
 from tracediff.diff.jsonio import dumps, loads_versioned
+from tracediff.eagle3.acceptance import Acceptance
 
-REPORT_VERSION = 4
+REPORT_VERSION = 5
 
 Verdict = Literal["match", "diverged", "incomplete", "incomparable"]
 EXIT_CODES: dict[str, int] = {"match": 0, "diverged": 1, "incomparable": 2, "incomplete": 3}
@@ -258,6 +259,7 @@ class TraceInfo:
     closed: bool = True  # False: the writer never closed (killed?); rows after its last flush are lost
     world_size: int = 1  # ranks of the run; more than ``paths`` means rank files are missing
     row_keys: str = ""  # the contract's: "step_position" / "mixed" when rows lack token ids
+    acceptance: Acceptance | None = None  # its recorded drafts against its target tokens (acceptance.py)
 
 
 @dataclass(kw_only=True)

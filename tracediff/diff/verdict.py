@@ -21,6 +21,7 @@ from tracediff.diff.results import (
 )
 from tracediff.diff.shortfall import find_shortfall, is_short
 from tracediff.diff.tokenview import token_view
+from tracediff.eagle3.acceptance import recorded_acceptance
 from tracediff.trace.reader import Trace
 
 MIN_COVERAGE = 0.95
@@ -37,7 +38,8 @@ def trace_info(trace: Trace) -> TraceInfo:
                      format_version=version,
                      torch=str(torch.get("version") or ""), device=str(torch.get("device") or ""),
                      closed=trace.complete, world_size=_positive(meta.get("world_size")),
-                     row_keys=str(trace.contract.get("row_keys") or ""), **text)
+                     row_keys=str(trace.contract.get("row_keys") or ""),
+                     acceptance=recorded_acceptance(trace), **text)
 
 
 def _positive(value: object) -> int:

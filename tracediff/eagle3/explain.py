@@ -25,17 +25,15 @@ import numpy as np
 import torch
 
 from tracediff.diff.jsonio import dumps, loads_versioned
+from tracediff.eagle3.chains import drafted_from, leading_hits, tree_shape
 from tracediff.eagle3.draft import Eagle3Draft
 from tracediff.eagle3.replay import (
     RequestRows,
     chain_depths,
     config_mismatch,
     contiguous_rows,
-    drafted_from,
-    leading_hits,
     request_rows,
     teacher_forced,
-    tree_shape,
 )
 from tracediff.errors import InputError
 from tracediff.trace.reader import Trace

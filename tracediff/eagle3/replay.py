@@ -19,6 +19,7 @@ import torch
 
 from tracediff.eagle3.canonical import RowLogger
 from tracediff.eagle3.capture import AuxSpec
+from tracediff.eagle3.chains import drafted_from, leading_hits, tree_shape
 from tracediff.eagle3.draft import DepthResult, Eagle3Draft, to_target_fn
 from tracediff.eagle3.readings import READINGS, EngineChoice, differences
 from tracediff.eagle3.selfcheck import RecordedChains, SelfCheck
@@ -105,41 +106,6 @@ class ReplayReport:
         out = asdict(self)
         out["depth_accuracy"] = [None if math.isnan(a) else a for a in self.depth_accuracy]
         return out
-
-
-def drafted_from(trace: Trace) -> dict[str, set[int]]:
-    """Per request, the positions the server drafted a chain from, on a serving trace (its contract
-    holds the server's ``speculative_args``): where it holds draft rows at depth 1 (the last row of
-    each forward: the prefill's last token, then each decode step); a server of one step drafts no
-    depth 1, and there its chains are its ``draft.token_target`` rows (the tokens draft_forward
-    returned). Empty for any other trace, or one that records no chain."""
-    found: dict[str, set[int]] = {}
-    if trace.speculative_args is None:
-        return found
-    names = [n for n in trace.names() if n.startswith("draft.")
-             and (trace.index.depth[trace.select(name=n)] == 1).any()]
-    depth = 1
-    if not names and trace.speculative_args.get("num_steps") == 1 and "draft.token_target" in trace.names():
-        names, depth = ["draft.token_target"], 0
-    for name in names:
-        try:
-            keys = trace.keys(name, depth=depth)
-        except KeyError:  # static records only
-            continue
-        for request, position in zip(keys.request.tolist(), keys.position.tolist()):
-            found.setdefault(request, set()).add(int(position))
-    return found
-
-
-def leading_hits(hits: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Per row: how many leading depths the draft got right (what a verify accepts of its chain),
-    or -1 where that is unknown (the target's token is not recorded where the chain still held)."""
-    depths = hits.shape[1]
-    lead = np.where(hits.all(axis=1), depths, np.argmin(hits, axis=1))
-    settled = np.ones(len(lead), dtype=bool)
-    short = lead < depths
-    settled[short] = valid[np.flatnonzero(short), lead[short]]  # the miss was scored, not missing
-    return np.where(settled, lead, -1)
 
 
 def _by_position(rows: TensorRows, request: str) -> dict[int, int]:
@@ -259,18 +225,6 @@ def _check_width(width: int, draft: Eagle3Draft, sources: str) -> None:
         raise InputError("--aux" if sources != RECORDED else "draft.fc_in",
                          f"the fc input ({sources}) is {width} wide ({width / hidden:g} slots of {hidden}); "
                          f"the draft's fc takes {takes} ({takes // hidden} slots)")
-
-
-def tree_shape(trace: Trace) -> str | None:
-    """Why the server's verify did not score chains, where it drafted trees (topk > 1), else None."""
-    spec = trace.speculative_args or {}
-    topk = spec.get("topk")
-    if isinstance(topk, int) and not isinstance(topk, bool) and topk > 1:
-        tokens = spec.get("num_draft_tokens")
-        return (f"the server drafted trees (topk {topk}" + (f", {tokens} draft tokens" if tokens else "")
-                + "): a verify accepts a tree's best path, which replay does not score; the figure is the "
-                "teacher-forced chain from every row")
-    return None
 
 
 def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: AuxSpec | None = None,

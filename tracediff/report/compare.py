@@ -5,6 +5,7 @@ it goes into rich ``Text`` objects, never into markup, and control characters ar
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 from collections.abc import Callable
@@ -238,8 +239,24 @@ def contract_differences(report: Report) -> list[tuple[ContractEntry, str]]:
     return sorted(described, key=lambda pair: cause_of(pair[0].key).effect == "none")
 
 
+def acceptance_lines(report: Report) -> list[str]:
+    """Each side's own acceptance estimate (its recorded drafts against its target tokens)."""
+    out = []
+    for side, info in (("a", report.a), ("b", report.b)):
+        acc = info.acceptance
+        if acc is not None:
+            per_depth = " / ".join("-" if math.isnan(v) else f"{v:.2f}" for v in acc.depth_accuracy)
+            over = f"{acc.chains} rows" if acc.scored_on == "every row" else \
+                f"{acc.chains} of the server's chains"
+            out.append(f"{side}'s recorded drafts would be accepted {acc.expected_accept_len:.2f} tokens per "
+                       f"verify (over {over}; accuracy per depth {per_depth})")
+    return out
+
+
 def render(console: Console, report: Report) -> None:
     console.print(Text(headline(report), style=COLOR[report.verdict]))
+    for line in acceptance_lines(report):
+        console.print(Text(f"acceptance: {line}"))
     console.print(Text(f"compared: {coverage_line(report.coverage)}"))
     for line in skipped_lines(report.coverage):
         console.print(Text(f"  not compared, {line}"))
@@ -292,6 +309,7 @@ def to_markdown(report: Report) -> str:
         lines += [f"First diverging tensor: {code(first.name)} ({where(first.row, code)})", ""]
         command = next_command(report)
         lines += [f"Next: {code(command)}", ""] if command is not None else []
+    lines += [f"Acceptance: {line}." for line in acceptance_lines(report)]
     lines += [f"Compared: {coverage_line(report.coverage)}."]
     lines += [f"Compared per draft depth: {depths}."] if (depths := depth_summary(report.coverage)) else []
     lines += [f"Not compared, {line}." for line in skipped_lines(report.coverage)]

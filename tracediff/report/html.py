@@ -12,6 +12,7 @@ from tracediff.diff.findings import Diagnosis
 from tracediff.diff.results import Report
 from tracediff.report.compare import (
     NO_EXPLANATION,
+    acceptance_lines,
     coverage_line,
     depth_summary,
     diagnosis_label,
@@ -64,7 +65,12 @@ def _header(report: Report) -> str:
         title = "every compared row is within tolerance"
     return (f'<header class="verdict v-{verdict}"><div class="kicker">tracediff compare · {rested}</div>'
             f'<h1><span class="badge">{verdict}</span>{title}</h1>{"".join(lines)}'
-            f'<p class="files">{_files(report)}</p>{_coverage(report)}</header>')
+            f'<p class="files">{_files(report)}</p>{_acceptance(report)}{_coverage(report)}</header>')
+
+
+def _acceptance(report: Report) -> str:
+    lines = acceptance_lines(report)
+    return "".join(f'<p class="acceptance">{esc(line)}</p>' for line in lines)
 
 
 def _diagnosis(report: Report, d: Diagnosis, matrices: dict[int, str]) -> str:
