@@ -142,3 +142,7 @@ def test_requests_that_share_only_a_system_prompt_are_not_blamed_on_fed_ids(heal
     ex = explained_with(a, b, healthy)
     assert ex.differing == [] and ex.requests == 2, (ex.conclusion, ex.requests)
     assert "nothing to explain" in ex.conclusion
+    longer = "a" if order == "healthy first" else "b"
+    assert ex.unpaired == {"a": 0, "b": 0, longer: 2}  # never claimed: the verdict says what it did not see
+    assert ex.conclusion.endswith(f"(on the request pairs only: 2 of {longer.upper()}'s requests share no "
+                                  "text with the other side, never replayed)")

@@ -108,6 +108,7 @@ class Explanation:
     noise: float  # what a difference must exceed to count (NOISE_SE standard errors)
     runs: list[Run] = field(default_factory=list)
     recorded_agreement: dict[str, float | None] = field(default_factory=dict)  # side -> share of rows
+    unpaired: dict[str, int] = field(default_factory=dict)  # side -> requests sharing no text: never replayed
     explanation_version: int = EXPLANATION_VERSION
 
     def run(self, name: str) -> Run:
@@ -133,7 +134,8 @@ def explain(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | No
             progress: Callable[[int, int], None] | None = None) -> Explanation:
     """Replay ``drafts['a']`` on A's inputs, ``drafts['b']`` on B's, and the swaps (see the module
     docstring). ``InputError`` when the traces share no scorable row."""
-    pairs = paired_rows(a, b)
+    pairing = paired_rows(a, b)
+    pairs = pairing.pairs
     if not pairs:
         raise InputError(b.paths[0], f"shares no request text with {a.paths[0]} (no request of one agrees "
                                      "with one of the other from position 0): nothing to replay on both")
@@ -169,10 +171,11 @@ def explain(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | No
                                      "target token after them")
     noise = _noise(leads["A's inputs"], leads["B's inputs"])
     cost = base_a.expected_accept_len - base_b.expected_accept_len
-    agreement = {"a": _recorded_agreement(a, pairs, "a", sides), "b": _recorded_agreement(b, pairs, "b",
-                                                                                          sides)}
+    agreement = {"a": _recorded_agreement(a, pairs, "a", sides["a"].d2t, scores["A's inputs"].drafted),
+                 "b": _recorded_agreement(b, pairs, "b", sides["b"].d2t, scores["B's inputs"].drafted)}
     mismatch = {"a": config_mismatch(drafts["a"], a), "b": config_mismatch(drafts["b"], b)}
-    verdict = conclude(runs, differing, cost, noise, leads, caveats(agreement, mismatch))
+    unpaired = {"a": pairing.unpaired_a, "b": pairing.unpaired_b}
+    verdict = conclude(runs, differing, cost, noise, leads, caveats(agreement, mismatch), unpaired)
     tree = tree_shape(serving) if serving is not None else None
     return Explanation(
         a=str(a.paths[0]), b=str(b.paths[0]), conclusion=verdict.text, restored_by=verdict.restored_by,
@@ -180,13 +183,21 @@ def explain(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | No
         scored_on="the server's chains" if serving is not None and tree is None else "every row",
         requests=len(pairs), rows=sum(len(p.a.ids) for p in pairs), differing=differing, cost=cost,
         noise=noise,
-        runs=list(runs.values()), recorded_agreement=agreement)
+        runs=list(runs.values()), recorded_agreement=agreement, unpaired=unpaired)
 
 
-def paired_rows(a: Trace, b: Trace) -> list[PairedRows]:
+class Pairing(NamedTuple):
+    """The request pairs, and the requests of each side that share no text with the other's."""
+
+    pairs: list[PairedRows]
+    unpaired_a: int
+    unpaired_b: int
+
+
+def paired_rows(a: Trace, b: Trace) -> Pairing:
     """Requests of A and B paired one to one, longest agreement first: a row is shared when both
-    sides hold it with the same text up to it and the same token fed at it (x[0..t+1]), so two
-    conversations that part after a common system prompt share only the rows before they part."""
+    sides hold it with the same text through the token after it (x[0..t+1]), so two conversations
+    that part after a common system prompt share only the rows before they part."""
     rows_a, rows_b = list(request_rows(a, None)), list(request_rows(b, None))
     chains_a, chains_b = drafted_from(a), drafted_from(b)
     candidates = sorted(((_agree(ra, rb), i, j) for i, ra in enumerate(rows_a)
@@ -207,7 +218,8 @@ def paired_rows(a: Trace, b: Trace) -> list[PairedRows]:
         own, other = (ra, rb) if chains_a and not chains_b else (rb, ra)
         labels = {**{p: v for p, v in other.target_at.items() if p + 1 < shared}, **own.target_at}
         pairs.append(PairedRows(ra.request, rb.request, _side(ra, shared), _side(rb, shared), labels, chains))
-    return sorted(pairs, key=lambda p: p.request_b)
+    return Pairing(sorted(pairs, key=lambda p: p.request_b), len(rows_a) - len(taken_a),
+                   len(rows_b) - len(taken_b))
 
 
 def _agree(ra: RequestRows, rb: RequestRows) -> int:
@@ -246,11 +258,13 @@ def _differs(group: str, pairs: list[PairedRows], sides: dict[str, Inputs]) -> b
         return not torch.equal(sides["a"].d2t, sides["b"].d2t)
     if group == "draft":
         da, db = sides["a"].draft, sides["b"].draft
+        if da is db:
+            return False
         weights_a, weights_b = (
             {k: v for k, v in d.state_dict().items() if k not in VOCAB_BUFFERS} for d in (da, db))
         same = da.numerics.forward == db.numerics.forward and weights_a.keys() == weights_b.keys() and all(
             torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
-        return da is not db and not same
+        return not same
     field_name = "ids" if group == "input_ids" else group
     for pair in pairs:
         x, y = getattr(pair.a, field_name), getattr(pair.b, field_name)
@@ -270,6 +284,7 @@ class Scores(NamedTuple):
     leads: np.ndarray
     correct: np.ndarray  # per depth
     total: np.ndarray
+    drafted: list[np.ndarray]  # per pair: the draft id each row drafted at depth 0
 
     def over(self, common: np.ndarray) -> Run:
         """The run's figures over the ``common`` chains (every run's), and over its own."""
@@ -291,7 +306,7 @@ def score(name: str, base: Side, swapped: list[str], pairs: list[PairedRows], si
     def to_target(ids: torch.Tensor) -> torch.Tensor:
         return ids + d2t[ids]
 
-    correct, total, lead = np.zeros(depths, int), np.zeros(depths, int), []
+    correct, total, lead, drafted = np.zeros(depths, int), np.zeros(depths, int), [], []
     for pair in pairs:
         fc_in = getattr(pair, pick["fc_in"]).fc_in
         ids = getattr(pair, pick["input_ids"]).ids
@@ -300,8 +315,9 @@ def score(name: str, base: Side, swapped: list[str], pairs: list[PairedRows], si
         correct += scored.hits.sum(axis=0)
         total += scored.valid.sum(axis=0)
         lead.append(leading_hits(scored.hits, scored.valid)[pair.chains])
+        drafted.append(scored.results[0].logits[0].argmax(-1).numpy())
     leads = np.concatenate(lead) if lead else np.zeros(0, int)
-    return Scores(name, base, swapped, leads, correct, total)
+    return Scores(name, base, swapped, leads, correct, total, drafted)
 
 
 def _noise(x: np.ndarray, y: np.ndarray) -> float:
@@ -332,13 +348,19 @@ class Conclusion(NamedTuple):
 
 
 def conclude(runs: dict[str, Run], differing: list[str], cost: float, noise: float,
-             leads: dict[str, np.ndarray], warnings: Sequence[str] = ()) -> Conclusion:
-    """The one line the evidence supports, after what limits it (``warnings``: ``caveats``)."""
+             leads: dict[str, np.ndarray], warnings: Sequence[str] = (),
+             unpaired: dict[str, int] | None = None) -> Conclusion:
+    """The one line the evidence supports, after what limits it (``warnings``: ``caveats``), and
+    what it never saw (``unpaired`` requests of a side: they share no text with the other's)."""
     verdict = _verdict(runs, differing, cost, noise, leads)
-    if not warnings:
-        return verdict
-    return Conclusion(f"{'; '.join(warnings)}; with the checkpoints given: {verdict.text}",
-                      verdict.restored_by)
+    text = verdict.text
+    if warnings:
+        text = f"{'; '.join(warnings)}; with the checkpoints given: {text}"
+    unseen = [f"{n} of {side.upper()}'s requests share no text with the other side" for side, n in
+              (unpaired or {}).items() if n]
+    if unseen:
+        text += f" (on the request pairs only: {'; '.join(unseen)}, never replayed)"
+    return Conclusion(text, verdict.restored_by)
 
 
 def _groups(groups: Sequence[str]) -> str:
@@ -390,19 +412,19 @@ def _verdict(runs: dict[str, Run], differing: list[str], cost: float, noise: flo
     return Conclusion(text, best.name)
 
 
-def _recorded_agreement(trace: Trace, pairs: list[PairedRows], side: Side,
-                        sides: dict[str, Inputs]) -> float | None:
+def _recorded_agreement(trace: Trace, pairs: list[PairedRows], side: Side, d2t: torch.Tensor,
+                        drafted: list[np.ndarray]) -> float | None:
     """The share of the side's recorded depth-0 drafts (over the shared rows) that the draft
-    replayed on the side's own inputs gives: the draft id (``draft.token``) and, where recorded, the
-    target id it maps to (``draft.token_target``, under the side's vocab map). 1.0 when the
-    recording is what the checkpoint computes; None when the trace records neither."""
+    replayed on the side's own inputs gave (``drafted``: the side's base run, per pair): the draft
+    id (``draft.token``) and, where recorded, the target id it maps to (``draft.token_target``, under
+    the side's vocab map). 1.0 when the recording is what the checkpoint computes; None when the
+    trace records neither."""
     names = [n for n in ("draft.token", "draft.token_target") if n in trace.names()]
     if not names:
         return None
     recorded = {n: trace.rows(n, depth=0) for n in names}
-    draft, d2t = sides[side].draft, sides[side].d2t
     same = seen = 0
-    for pair in pairs:
+    for pair, ids in zip(pairs, drafted):
         request = pair.request_a if side == "a" else pair.request_b
         at = {}
         for n, r in recorded.items():
@@ -412,11 +434,7 @@ def _recorded_agreement(trace: Trace, pairs: list[PairedRows], side: Side,
         rows = [p for p in range(len(inputs.ids)) if any(p in values for values in at.values())]
         if not rows:
             continue
-        with torch.no_grad():
-            out = draft.unroll(torch.from_numpy(inputs.fc_in[None]), torch.from_numpy(inputs.ids[None]), 1,
-                               positions=torch.from_numpy(inputs.positions[None]))
-        ids = out[0].logits[0].argmax(-1)
-        replayed = {"draft.token": ids.numpy(), "draft.token_target": (ids + d2t[ids]).numpy()}
+        replayed = {"draft.token": ids, "draft.token_target": (torch.from_numpy(ids) + d2t[ids]).numpy()}
         same += sum(all(int(replayed[n][p]) == values[p] for n, values in at.items() if p in values)
                     for p in rows)
         seen += len(rows)

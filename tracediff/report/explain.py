@@ -25,7 +25,9 @@ def header_lines(ex: Explanation) -> list[str]:
     agree = ", ".join(f"{side.upper()} {'-' if v is None else f'{v:.0%}'}"
                       for side, v in ex.recorded_agreement.items())
     return [f"A: {ex.a}", f"B: {ex.b}",
-            f"{ex.requests} request pair{'s' if ex.requests != 1 else ''}, {ex.rows} shared rows; scored on "
+            f"{ex.requests} request pair{'s' if ex.requests != 1 else ''}"
+            + "".join(f" ({n} of {side.upper()}'s requests unpaired)" for side, n in ex.unpaired.items() if n)
+            + f", {ex.rows} shared rows; scored on "
             f"{ex.scored_on}; chain of {ex.depths} (from {ex.depths_from}); "
             + ("too few chains to estimate the noise" if math.isinf(ex.noise) else
                f"noise {ex.noise:.2f} tokens per verify"),
