@@ -4,7 +4,7 @@
             already as tensors: the floor, what any offline run of the draft costs
   replay    ``tracediff.eagle3.replay.replay`` on the same trace: reading the rows, the unroll,
             scoring, and the self-check's second unroll of the server's chains
-  explain   ``tracediff.eagle3.explain.explain`` of the trace against itself with a second
+  explain   ``tracediff.eagle3.explain.explain_traces`` of the trace against itself with a second
             checkpoint (another rope_theta): pairing plus one unroll per run (2 + 2 per differing
             group + pairs)
 
@@ -32,7 +32,7 @@ import torch  # noqa: E402
 
 import tracediff as td  # noqa: E402
 from tracediff.eagle3.checkpoint import load_draft, target_embedding  # noqa: E402
-from tracediff.eagle3.explain import explain  # noqa: E402
+from tracediff.eagle3.explain import explain_traces  # noqa: E402
 from tracediff.eagle3.replay import chain_depths, contiguous_rows, replay, request_rows  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parents[1] / "traces" / "eagle3"
@@ -73,7 +73,7 @@ def main() -> int:
 
     def run_explain() -> None:
         with td.open_trace(args.trace) as a, td.open_trace(args.trace) as b:
-            explain(a, b, {"a": draft, "b": other})
+            explain_traces(a, b, {"a": draft, "b": other})
 
     variants = {"forward": forward, "replay": run_replay, "explain": run_explain}
     times: dict[str, list[float]] = {name: [] for name in variants}

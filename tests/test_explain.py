@@ -14,7 +14,8 @@ pytest.importorskip("torch")
 import tracediff as td  # noqa: E402
 from tests.conftest import REPO, cli  # noqa: E402
 from tracediff.eagle3.checkpoint import load_draft, target_embedding  # noqa: E402
-from tracediff.eagle3.explain import Explanation, explain  # noqa: E402
+from tracediff.eagle3.explain import explain_traces  # noqa: E402
+from tracediff.eagle3.explanation import Explanation  # noqa: E402
 from tracediff.eagle3.replay import replay  # noqa: E402
 
 S = REPO / "traces" / "eagle3"
@@ -25,7 +26,7 @@ def run(a: str, b: str, draft_b=None) -> Explanation:
     draft = load_draft(S / "draft", target_embedding(S / "target"))
     other = draft if draft_b is None else load_draft(draft_b, target_embedding(S / "target"))
     with td.open_trace(S / a) as ta, td.open_trace(S / b) as tb:
-        return explain(ta, tb, {"a": draft, "b": other})
+        return explain_traces(ta, tb, {"a": draft, "b": other})
 
 
 def test_the_aux_bug_is_attributed_to_the_fc_input() -> None:
@@ -128,3 +129,22 @@ def test_the_figures_do_not_depend_on_which_trace_comes_first() -> None:
     assert backward.cost == pytest.approx(-forward.cost)
     assert backward.run("A's inputs").chains == forward.run("B's inputs").chains
     assert backward.run("A's inputs").depth_accuracy == forward.run("B's inputs").depth_accuracy
+
+
+def test_docs_explain_names_every_field_of_the_json() -> None:
+    import dataclasses
+
+    from tracediff.eagle3.explanation import Run
+
+    doc = (REPO / "docs" / "EXPLAIN.md").read_text()
+    for cls in (Explanation, Run):
+        for f in dataclasses.fields(cls):
+            assert f"| `{f.name}` |" in doc, f"{cls.__name__}.{f.name}"
+
+
+def test_the_public_api_explains_from_paths_as_the_command_does() -> None:
+    ex = td.explain(S / "training.h5", S / "serving_aux_bug.h5", S / "draft", target=S / "target")
+    said = json.loads(cli("explain", str(S / "training.h5"), str(S / "serving_aux_bug.h5"), "--draft",
+                          str(S / "draft"), "--target", str(S / "target"), "--json").stdout)
+    assert td.Explanation.from_json(json.dumps(said)) == ex
+    assert ex.restored_by == "B with A's fc input"

@@ -20,7 +20,8 @@ import tracediff as td  # noqa: E402
 from testbed.sglang_cpu import ServedSample, serve_sample, train_sample  # noqa: E402
 from tests.conftest import cli  # noqa: E402
 from tracediff.eagle3.checkpoint import load_draft, target_embedding  # noqa: E402
-from tracediff.eagle3.explain import Explanation, explain  # noqa: E402
+from tracediff.eagle3.explain import explain_traces  # noqa: E402
+from tracediff.eagle3.explanation import Explanation  # noqa: E402
 from tracediff.eagle3.readings import READINGS, SGLANG, engine_choice  # noqa: E402
 
 pytestmark = pytest.mark.slow  # each fixture serves four requests through SGLang's real code
@@ -59,7 +60,7 @@ def explained(a: ServedSample, b: ServedSample) -> Explanation:
     drafts = {side: load_draft(run.draft_dir, embed, reading=READINGS[SGLANG])
               for side, run in (("a", a), ("b", b))}
     with td.open_trace(a.trace) as ta, td.open_trace(b.trace) as tb:
-        return explain(ta, tb, drafts)
+        return explain_traces(ta, tb, drafts)
 
 
 @pytest.mark.parametrize(("case", "group"), [
@@ -99,7 +100,7 @@ def test_specforge_training_against_sglang_serving(training, request, served, sa
         assert (ta.engine, tb.engine) == ("specforge", "sglang")
         drafts = {side: load_draft(run.draft_dir, embed, reading=engine_choice(t.engine).reading)
                   for side, t in (("a", ta), ("b", tb))}
-        ex = explain(ta, tb, drafts)
+        ex = explain_traces(ta, tb, drafts)
     assert ex.conclusion.startswith(said), ex.conclusion
     assert ex.requests == 4 and ex.scored_on == "the server's chains"
     assert ex.recorded_agreement == {"a": 1.0, "b": 1.0}

@@ -222,13 +222,13 @@ def test_the_self_check_compares_the_target_tokens_the_figure_is_scored_on() -> 
     assert "the vocab map is read otherwise" in left["detail"]
 
 
-def test_an_accuracy_over_no_rows_is_null_in_the_json() -> None:
+def test_an_accuracy_over_no_rows_is_nan_in_strict_json_as_in_every_report() -> None:
     import json
 
     from tracediff.eagle3.replay import ReplayReport
 
     plain = ReplayReport(aux="x", requests=1, depth_accuracy=[0.5, float("nan")], depth_rows=[4, 0]).to_dict()
-    assert plain["depth_accuracy"] == [0.5, None]
+    assert plain["depth_accuracy"] == [0.5, "NaN"]
     json.dumps(plain, allow_nan=False)
 
 

@@ -13,7 +13,9 @@ if not any(isinstance(f, DataOnly) for f in logging.getLogger("tracediff").filte
     logging.getLogger("tracediff").addFilter(DataOnly())  # names in warnings print as data
 
 # compare and its report load on first use: a recorder inside a training job never imports them.
-_LAZY = {"compare": ("tracediff.diff.api", "compare"), "Report": ("tracediff.diff.results", "Report")}
+_LAZY = {"compare": ("tracediff.diff.api", "compare"), "Report": ("tracediff.diff.results", "Report"),
+         "explain": ("tracediff.eagle3.explain", "explain"),  # needs torch: it replays the draft
+         "Explanation": ("tracediff.eagle3.explanation", "Explanation")}
 
 
 def __getattr__(name: str) -> Any:
@@ -25,5 +27,5 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-__all__ = ["InputError", "Record", "Recorder", "Report", "Trace", "TraceError", "__version__", "compare",
-           "open_trace", "record"]
+__all__ = ["Explanation", "InputError", "Record", "Recorder", "Report", "Trace", "TraceError", "__version__",
+           "compare", "explain", "open_trace", "record"]

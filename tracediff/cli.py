@@ -23,7 +23,9 @@ from tracediff.report.text import safe
 AUX_READERS = {p.name: p.reads_aux for p in PRODUCERS if p.reads_aux}  # replay --aux-convention NAME
 
 if TYPE_CHECKING:
+    from tracediff.bundle.build import Explained
     from tracediff.diff.tolerance import Tolerances
+    from tracediff.eagle3.explanation import Explanation
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Record, replay and diff tensor traces of EAGLE-3 speculative decoding.")
@@ -282,13 +284,21 @@ def bundle_command(
     mapping: list[str] = typer.Option([], "--map", help="NAME_IN_B=NAME_IN_A, as for compare"),
     align: str = typer.Option("prefix", "--align", help="prefix or step, as for compare"),
     min_coverage: float = typer.Option(0.95, "--min-coverage", help="as for compare"),
+    draft: Path | None = typer.Option(None, "--draft", help="also explain (tracediff explain): the draft "
+                                      "checkpoint to replay; the bundle holds explain.json / explain.html"),
+    draft_b: Path | None = typer.Option(None, "--draft-b", help="with --draft: B's checkpoint, as for "
+                                        "explain"),
+    target: Path | None = typer.Option(None, "--target", help="with --draft: the target checkpoint, as for "
+                                       "explain"),
+    depths: int | None = typer.Option(None, min=1, help="with --draft: draft depths, as for explain"),
     force: bool = force_option("DIR.zip"),
     no_verify: bool = no_verify_option(),
 ) -> None:
     """A bug-report bundle of two traces: report.md (for a GitHub issue), report.json, report.html,
-    small slices of both (a.h5 / b.h5) that reproduce the compare, stats.json for the rest. When the
-    budget is short, the slices keep fewer rows and tensors, and report.json / report.html fewer
-    per-tensor error profiles (report.md lists what was left out).
+    small slices of both (a.h5 / b.h5) that reproduce the compare, stats.json for the rest; with
+    --draft, explain's result too (the draft replayed on the full traces). When the budget is short,
+    the slices keep fewer rows and tensors, and report.json / report.html fewer per-tensor error
+    profiles (report.md lists what was left out).
 
     Exit 0 when written (report.md says whether the slices reproduce the compare), 2 for bad input or
     a budget too small for the smallest bundle (the error says how many bytes it takes)."""
@@ -301,9 +311,15 @@ def bundle_command(
     except ValueError as exc:
         fail("--budget", str(exc))
     _, rename = compare_options(tol, mapping, align, min_coverage)
+    unused = [name for name, given in (("--draft-b", draft_b), ("--target", target), ("--depths", depths))
+              if given is not None]
+    if draft is None and unused:
+        fail(unused[0], "explains with --draft only: give the draft checkpoint too")
+    explained = None if draft is None else _explained(a, b, out, zip_, force, draft, draft_b, target, depths)
     made = []
     guarded(a, lambda: made.append(make_bundle(a, b, out, budget=size, zip=zip_, tol=tol, rename=rename,
-                                               align=align, min_coverage=min_coverage, force=force)))
+                                               align=align, min_coverage=min_coverage, force=force,
+                                               explained=explained)))
     bundle = made[0]
     zipped = "" if bundle.zip is None else f" and {safe(bundle.zip)} ({bundle.zip_size} bytes)"
     console.print(Text(f"wrote {safe(out)} ({bundle.total} bytes in {len(bundle.files)} files){zipped}, each "
@@ -323,6 +339,36 @@ def bundle_command(
     else:
         print(f"tracediff: warning: the slices do not reproduce the compare: "
               f"{safe('; '.join(map(str, check.differences)))}", file=sys.stderr)
+
+
+def _explained(a: Path, b: Path, out: Path, zip_: bool, force: bool, draft: Path, draft_b: Path | None,
+               target: Path | None, depths: int | None) -> Explained:
+    """explain's result for ``bundle --draft``, run once the bundle's output is known to be writable."""
+    need_torch()
+    from tracediff.bundle.build import Explained, check_bundle_output
+
+    guarded(out, lambda: check_bundle_output(out, zip_, [a, b], force))  # before the replays (they take long)
+    explanation = _explanation(a, b, draft, draft_b, target, depths)
+    flags = ["--draft", str(draft), *(["--draft-b", str(draft_b)] if draft_b else []),
+             *(["--target", str(target)] if target else []), *(["--depths", str(depths)] if depths else [])]
+    return Explained(explanation, tuple(flags))
+
+
+def _explanation(a: Path, b: Path, draft: Path, draft_b: Path | None, target: Path | None,
+                 depths: int | None) -> Explanation:
+    """``td.explain`` with a progress bar (rows replayed) on a terminal; bad input is one error line."""
+    from tracediff.eagle3.explain import explain as run_explain
+    from tracediff.report.progress import progress_bar
+
+    done = []
+
+    def run() -> None:
+        with progress_bar("explaining", unit="rows") as progress:
+            done.append(run_explain(a, b, draft, draft_b=draft_b, target=target, depths=depths,
+                                    progress=progress))
+
+    guarded(b, run)
+    return done[0]
 
 
 def need_torch() -> None:
@@ -368,6 +414,7 @@ def replay(
     from tracediff.eagle3.vocab import DIRECT, OFFSET
     from tracediff.integrations.draft_summary import draft_config_summary
     from tracediff.record.recorder import record
+    from tracediff.report.progress import progress_bar
     from tracediff.report.replay import render_replay
     from tracediff.trace.output import check_output, staged_output
     from tracediff.trace.reader import open_trace
@@ -410,7 +457,8 @@ def replay(
                         "draft_config": draft_config_summary(model.config.raw)}
             rec = record(staged, source="replay", meta=contract) if staged else None
             try:
-                report = run_replay(opened, model, depths, spec, d2t, rec, chosen)
+                with progress_bar("replaying", unit="rows") as progress:
+                    report = run_replay(opened, model, depths, spec, d2t, rec, chosen, progress)
             finally:
                 if rec is not None:
                     rec.close()
@@ -496,12 +544,7 @@ def explain(
 ) -> None:
     """Which input costs how many accepted tokens: the draft replayed on A's inputs, B's, and swaps."""
     need_torch()
-    from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
-    from tracediff.eagle3.explain import explain as run_explain
-    from tracediff.eagle3.readings import engine_choice
     from tracediff.report.explain import explanation_markdown, render_explanation
-    from tracediff.report.progress import progress_bar
-    from tracediff.trace.reader import open_trace
 
     if as_json and markdown:
         fail("--json", "choose one of --json and --markdown")
@@ -511,22 +554,7 @@ def explain(
         from tracediff.trace.output import check_output
 
         guarded(html, lambda: check_output(html, inputs, force))  # before the replays, which may take long
-    done = []
-
-    def run() -> None:
-        embed = target_embedding(target) if target else None
-        head = target_tensor(target, "lm_head") if target else None
-        with open_trace(a) as ta, open_trace(b) as tb:
-            readings = {side: engine_choice(t.engine).reading for side, t in (("a", ta), ("b", tb))}
-            drafts = {"a": load_draft(draft, embed, reading=readings["a"], target_head=head)}
-            same = draft_b is None and readings["a"] == readings["b"]
-            drafts["b"] = drafts["a"] if same else load_draft(draft_b or draft, embed, reading=readings["b"],
-                                                              target_head=head)
-            with progress_bar("explaining") as progress:
-                done.append(run_explain(ta, tb, drafts, depths, progress))
-
-    guarded(b, run)
-    ex = done[0]
+    ex = _explanation(a, b, draft, draft_b, target, depths)
     if html is not None:
         from tracediff.report.explain_html import write_explain_html
 

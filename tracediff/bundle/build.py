@@ -8,7 +8,11 @@ any slice: a budget they exceed fails at once), then the widest slices that fit 
 key columns alone; a larger budget never gives a narrower window), and what is left on error
 profiles, the first luxury to go. A slice that does not reproduce the compare is widened, when a
 wider one fits, whatever the verdict. The output location is claimed before the compare runs: one
-that cannot be written fails at once."""
+that cannot be written fails at once.
+
+With an explanation (``tracediff bundle --draft``: explain's replays, run by the caller), the bundle
+holds it too: explain.json, explain.html and a section of report.md, a fixed cost like report.md's
+(``Explained``)."""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from pathlib import Path
 from tracediff.bundle.budget import file_sizes, human, kilo, write_zip
 from tracediff.bundle.contents import Bundle, BundleSide
 from tracediff.bundle.fingerprint import fingerprint
-from tracediff.bundle.markdown import least_compare, render
+from tracediff.bundle.markdown import explanation_section, least_compare, render
 from tracediff.bundle.select import Window, focus_of, ladder, left_out, selections, widened
 from tracediff.bundle.stats import trace_stats
 from tracediff.bundle.trim import Attached, attach, levels
@@ -31,6 +35,7 @@ from tracediff.diff.api import compare
 from tracediff.diff.jsonio import to_plain
 from tracediff.diff.results import Report
 from tracediff.diff.verdict import MIN_COVERAGE
+from tracediff.eagle3.explanation import Explanation
 from tracediff.errors import InputError
 from tracediff.trace.output import check_output, staged_directory, staged_output
 from tracediff.trace.reader import Trace, detect_format, open_trace
@@ -62,9 +67,25 @@ class _Options:
         return out + (["--min-coverage", str(self.min_coverage)] if self.min_coverage != MIN_COVERAGE else [])
 
 
+@dataclass(frozen=True)
+class Explained:
+    """An explanation as the bundle holds it: its files' text (known before any is written) and the
+    flags that reproduce it (``tracediff explain A B`` + ``flags``)."""
+
+    explanation: Explanation
+    flags: tuple[str, ...]
+
+    def files(self) -> dict[str, str]:
+        from tracediff.report.explain_html import render_explain_html
+
+        ex = self.explanation
+        return {"explain.json": ex.to_json(), "explain.html": render_explain_html(ex)}
+
+
 def make_bundle(a: str | Path, b: str | Path, out: str | Path, *, budget: int = DEFAULT_BUDGET,
                 zip: bool = False, tol: list[str] | None = None, rename: dict[str, str] | None = None,
-                align: str = "prefix", min_coverage: float = MIN_COVERAGE, force: bool = False) -> Bundle:
+                align: str = "prefix", min_coverage: float = MIN_COVERAGE, force: bool = False,
+                explained: Explained | None = None) -> Bundle:
     """Write the bundle of traces ``a`` (baseline) and ``b`` into the new directory ``out`` (and the zip
     ``zip_path(out)`` with ``zip``): the directory's files together at most ``budget`` bytes on disk,
     and the zip too. Both are built in a staging directory beside them and appear whole
@@ -73,18 +94,18 @@ def make_bundle(a: str | Path, b: str | Path, out: str | Path, *, budget: int = 
     Raises InputError (one line) for unreadable traces, an ``out`` that exists and is not empty or
     cannot be written (checked before the compare), a zip that exists (unless ``force``: then a regular
     file is replaced), a link or non-regular file at either, and a budget that not even the smallest
-    bundle fits; nothing is left behind then."""
+    bundle fits; nothing is left behind then. ``explained``: explain's result, held too."""
     out = Path(out)
     zip_file = zip_path(out) if zip else None
-    _check_output(out, zip_file, [a, b], force)
+    check_bundle_output(out, zip, [a, b], force)
     with ExitStack() as stack:  # the zip's staging is left last: the directory is published first
         staged_zip = None if zip_file is None else stack.enter_context(staged_output(zip_file, [a, b], force))
         work = stack.enter_context(staged_directory(out, [a, b]))
         options = _Options(list(tol or []), dict(rename or {}), align, min_coverage)
         report = options.run(a, b)
         with open_trace(a) as ta, open_trace(b) as tb:
-            maker = _Maker(report, ta, tb, work, options, budget, staged_zip)
-            maker.commands = _commands(a, b, out, budget, zip, options, maker.files)
+            maker = _Maker(report, ta, tb, work, options, budget, staged_zip, explained)
+            maker.commands = _commands(a, b, out, budget, zip, options, maker.files, explained)
             bundle = maker.build()
     return _published(bundle, work, out, zip_file)
 
@@ -112,7 +133,10 @@ def zip_path(out: Path) -> Path:
     return named.with_name(named.name + ".zip")
 
 
-def _check_output(out: Path, zip_file: Path | None, inputs: list[str | Path], force: bool) -> None:
+def check_bundle_output(out: Path, zip: bool, inputs: list[str | Path], force: bool) -> None:
+    """InputError unless ``out`` (and with ``zip`` its zip) can be written as a new bundle: for a
+    caller to check before long work of its own (explain's replays), as ``make_bundle`` does."""
+    zip_file = zip_path(out) if zip else None
     if not out.parent.is_dir():
         raise InputError(out, f"directory {out.parent} does not exist")
     if not out.is_symlink() and out.exists() and (not out.is_dir() or any(out.iterdir())):
@@ -144,8 +168,10 @@ class _Maker:
     """One bundle's construction: the fixed cost first, then the widest window that fits, then profiles."""
 
     def __init__(self, report: Report, a: Trace, b: Trace, out: Path, options: _Options, budget: int,
-                 zip_file: Path | None) -> None:
+                 zip_file: Path | None, explained: Explained | None = None) -> None:
         self.report, self.traces, self.out, self.options = report, (a, b), out, options
+        self.explanation = None if explained is None else explained.explanation
+        self.explain_files = {} if explained is None else explained.files()
         self.budget, self.zip_file = budget, zip_file
         short = report.shortfall  # found from the compare's own plan
         self.focus = focus_of(report, a, b, options.rename, short)
@@ -156,7 +182,10 @@ class _Maker:
         self.levels = levels(report, self.focus)
         self.least = len(self.levels) - 1  # the level with no tensor's profile
         self.attached: dict[int, Attached] = {}
-        self.md_floor = least_compare(report, self.focus)  # bytes report.md takes at least
+        # bytes report.md takes at least, and the explanation's files and section (a fixed cost)
+        explained_bytes = len("\n".join(explanation_section(self.explanation)).encode()) + sum(
+            len(text.encode()) for text in self.explain_files.values())
+        self.md_floor = least_compare(report, self.focus) + explained_bytes
         self.on_disk: _Slices | None = None
         self.checked: dict[tuple[Selection, Selection], Verification] = {}
         self.tried: dict[str, str] = {}  # wider windows tried so far -> outcome (report.md says so)
@@ -275,9 +304,10 @@ class _Maker:
                         self._verify(written), left_out(self.focus, written.window), self.commands,
                         self.budget if budget is None else budget, profiles_dropped=attached.dropped,
                         widened=dict(self.tried if tried is None else tried),
-                        windows_sliced=len(self.sizes), zip=self.zip_file)
+                        windows_sliced=len(self.sizes), zip=self.zip_file, explanation=self.explanation)
         sizes = {**file_sizes(self.out), "report.json": len(attached.json.encode()),
-                 "report.html": len(attached.html.encode())}
+                 "report.html": len(attached.html.encode()),
+                 **{name: len(text.encode()) for name, text in self.explain_files.items()}}
         return bundle, _settle(bundle, sizes)
 
     def _finish(self, written: _Slices) -> Bundle | None:
@@ -295,6 +325,8 @@ class _Maker:
             (self.out / "report.json").write_text(attached.json)
             (self.out / "report.html").write_text(attached.html, encoding="utf-8")
             (self.out / "report.md").write_text(text, encoding="utf-8")
+            for name, content in self.explain_files.items():
+                (self.out / name).write_text(content, encoding="utf-8")
             made.files = file_sizes(self.out)
             if self.zip_file is None:
                 return made
@@ -303,7 +335,7 @@ class _Maker:
             if made.zip_size <= self.budget:
                 return made
             self.zip_file.unlink()
-            for name in ("report.json", "report.html", "report.md"):
+            for name in ("report.json", "report.html", "report.md", *self.explain_files):
                 (self.out / name).unlink()
         return None
 
@@ -354,11 +386,13 @@ class _Maker:
             if enough <= need:
                 smallest, need, enough = reproducing, enough, None
         files = smallest.files
-        slices = smallest.total - sum(files[n] for n in ("report.json", "report.html", "report.md"))
+        fixed = ("report.json", "report.html", "report.md", *self.explain_files)
+        slices = smallest.total - sum(files[n] for n in fixed)
+        explained = "".join(f", {name} {files[name]}" for name in self.explain_files)
         said = (f"not even the smallest bundle fits the budget of {human(self.budget)} ({self.budget} "
                 f"bytes): it takes {smallest.total} bytes (report.json {files['report.json']} and "
                 f"report.html {files['report.html']} with no tensor's profile, report.md "
-                f"{files['report.md']}, its slices {slices})")
+                f"{files['report.md']}{explained}, its slices {slices})")
         if smallest.verification.reproduced:
             return InputError(self.out, f"{said}; give --budget {need // 1000}k or more")
         if enough is None:
@@ -387,13 +421,17 @@ def _stats_doc(kept: dict[str, list], sides: list[BundleSide]) -> dict:
 
 
 def _commands(a: str | Path, b: str | Path, out: Path, budget: int, zip: bool, options: _Options,
-              files: dict[str, str]) -> dict[str, str]:
+              files: dict[str, str], explained: Explained | None = None) -> dict[str, str]:
     """What each reproduce command does -> the command, shell-quoted."""
     flags = options.flags()
+    explain_flags = [] if explained is None else list(explained.flags)
     made = ["tracediff", "bundle", str(a), str(b), "-o", str(out), "--budget", str(budget),
-            *(["--zip"] if zip else []), *flags]
+            *(["--zip"] if zip else []), *flags, *explain_flags]
+    explain = {} if explained is None else {
+        "The explanation (the draft replayed on the full traces; the checkpoints are not in the bundle)":
+            shlex.join(["tracediff", "explain", str(a), str(b), *explain_flags])}
     return {"In this directory, the slices": shlex.join(["tracediff", "compare", files["a"], files["b"],
                                                         *flags]),
             "The full traces, as the bundle compared them": shlex.join(["tracediff", "compare", str(a),
                                                                        str(b), *flags]),
-            "The command that made this bundle": shlex.join(made)}
+            **explain, "The command that made this bundle": shlex.join(made)}

@@ -9,6 +9,7 @@ from tracediff.bundle.fingerprint import Fingerprint
 from tracediff.bundle.select import Focus, LeftOut, Window
 from tracediff.bundle.verify import Verification
 from tracediff.diff.results import Report
+from tracediff.eagle3.explanation import Explanation
 from tracediff.trace.slice import Selection, SliceResult
 
 
@@ -41,6 +42,7 @@ class Bundle:
     files: dict[str, int] = field(default_factory=dict)  # file -> bytes, report.md included
     zip: Path | None = None
     zip_size: int | None = None
+    explanation: Explanation | None = None  # explain's result (``bundle --draft``), in explain.json/html
 
     @property
     def total(self) -> int:

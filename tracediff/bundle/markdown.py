@@ -23,6 +23,7 @@ from tracediff.bundle.fingerprint import NOT_RECORDED
 from tracediff.bundle.select import Focus
 from tracediff.bundle.verify import short_depths, short_tensors
 from tracediff.diff.results import Report
+from tracediff.eagle3.explanation import Explanation
 from tracediff.report.compare import cell, to_markdown, where
 from tracediff.report.text import code, md, safe
 from tracediff.trace.slice import SlicePart
@@ -39,7 +40,10 @@ PRIVATE = ("> **Check before posting publicly**: this bundle holds what the trac
 TRIMMED = ("report.json", "report.html")  # what may lack profiles
 FILES = {"report.json": "the full compare as JSON (docs/REPORT.md; `tracediff.Report.from_json` reads it)",
          "report.html": "the full compare as a page", "report.md": "this file",
-         "stats.json": "summary statistics (full traces) of the tensors the slices leave out"}
+         "stats.json": "summary statistics (full traces) of the tensors the slices leave out",
+         "explain.json": "which input costs how many accepted tokens, as JSON (docs/EXPLAIN.md; "
+                         "`tracediff.Explanation.from_json` reads it)",
+         "explain.html": "the explanation as a page: a bar per run"}
 
 
 LIMIT = 60_000  # characters of report.md (GitHub's limit for an issue body is 65,536)
@@ -154,6 +158,18 @@ def _reproduction(bundle: Bundle, cut: Cut) -> list[str]:
         lines[0] = (f"The full compare found no divergence ({report.verdict}): the slices hold {held}, for a "
                     f"look at the data. " + lines[0])
     return lines
+
+
+def explanation_section(explanation: Explanation | None) -> list[str]:
+    """explain's section: the draft replayed on both traces' inputs and the swaps (full traces)."""
+    if explanation is None:
+        return []
+    from tracediff.report.explain import explanation_markdown
+
+    return ["## Explain: which input costs acceptance (full traces)", "",
+            "The draft checkpoint replayed teacher-forced on A's inputs, on B's, and with each input group "
+            "taken from the other side (`tracediff explain`; explain.json and explain.html hold it).", "",
+            explanation_markdown(explanation).rstrip("\n"), ""]
 
 
 def _commands(bundle: Bundle) -> list[str]:
@@ -292,7 +308,9 @@ def least_compare(report: Report, focus: Focus) -> int:
 def compose(bundle: Bundle, cut: Cut) -> str:
     """report.md of a bundle whose files (report.md's own size included) are in ``bundle.files``,
     shortened as ``cut`` says."""
-    lines = [*_headline(bundle, cut), *_reproduction(bundle, cut), *_commands(bundle), *_environment(bundle),
+    lines = [*_headline(bundle, cut), *_reproduction(bundle, cut), *explanation_section(bundle.explanation),
+             *_commands(bundle),
+             *_environment(bundle),
              *compare_section(bundle.report, bundle.focus, cut), *_contents(bundle, cut)]
     return "\n".join(lines) + "\n"
 

@@ -18,17 +18,22 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from tracediff.diff.jsonio import dumps, loads_versioned
 from tracediff.eagle3.chains import drafted_from, leading_hits, tree_shape
+from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
 from tracediff.eagle3.draft import Eagle3Draft
+from tracediff.eagle3.explanation import GROUP_NAMES, GROUPS, Explanation, Run, Side
+from tracediff.eagle3.readings import engine_choice
 from tracediff.eagle3.replay import (
+    FcRows,
     RequestRows,
+    by_position,
     chain_depths,
     config_mismatch,
     contiguous_rows,
@@ -36,13 +41,8 @@ from tracediff.eagle3.replay import (
     teacher_forced,
 )
 from tracediff.errors import InputError
-from tracediff.trace.reader import Trace
+from tracediff.trace.reader import Trace, open_trace
 
-EXPLANATION_VERSION = 1
-Side = Literal["a", "b"]
-GROUPS = ("fc_in", "input_ids", "positions", "d2t", "draft")
-GROUP_NAMES = {"fc_in": "fc input", "input_ids": "fed token ids", "positions": "positions",
-               "d2t": "vocab map (d2t)", "draft": "draft computation"}
 VOCAB_BUFFERS = ("d2t", "t2d")  # the vocab map is its own group, not the draft computation's
 MIN_CHAINS = 5  # fewer chains tell no difference from noise
 NOISE_SE = 2.0  # a difference counts beyond this many standard errors of the per-chain differences
@@ -50,9 +50,10 @@ FC_RTOL, FC_ATOL = 1e-5, 1e-6  # fc inputs this close are the same input (float 
 
 
 class SideRows(NamedTuple):
-    """One side's draft inputs over the rows a request pair shares (n rows, position order)."""
+    """One side's draft inputs over the rows a request pair shares (n rows, position order); the fc
+    input stays in the trace until the pair is replayed (``FcRows.read``)."""
 
-    fc_in: np.ndarray  # [n, K*H] float32
+    fc: FcRows  # [n, K*H] float32 once read
     ids: np.ndarray  # [n]: the id each row was fed at depth 0
     positions: np.ndarray  # [n]: the RoPE positions it was fed
 
@@ -75,54 +76,6 @@ class PairedRows:
         return labels, labels >= 0
 
 
-@dataclass
-class Run:
-    """One replay: which side each input group came from, and what it scored."""
-
-    name: str  # "A's inputs", "B with A's fc input", ...
-    base: Side
-    swapped: list[str]  # groups taken from the other side
-    expected_accept_len: float  # over the chains every run scores (``chains``): like compared with like
-    chains: int
-    own_accept_len: float  # over the chains this run scores (a chain reaching past the text is unscored)
-    own_chains: int
-    depth_accuracy: list[float]
-    depth_rows: list[int]
-
-
-@dataclass
-class Explanation:
-    """What explain measured and concluded (``to_json`` / ``from_json`` round-trip it)."""
-
-    a: str
-    b: str
-    conclusion: str
-    restored_by: str | None  # the run whose swap restores acceptance (``conclusion`` names it), if one does
-    scored_on: str  # "the server's chains" or "every row"
-    depths: int
-    depths_from: str
-    requests: int  # request pairs replayed
-    rows: int  # rows they share
-    differing: list[str]  # input groups whose values differ between the sides
-    cost: float  # A's accept length - B's
-    noise: float  # what a difference must exceed to count (NOISE_SE standard errors)
-    runs: list[Run] = field(default_factory=list)
-    recorded_agreement: dict[str, float | None] = field(default_factory=dict)  # side -> share of rows
-    unpaired: dict[str, int] = field(default_factory=dict)  # side -> requests sharing no text: never replayed
-    explanation_version: int = EXPLANATION_VERSION
-
-    def run(self, name: str) -> Run:
-        return next(r for r in self.runs if r.name == name)
-
-    def to_json(self, indent: int | None = 1) -> str:
-        return dumps(self, indent)
-
-    @classmethod
-    def from_json(cls, text: str) -> Explanation:
-        """The explanation ``to_json`` wrote; ValueError for another version or shape."""
-        return loads_versioned(cls, text, "explanation_version", EXPLANATION_VERSION, "explanation")
-
-
 class Inputs(NamedTuple):
     """Everything a run draws from one side."""
 
@@ -130,8 +83,26 @@ class Inputs(NamedTuple):
     d2t: torch.Tensor  # offsets, [draft vocab]
 
 
-def explain(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | None = None,
+def explain(a: str | Path, b: str | Path, draft: str | Path, *, draft_b: str | Path | None = None,
+            target: str | Path | None = None, depths: int | None = None,
             progress: Callable[[int, int], None] | None = None) -> Explanation:
+    """``tracediff explain A B --draft D``: the checkpoint(s) loaded as the engine that recorded
+    each trace reads them (``draft_b`` for B when it differs; the target's embedding, and lm_head
+    where the engine takes it, from ``target``), then ``explain_traces``. ``progress(done, total)``
+    hears rows replayed. ``InputError`` (one line) for unreadable inputs."""
+    embed = target_embedding(target) if target else None
+    head = target_tensor(target, "lm_head") if target else None
+    with open_trace(a) as ta, open_trace(b) as tb:
+        readings = {side: engine_choice(t.engine).reading for side, t in (("a", ta), ("b", tb))}
+        drafts = {"a": load_draft(draft, embed, reading=readings["a"], target_head=head)}
+        same = draft_b is None and readings["a"] == readings["b"]
+        drafts["b"] = drafts["a"] if same else load_draft(draft_b or draft, embed, reading=readings["b"],
+                                                          target_head=head)
+        return explain_traces(ta, tb, drafts, depths, progress)
+
+
+def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | None = None,
+                   progress: Callable[[int, int], None] | None = None) -> Explanation:
     """Replay ``drafts['a']`` on A's inputs, ``drafts['b']`` on B's, and the swaps (see the module
     docstring). ``InputError`` when the traces share no scorable row."""
     pairing = paired_rows(a, b)
@@ -143,25 +114,8 @@ def explain(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | No
     choice = chain_depths(serving or b, depths)
     sides = {"a": Inputs(drafts["a"], _d2t(a, drafts["a"])), "b": Inputs(drafts["b"], _d2t(b, drafts["b"]))}
     differing = [g for g in GROUPS if _differs(g, pairs, sides)]
-    scores: dict[str, Scores] = {}
-    planned = 2 + 2 * len(differing) + math.comb(len(differing), 2)
-
-    def add(base: Side, swapped: Sequence[str]) -> None:
-        other = "b" if base == "a" else "a"
-        name = f"{base.upper()}'s inputs" if not swapped else \
-            f"{base.upper()} with {other.upper()}'s {' and '.join(GROUP_NAMES[g] for g in swapped)}"
-        if progress is not None:
-            progress(len(scores), planned)
-        pick = {g: (other if g in swapped else base) for g in GROUPS}
-        scores[name] = score(name, base, list(swapped), pairs, sides, pick, choice.depths)
-
-    add("a", [])
-    add("b", [])
-    for group in differing:
-        add("b", [group])
-        add("a", [group])
-    for first, second in itertools.combinations(differing, 2):
-        add("b", [first, second])
+    plan = run_plan(differing)
+    scores = score_runs(plan, pairs, sides, choice.depths, progress)
     common = np.logical_and.reduce([sc.leads >= 0 for sc in scores.values()])  # chains every run scores
     runs = {name: sc.over(common) for name, sc in scores.items()}
     leads = {name: np.where(common, sc.leads, -1) for name, sc in scores.items()}
@@ -200,14 +154,8 @@ def paired_rows(a: Trace, b: Trace) -> Pairing:
     that part after a common system prompt share only the rows before they part."""
     rows_a, rows_b = list(request_rows(a, None)), list(request_rows(b, None))
     chains_a, chains_b = drafted_from(a), drafted_from(b)
-    candidates = sorted(((_agree(ra, rb), i, j) for i, ra in enumerate(rows_a)
-                         for j, rb in enumerate(rows_b)), key=lambda c: (-c[0], c[1], c[2]))
-    taken_a, taken_b, pairs = set(), set(), []
-    for shared, i, j in candidates:
-        if shared == 0 or i in taken_a or j in taken_b:
-            continue
-        taken_a.add(i)
-        taken_b.add(j)
+    pairs = []
+    for i, j, shared in longest_agreements([_text(r) for r in rows_a], [_text(r) for r in rows_b]):
         ra, rb = rows_a[i], rows_b[j]
         anchors = chains_b.get(rb.request) if chains_b else chains_a.get(ra.request) if chains_a else None
         positions = np.arange(shared)
@@ -218,18 +166,77 @@ def paired_rows(a: Trace, b: Trace) -> Pairing:
         own, other = (ra, rb) if chains_a and not chains_b else (rb, ra)
         labels = {**{p: v for p, v in other.target_at.items() if p + 1 < shared}, **own.target_at}
         pairs.append(PairedRows(ra.request, rb.request, _side(ra, shared), _side(rb, shared), labels, chains))
-    return Pairing(sorted(pairs, key=lambda p: p.request_b), len(rows_a) - len(taken_a),
-                   len(rows_b) - len(taken_b))
+    paired = len(pairs)
+    return Pairing(sorted(pairs, key=lambda p: p.request_b), len(rows_a) - paired, len(rows_b) - paired)
 
 
-def _agree(ra: RequestRows, rb: RequestRows) -> int:
-    """How many rows from position 0 both hold with the same text through the next token, x[0..t+1]
-    (the token the row should be fed; what it was fed is the fed-ids group, compared apart)."""
-    n = min(contiguous_rows(ra.positions), contiguous_rows(rb.positions))
-    if n == 0 or ra.positions[0] != 0 or rb.positions[0] != 0:
+class _Node:
+    """A node of the trie of texts, at ``depth`` rows: the requests of each side below it not yet paired."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth, self.a, self.b = depth, [], []  # type: ignore[var-annotated]
+
+    def absorb(self, child: _Node) -> None:
+        self.a += child.a
+        self.b += child.b
+
+
+def longest_agreements(texts_a: list[tuple[int, ...]], texts_b: list[tuple[int, ...]]
+                       ) -> list[tuple[int, int, int]]:
+    """(i, j, rows) pairing ``texts_a[i]`` with ``texts_b[j]`` one to one, the longest common prefix
+    first (ties: lowest i, then lowest j), pairs that agree on no row left out. The greedy of every
+    pair sorted by agreement, found without comparing every pair: the texts sorted, the common
+    prefix of neighbours builds their trie, and each node, deepest first, pairs what its children
+    left unpaired (any two of them agree there and no deeper)."""
+    items = sorted([(t, 0, i) for i, t in enumerate(texts_a)] + [(t, 1, j) for j, t in enumerate(texts_b)])
+    out: list[tuple[int, int, int]] = []
+
+    def settle(node: _Node) -> None:
+        node.a.sort()
+        node.b.sort()
+        k = min(len(node.a), len(node.b))
+        if node.depth > 0:
+            out.extend((i, j, node.depth) for i, j in zip(node.a[:k], node.b[:k]))
+            node.a, node.b = node.a[k:], node.b[k:]
+
+    stack = [_Node(0)]
+    previous: tuple[int, ...] = ()
+    for text, side, index in items:
+        common = _common_prefix(previous, text)
+        while stack[-1].depth > common:
+            node = stack.pop()
+            settle(node)
+            if stack[-1].depth < common:
+                stack.append(_Node(common))
+            stack[-1].absorb(node)
+        if stack[-1].depth != len(text):
+            stack.append(_Node(len(text)))
+        (stack[-1].a if side == 0 else stack[-1].b).append(index)
+        previous = text
+    while len(stack) > 1:
+        node = stack.pop()
+        settle(node)
+        stack[-1].absorb(node)
+    return sorted(out, key=lambda p: (-p[2], p[0], p[1]))
+
+
+def _common_prefix(x: tuple[int, ...], y: tuple[int, ...]) -> int:
+    n = min(len(x), len(y))
+    if n == 0:
         return 0
-    same = (_through_next(ra, n) == _through_next(rb, n)).all(axis=1)
-    return int(np.argmin(same)) if not same.all() else n
+    same = np.asarray(x[:n]) == np.asarray(y[:n])
+    return n if same.all() else int(np.argmin(same))
+
+
+def _text(rows: RequestRows) -> tuple[int, ...]:
+    """A request's rows from position 0 as one token sequence, a row its token and the next one
+    (x[t], x[t+1]) packed in one int: two requests share the rows of their common prefix. Empty
+    when the rows do not start at position 0 (nothing to pair)."""
+    n = contiguous_rows(rows.positions)
+    if n == 0 or rows.positions[0] != 0:
+        return ()
+    both = _through_next(rows, n).astype(np.int64) + 1  # -1 (unknown) -> 0
+    return tuple((both[:, 0] << 32 | both[:, 1]).tolist())
 
 
 def _through_next(rows: RequestRows, n: int) -> np.ndarray:
@@ -239,7 +246,7 @@ def _through_next(rows: RequestRows, n: int) -> np.ndarray:
 
 
 def _side(rows: RequestRows, n: int) -> SideRows:
-    return SideRows(rows.fc_in[:n], rows.next_tokens[:n], rows.rope_positions[:n])
+    return SideRows(rows.fc.head(n), rows.next_tokens[:n], rows.rope_positions[:n])
 
 
 def _d2t(trace: Trace, draft: Eagle3Draft) -> torch.Tensor:
@@ -265,12 +272,14 @@ def _differs(group: str, pairs: list[PairedRows], sides: dict[str, Inputs]) -> b
         same = da.numerics.forward == db.numerics.forward and weights_a.keys() == weights_b.keys() and all(
             torch.equal(weights_a[k], weights_b[k]) for k in weights_a)
         return not same
-    field_name = "ids" if group == "input_ids" else group
-    for pair in pairs:
-        x, y = getattr(pair.a, field_name), getattr(pair.b, field_name)
-        if group == "fc_in" and not np.allclose(x, y, rtol=FC_RTOL, atol=FC_ATOL):
-            return True
-        if group != "fc_in" and not np.array_equal(x, y):
+    for pair in pairs:  # one pair's fc inputs in memory at a time; the first difference ends the pass
+        if group == "fc_in":
+            if pair.a.fc.width != pair.b.fc.width:
+                return True
+            if not np.allclose(pair.a.fc.read(), pair.b.fc.read(), rtol=FC_RTOL, atol=FC_ATOL):
+                return True
+        elif not np.array_equal(*(getattr(side, "ids" if group == "input_ids" else group)
+                                  for side in (pair.a, pair.b))):
             return True
     return False
 
@@ -298,26 +307,58 @@ class Scores(NamedTuple):
                    depth_rows=self.total.tolist())
 
 
-def score(name: str, base: Side, swapped: list[str], pairs: list[PairedRows], sides: dict[str, Inputs],
-          pick: dict[str, str], depths: int) -> Scores:
-    """One run over every pair, the inputs of each group from the side ``pick`` names."""
-    draft, d2t = sides[pick["draft"]].draft, sides[pick["d2t"]].d2t
+class RunSpec(NamedTuple):
+    """One planned replay: its name, its base side, the groups it takes from the other side, and so
+    the side each group comes from (``pick``)."""
 
-    def to_target(ids: torch.Tensor) -> torch.Tensor:
-        return ids + d2t[ids]
+    name: str
+    base: Side
+    swapped: tuple[str, ...]
+    pick: dict[str, Side]
 
-    correct, total, lead, drafted = np.zeros(depths, int), np.zeros(depths, int), [], []
+
+def run_plan(differing: Sequence[str]) -> tuple[RunSpec, ...]:
+    """A's inputs, B's, each differing group swapped into either side, and each pair of them into
+    B (effects may not add up): 2 + 2g + g(g-1)/2 runs."""
+    def spec(base: Side, swapped: tuple[str, ...]) -> RunSpec:
+        other: Side = "b" if base == "a" else "a"
+        name = f"{base.upper()}'s inputs" if not swapped else \
+            f"{base.upper()} with {other.upper()}'s {' and '.join(GROUP_NAMES[g] for g in swapped)}"
+        return RunSpec(name, base, swapped, {g: (other if g in swapped else base) for g in GROUPS})
+
+    singles = [spec(base, (group,)) for group in differing for base in ("b", "a")]
+    pairs = [spec("b", both) for both in itertools.combinations(differing, 2)]
+    return (spec("a", ()), spec("b", ()), *singles, *pairs)
+
+
+def score_runs(plan: Sequence[RunSpec], pairs: list[PairedRows], sides: dict[str, Inputs], depths: int,
+               progress: Callable[[int, int], None] | None = None) -> dict[str, Scores]:
+    """Every planned run over every pair, pair by pair: a pair's fc inputs are read once and are the
+    only tensor rows in memory (bounded, whatever the traces' size). ``progress(done, total)``
+    hears rows replayed, over every run."""
+    correct = {spec.name: np.zeros(depths, int) for spec in plan}
+    total = {spec.name: np.zeros(depths, int) for spec in plan}
+    lead: dict[str, list[np.ndarray]] = {spec.name: [] for spec in plan}
+    drafted: dict[str, list[np.ndarray]] = {spec.name: [] for spec in plan}
+    planned, done = sum(len(p.a.ids) for p in pairs) * len(plan), 0
     for pair in pairs:
-        fc_in = getattr(pair, pick["fc_in"]).fc_in
-        ids = getattr(pair, pick["input_ids"]).ids
-        positions = getattr(pair, pick["positions"]).positions
-        scored = teacher_forced(draft, fc_in, ids, positions, depths, pair.labels, to_target)
-        correct += scored.hits.sum(axis=0)
-        total += scored.valid.sum(axis=0)
-        lead.append(leading_hits(scored.hits, scored.valid)[pair.chains])
-        drafted.append(scored.results[0].logits[0].argmax(-1).numpy())
-    leads = np.concatenate(lead) if lead else np.zeros(0, int)
-    return Scores(name, base, swapped, leads, correct, total, drafted)
+        fc_in = {"a": pair.a.fc.read(), "b": pair.b.fc.read()}
+        for spec in plan:
+            draft, d2t = sides[spec.pick["draft"]].draft, sides[spec.pick["d2t"]].d2t
+            fed = getattr(pair, spec.pick["input_ids"]).ids
+            rotated = getattr(pair, spec.pick["positions"]).positions
+            scored = teacher_forced(draft, fc_in[spec.pick["fc_in"]], fed, rotated, depths, pair.labels,
+                                    lambda ids, d2t=d2t: ids + d2t[ids])
+            correct[spec.name] += scored.hits.sum(axis=0)
+            total[spec.name] += scored.valid.sum(axis=0)
+            lead[spec.name].append(leading_hits(scored.hits, scored.valid)[pair.chains])
+            drafted[spec.name].append(scored.results[0].logits[0].argmax(-1).numpy())
+            done += len(pair.a.ids)
+            if progress is not None:
+                progress(done, planned)
+    return {spec.name: Scores(spec.name, spec.base, list(spec.swapped),
+                              np.concatenate(lead[spec.name]) if lead[spec.name] else np.zeros(0, int),
+                              correct[spec.name], total[spec.name], drafted[spec.name]) for spec in plan}
 
 
 def _noise(x: np.ndarray, y: np.ndarray) -> float:
@@ -423,13 +464,12 @@ def _recorded_agreement(trace: Trace, pairs: list[PairedRows], side: Side, d2t: 
     if not names:
         return None
     recorded = {n: trace.rows(n, depth=0) for n in names}
+    where = {n: by_position(r) for n, r in recorded.items()}
+    values = {n: r.numpy() for n, r in recorded.items()}
     same = seen = 0
     for pair, ids in zip(pairs, drafted):
         request = pair.request_a if side == "a" else pair.request_b
-        at = {}
-        for n, r in recorded.items():
-            mine = r.request == request
-            at[n] = {int(p): int(v) for p, v in zip(r.position[mine], r.numpy()[mine])}
+        at = {n: {p: int(values[n][i]) for p, i in where[n].get(request, {}).items()} for n in names}
         inputs = getattr(pair, side)
         rows = [p for p in range(len(inputs.ids)) if any(p in values for values in at.values())]
         if not rows:

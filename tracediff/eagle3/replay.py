@@ -9,14 +9,14 @@ target tokens. A fc input built from the wrong layers shows up as an accuracy co
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from tracediff.diff.jsonio import to_plain
 from tracediff.eagle3.canonical import RowLogger
 from tracediff.eagle3.capture import AuxSpec
 from tracediff.eagle3.chains import drafted_from, leading_hits, tree_shape
@@ -26,7 +26,8 @@ from tracediff.eagle3.selfcheck import RecordedChains, SelfCheck
 from tracediff.errors import InputError
 from tracediff.integrations.draft_summary import draft_config_summary
 from tracediff.record.recorder import Recorder
-from tracediff.trace.reader import TensorRows, Trace
+from tracediff.trace.dtypes import decode
+from tracediff.trace.reader import RowKeys, TensorRows, Trace
 
 RECORDED = "recorded draft.fc_in"
 DEFAULT_DEPTHS = 4  # a chain's depths when the trace says nothing of the server's or the training's
@@ -56,14 +57,46 @@ def chain_depths(trace: Trace, asked: int | None = None) -> DepthChoice:
     return DepthChoice(DEFAULT_DEPTHS, "the default: the trace records neither num_steps nor draft depths")
 
 
+@dataclass(frozen=True)
+class FcRows:
+    """Where one request's fc input lies in a trace, read only when asked (``read``): a replay holds
+    one request's tensor rows at a time, whatever the size of the trace. Per source tensor (their
+    rows concatenated in this order to the fc input), its keys and the row of each position."""
+
+    trace: Trace
+    keys: tuple[RowKeys, ...]
+    rows: tuple[np.ndarray, ...]
+
+    def __len__(self) -> int:
+        return len(self.rows[0])
+
+    @property
+    def width(self) -> int:
+        return sum(int(np.prod(k.row_shape, dtype=np.int64)) for k in self.keys)
+
+    def head(self, n: int) -> FcRows:
+        return FcRows(self.trace, self.keys, tuple(r[:n] for r in self.rows))
+
+    def then(self, rest: FcRows) -> FcRows:
+        """These rows followed by ``rest``'s (the same sources)."""
+        joined = tuple(np.concatenate([mine, theirs]) for mine, theirs in zip(self.rows, rest.rows))
+        return FcRows(self.trace, self.keys, joined)
+
+    def read(self) -> np.ndarray:
+        """[rows, K*H] float32: each source's rows, decoded, side by side."""
+        parts = [decode(self.trace.gather(k, r), k.dtype).reshape(len(r), -1).astype(np.float32, copy=False)
+                 for k, r in zip(self.keys, self.rows)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)
+
+
 @dataclass
 class RequestRows:
-    """One request's depth-0 rows, by position: fc input, fed tokens, and target tokens."""
+    """One request's depth-0 rows, by position: where its fc input lies, fed tokens, target tokens."""
 
     request: str
     positions: np.ndarray
     tokens: np.ndarray  # x[t] at each position
-    fc_in: np.ndarray  # [R, K*H] float32
+    fc: FcRows  # [R, K*H] once read
     next_tokens: np.ndarray  # x[t+1]: what row t embeds
     target_at: dict[int, int]  # position -> the target's prediction there, for every recorded row
     rope_positions: np.ndarray  # the positions the draft rotated row t by (recorded draft.positions, else t)
@@ -102,16 +135,20 @@ class ReplayReport:
     engine_notes: list[str] = field(default_factory=list)  # how the loader completed it, as the engine does
 
     def to_dict(self) -> dict:
-        """Plain JSON: an accuracy over 0 rows is null (JSON has no NaN)."""
-        out = asdict(self)
-        out["depth_accuracy"] = [None if math.isnan(a) else a for a in self.depth_accuracy]
-        return out
+        """Strict JSON as every report of tracediff writes it (``diff/jsonio.py``): an accuracy over 0
+        rows is the string "NaN"."""
+        return to_plain(self)
 
 
-def _by_position(rows: TensorRows, request: str) -> dict[int, int]:
-    """Row index of each position of one request (the last occurrence wins, e.g. re-extends)."""
-    picked = np.flatnonzero((rows.request == request) & (rows.depth == 0))
-    return {int(rows.position[i]): int(i) for i in picked}
+def by_position(rows: TensorRows | RowKeys) -> dict[str, dict[int, int]]:
+    """Per request, the row index of each depth-0 position (the last occurrence wins, e.g. a
+    re-extend): one pass over the key columns, whatever the number of requests."""
+    out: dict[str, dict[int, int]] = {}
+    picked = np.flatnonzero(rows.depth == 0)
+    for i, request, position in zip(picked.tolist(), rows.request[picked].tolist(),
+                                    rows.position[picked].tolist()):
+        out.setdefault(request, {})[position] = i
+    return out
 
 
 def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
@@ -128,30 +165,32 @@ def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
     if lacking:
         raise InputError(trace.paths[0], f"the trace holds no {', '.join(lacking)}"
                                          + (" (the fc input --aux rebuilds needs them)" if aux else ""))
-    sources = {name: trace.rows(name) for name in wanted}
+    sources = [trace.keys(name) for name in wanted]  # where the rows lie; read per request
+    source_at = [by_position(keys) for keys in sources]
+    target_by, fed_by = by_position(targets), by_position(fed) if fed is not None else {}
+    rope_by = by_position(rope) if rope is not None else {}
     texts = trace.request_tokens()
     known = {r for r in texts.requests()} if len(texts) else set()
     done: dict[str, RequestRows] = {}
     for request in dict.fromkeys(targets.request.tolist()):
-        target_at = _by_position(targets, request)
-        source_at = {name: _by_position(rows, request) for name, rows in sources.items()}
-        fed_at = _by_position(fed, request) if fed is not None else {}
-        rope_at = _by_position(rope, request) if rope is not None else {}
+        target_at = target_by.get(request, {})
+        fed_at, rope_at = fed_by.get(request, {}), rope_by.get(request, {})
+        at = [found.get(request, {}) for found in source_at]
         text = dict(zip(*(a.tolist() for a in texts.sequence(request)))) if request in known else {}
         text.update({p: int(targets.token_id[i]) for p, i in target_at.items()})
         # position -1 keys rows that are no position (padding, a row fed past the text's end)
-        positions = sorted(p for p in set.intersection(*(set(at) for at in source_at.values())) if p >= 0)
+        positions = sorted(p for p in set.intersection(*(set(a) for a in at)) if p >= 0)
         usable = [p for p in positions if p in fed_at or p + 1 in text]
         if not usable:
             continue
-        fc_in = np.concatenate([rows.numpy()[[source_at[name][p] for p in usable]].astype(np.float32)
-                                for name, rows in sources.items()], axis=-1)
+        fc = FcRows(trace, tuple(sources), tuple(np.array([found[p] for p in usable], dtype=np.int64)
+                                                 for found in at))
         nxt = np.array([int(fed.data[fed_at[p]]) if fed is not None and p in fed_at else text[p + 1]
                         for p in usable])
         rotated = np.array([int(rope.data[rope_at[p]]) if rope is not None and p in rope_at else p
                             for p in usable], dtype=np.int64)
         own = RequestRows(request=request, positions=np.array(usable), tokens=np.array(
-            [text.get(p, -1) for p in usable]), fc_in=fc_in, next_tokens=nxt,
+            [text.get(p, -1) for p in usable]), fc=fc, next_tokens=nxt,
             target_at={p: int(targets.data[i]) for p, i in target_at.items()}, rope_positions=rotated)
         done[request] = own = _with_cached_prefix(own, text, done)
         yield own
@@ -173,7 +212,7 @@ def _with_cached_prefix(own: RequestRows, text: dict[int, int], done: dict[str, 
         return RequestRows(request=own.request,
                            positions=np.concatenate([donor.positions[:first], own.positions]),
                            tokens=np.concatenate([donor.tokens[:first], own.tokens]),
-                           fc_in=np.concatenate([donor.fc_in[:first], own.fc_in]),
+                           fc=donor.fc.head(first).then(own.fc),
                            next_tokens=np.concatenate([donor.next_tokens[:first], own.next_tokens]),
                            target_at=own.target_at,
                            rope_positions=np.concatenate([donor.rope_positions[:first], own.rope_positions]))
@@ -229,11 +268,13 @@ def _check_width(width: int, draft: Eagle3Draft, sources: str) -> None:
 
 def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: AuxSpec | None = None,
            d2t_reading: str = "offset", rec: Recorder | None = None,
-           engine: EngineChoice | None = None) -> ReplayReport:
+           engine: EngineChoice | None = None,
+           progress: Callable[[int, int], None] | None = None) -> ReplayReport:
     """Teacher-forced accuracy per depth and expected accept length of a chain of ``depths`` drafts
     (default: ``chain_depths``), the draft computed as ``engine`` reads its config (``draft`` was
     loaded under that reading). A trace where no row can be scored (no draft row whose next
-    position holds a target token) is an ``InputError``, never a figure over 0 rows."""
+    position holds a target token) is an ``InputError``, never a figure over 0 rows. ``progress(done,
+    total)`` hears the rows replayed."""
     choice = chain_depths(trace, depths)
     depths = choice.depths
     to_target = to_target_fn(draft, d2t_reading)
@@ -253,19 +294,21 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
                           depths_from=choice.reason, not_the_servers=tree,
                           engine="" if engine is None else engine.reading.label,
                           engine_from="" if engine is None else engine.reason)
-    for req in request_rows(trace, aux):
-        _check_width(req.fc_in.shape[1], draft, report.aux)
+    requests = list(request_rows(trace, aux))  # keys and tokens: no tensor data yet
+    planned, replayed = sum(contiguous_rows(r.positions) for r in requests), 0
+    for req in requests:
+        _check_width(req.fc.width, draft, report.aux)
         report.requests += 1
         n = contiguous_rows(req.positions)
+        fc_in = req.fc.head(n).read()  # one request's rows in memory at a time
         ids = req.next_tokens[:n]  # row t embeds x[t+1]; unroll shifts them left at each depth
-        scored = teacher_forced(draft, req.fc_in[:n], ids, req.rope_positions[:n], depths, req.labels,
-                                to_target)
+        scored = teacher_forced(draft, fc_in, ids, req.rope_positions[:n], depths, req.labels, to_target)
         hits, valid = scored.hits, scored.valid
         for depth, result in enumerate(scored.results):
             correct[depth] += int(hits[:, depth].sum())
             total[depth] += int(valid[:, depth].sum())
             if n - depth > 0:
-                _log_depth(rec, req, result, ids, n - depth, depth, to_target)
+                _log_depth(rec, req, fc_in, result, ids, n - depth, depth, to_target)
         lead = leading_hits(hits, valid)
         leading += lead[lead >= 0].tolist()
         drafted = np.isin(req.positions[:n], sorted(anchors.get(req.request, ())))
@@ -274,10 +317,13 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
             rows_at = np.flatnonzero(drafted)
             teacher = torch.from_numpy(ids[None])
             with torch.no_grad():
-                own = draft.unroll(torch.from_numpy(req.fc_in[None, :n]), teacher, depths,
+                own = draft.unroll(torch.from_numpy(fc_in[None]), teacher, depths,
                                    positions=torch.from_numpy(req.rope_positions[None, :n]),
                                    fed=recorded.fed(req.request, rows_at, req.positions[:n], teacher, depths))
             recorded.compare(check, req.request, rows_at, req.positions[:n], own, to_target)
+        replayed += n
+        if progress is not None:
+            progress(replayed, planned)
     if not total or not total[0]:
         raise InputError(trace.paths[0], f"replay has no row to score: no row of {report.aux} has the "
                                          "target's token at its next position recorded (target.token); a "
@@ -332,8 +378,8 @@ def _suspect(draft: Eagle3Draft, engine: EngineChoice, trace: Trace) -> str | No
     return None
 
 
-def _log_depth(rec: Recorder | None, req: RequestRows, result: DepthResult, ids: np.ndarray, rows: int,
-               depth: int, to_target) -> None:
+def _log_depth(rec: Recorder | None, req: RequestRows, fc_in: np.ndarray, result: DepthResult,
+               ids: np.ndarray, rows: int, depth: int, to_target) -> None:
     if rec is None:
         return
     tokens = np.full(int(req.positions.max()) + 1, -1, dtype=np.int64)
@@ -344,4 +390,4 @@ def _log_depth(rec: Recorder | None, req: RequestRows, result: DepthResult, ids:
                          fc_out=None if result.fc_out is None else result.fc_out[:, :rows])
     fed = torch.from_numpy(ids[None, depth : depth + rows])
     logger.draft(sliced, fed, req.positions[:rows].tolist(), 0, depth, to_target,
-                 fc_in=torch.from_numpy(req.fc_in[None, :rows]) if depth == 0 else None)
+                 fc_in=torch.from_numpy(fc_in[None, :rows]) if depth == 0 else None)

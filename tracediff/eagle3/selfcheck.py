@@ -18,10 +18,12 @@ import numpy as np
 import torch
 
 from tracediff.eagle3.draft import DepthResult
-from tracediff.trace.reader import TensorRows, Trace
+from tracediff.trace.dtypes import decode
+from tracediff.trace.reader import RowKeys, TensorRows, Trace
 
 HIDDEN_RTOL = 1e-3  # max |replayed - recorded| / max |recorded| of a row's draft.hidden still "the same"
 CHAIN_TENSORS = ("draft.input_ids", "draft.token", "draft.token_target", "draft.hidden")
+LARGE = ("draft.hidden",)  # read a request at a time: a row is a hidden state
 
 
 @dataclass(frozen=True)
@@ -55,12 +57,18 @@ class RecordedChains:
 
     def __init__(self, trace: Trace) -> None:
         names = set(trace.names())
-        self.rows: dict[str, TensorRows] = {name: trace.rows(name) for name in CHAIN_TENSORS if name in names}
+        present = [name for name in CHAIN_TENSORS if name in names]
+        self.trace = trace
+        # ids are read whole (one int a row); a hidden state a request at a time (``value``)
+        self.rows: dict[str, TensorRows] = {name: trace.rows(name) for name in present if name not in LARGE}
         self.values = {name: rows.numpy() for name, rows in self.rows.items()}  # decoded once
+        self.keys: dict[str, RowKeys] = {name: trace.keys(name) for name in present if name in LARGE}
         self.at: dict[str, dict[tuple[str, int, int], int]] = {
             name: {(r, int(p), int(d)): i for i, (r, p, d) in
                    enumerate(zip(rows.request.tolist(), rows.position.tolist(), rows.depth.tolist()))}
-            for name, rows in self.rows.items()}
+            for name, rows in [*self.rows.items(), *self.keys.items()]}
+        self.of_request = {name: _rows_by_request(keys) for name, keys in self.keys.items()}
+        self._request: dict[str, tuple[str, dict[int, int], np.ndarray]] = {}  # name -> one request's rows
 
     @property
     def usable(self) -> bool:
@@ -69,7 +77,17 @@ class RecordedChains:
 
     def value(self, name: str, request: str, position: int, depth: int) -> np.ndarray | None:
         i = self.at.get(name, {}).get((request, position, depth))
-        return None if i is None else self.values[name][i]
+        if i is None:
+            return None
+        if name not in self.keys:
+            return self.values[name][i]
+        held = self._request.get(name)
+        if held is None or held[0] != request:  # the request's rows of a large tensor, read once
+            keys, rows = self.keys[name], self.of_request[name][request]
+            held = request, {int(r): k for k, r in enumerate(rows.tolist())}, \
+                decode(self.trace.gather(keys, rows), keys.dtype)
+            self._request[name] = held
+        return held[2][held[1][i]]
 
     def fed(self, request: str, anchors: np.ndarray, positions: np.ndarray, teacher: torch.Tensor,
             depths: int) -> list[torch.Tensor]:
@@ -128,3 +146,11 @@ class RecordedChains:
             if compared:
                 check.chains += 1
                 check.reproduced += int(same)
+
+
+def _rows_by_request(keys: RowKeys) -> dict[str, np.ndarray]:
+    """Each request's rows (indices into ``keys``), found in one sort."""
+    order = np.argsort(keys.request_code, kind="stable")
+    codes = keys.request_code[order]
+    starts = np.flatnonzero(np.r_[True, codes[1:] != codes[:-1]]) if len(codes) else np.zeros(0, int)
+    return {str(keys.request[order[s]]): order[s:e] for s, e in zip(starts, np.r_[starts[1:], len(codes)])}

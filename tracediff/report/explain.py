@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tracediff.eagle3.explain import GROUP_NAMES, Explanation
+from tracediff.eagle3.explanation import GROUP_NAMES, Explanation
 from tracediff.report.text import safe
 
 

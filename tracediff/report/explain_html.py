@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from tracediff.eagle3.explain import Explanation
+from tracediff.eagle3.explanation import Explanation
 from tracediff.report.explain import accuracy_text, header_lines
 from tracediff.report.html import CSP
 from tracediff.report.html_style import CSS

@@ -10,17 +10,20 @@ from tracediff.diff.differ import Progress
 
 
 @contextmanager
-def progress_bar(what: str) -> Iterator[Progress | None]:
-    """A ``progress(done, total)`` callback drawing bytes and ETA on stderr; None when stderr is not a
-    TTY (pipes, CI logs and bug reports get no bar)."""
+def progress_bar(what: str, unit: str = "bytes") -> Iterator[Progress | None]:
+    """A ``progress(done, total)`` callback drawing the ``unit`` done ("bytes", or a count such as
+    "rows") and the ETA on stderr; None when stderr is not a TTY (pipes, CI logs and bug reports get
+    no bar)."""
     if not sys.stderr.isatty():
         yield None
         return
     from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, DownloadColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
     from rich.progress import Progress as Bar
 
-    with Bar(TextColumn(what), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+    count = DownloadColumn() if unit == "bytes" else MofNCompleteColumn()
+    columns = [TextColumn(what), BarColumn(), count] + ([] if unit == "bytes" else [TextColumn(unit)])
+    with Bar(*columns, TimeRemainingColumn(),
              console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task(what, total=None)
 
