@@ -57,9 +57,11 @@ def main() -> int:
     with td.open_trace(args.trace) as trace:
         depths = chain_depths(trace).depths
         requests = list(request_rows(trace, None))
-    inputs = [(torch.from_numpy(r.fc_in[None, : contiguous_rows(r.positions)]),
+        fc_in = [r.fc.head(contiguous_rows(r.positions)).read() for r in requests]
+    inputs = [(torch.from_numpy(x[None]),
                torch.from_numpy(r.next_tokens[None, : contiguous_rows(r.positions)]),
-               torch.from_numpy(r.rope_positions[None, : contiguous_rows(r.positions)])) for r in requests]
+               torch.from_numpy(r.rope_positions[None, : contiguous_rows(r.positions)]))
+              for x, r in zip(fc_in, requests)]
     rows = sum(int(x.shape[1]) for x, _, _ in inputs)
 
     def forward() -> None:

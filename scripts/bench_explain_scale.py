@@ -1,0 +1,125 @@
+"""Benchmark: how replay and explain scale with the trace, against side-by-side baselines.
+
+  memory    peak traced memory (tracemalloc: numpy and Python allocations) of ``replay`` and of
+            ``explain_traces`` (the trace against itself), next to reading the fc input whole
+            (``Trace.rows("draft.fc_in")``: what holding every tensor row costs), at growing numbers
+            of requests of 16 rows with a fc row of 12 KiB (3 x 1024 float32: a small model's)
+  pairing   ``longest_agreements`` (a trie of the texts) against the greedy over every pair it
+            equals, on chat texts: one system prompt, conversations of several turns sharing their
+            first turns, each text on both sides
+
+Usage: python scripts/bench_explain_scale.py [--requests 16,64,256] [--pairing 100,400] [--out scale.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tracediff/ from this checkout
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import tracediff as td  # noqa: E402
+from tracediff.eagle3.config import DraftConfig  # noqa: E402
+from tracediff.eagle3.draft import Eagle3Draft  # noqa: E402
+from tracediff.eagle3.explain import explain_traces, longest_agreements  # noqa: E402
+from tracediff.eagle3.replay import replay  # noqa: E402
+
+WIDTH, ROWS = 3 * 1024, 16
+
+
+def write(path: Path, requests: int) -> int:
+    rng = np.random.default_rng(requests)
+    with td.record(path, source="training") as rec:
+        for r in range(requests):
+            tokens = rng.integers(0, 64, ROWS + 1)
+            where = {"request": f"r{r}", "positions": np.arange(ROWS), "token_ids": tokens[:ROWS]}
+            rec.log("draft.fc_in", rng.standard_normal((ROWS, WIDTH)).astype(np.float32), **where)
+            rec.log("target.token", tokens[1:], **where)
+    return requests * ROWS * WIDTH * 4
+
+
+def peak(run) -> int:
+    tracemalloc.start()
+    try:
+        run()
+        return tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def greedy(texts_a, texts_b):
+    def common(x, y):
+        return next((k for k, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
+
+    every = itertools.product(enumerate(texts_a), enumerate(texts_b))
+    candidates = sorted(((common(x, y), i, j) for (i, x), (j, y) in every), key=lambda c: (-c[0], c[1], c[2]))
+    taken_a, taken_b, out = set(), set(), []
+    for shared, i, j in candidates:
+        if shared and i not in taken_a and j not in taken_b:
+            taken_a.add(i)
+            taken_b.add(j)
+            out.append((i, j, shared))
+    return out
+
+
+def chat_texts(n: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
+    system = tuple(rng.integers(0, 1000, 40).tolist())
+    turns = [tuple(rng.integers(0, 1000, 30).tolist()) for _ in range(max(2, n // 4))]
+    return [system + sum((turns[k] for k in rng.integers(0, len(turns), rng.integers(1, 4))), ())
+            for _ in range(n)]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", default="16,64,256")
+    parser.add_argument("--pairing", default="100,400")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    torch.set_num_threads(1)
+    config = DraftConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
+                         vocab_size=64, draft_vocab_size=None, target_hidden_size=1024)
+    draft = Eagle3Draft(config, torch.randn(64, 32))
+    result: dict = {"memory": [], "pairing": []}
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in (int(x) for x in args.requests.split(",")):
+            path = Path(tmp) / f"t{n}.h5"
+            fc_bytes = write(path, n)
+            with td.open_trace(path) as a, td.open_trace(path) as b:
+                whole = peak(lambda: a.rows("draft.fc_in"))
+                replayed = peak(lambda: replay(a, draft, depths=2))
+                explained = peak(lambda: explain_traces(a, b, {"a": draft, "b": draft}, depths=2))
+            result["memory"].append({"requests": n, "fc_input_mb": fc_bytes / 1e6,
+                                     "read_whole_mb": whole / 1e6,
+                                     "replay_mb": replayed / 1e6, "explain_mb": explained / 1e6,
+                                     "explain_share_of_fc": explained / fc_bytes})
+    rng = np.random.default_rng(0)
+    for n in (int(x) for x in args.pairing.split(",")):
+        texts = chat_texts(n, rng)
+        started = time.perf_counter()
+        found = longest_agreements(texts, list(texts))
+        trie = time.perf_counter() - started
+        started = time.perf_counter()
+        assert greedy(texts, list(texts)) == found
+        every = time.perf_counter() - started
+        result["pairing"].append({"requests": n, "trie_s": trie, "every_pair_s": every,
+                                  "speedup": every / trie})
+    text = json.dumps(result, indent=1)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
