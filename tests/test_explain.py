@@ -67,6 +67,14 @@ def test_a_second_checkpoint_with_another_rope_theta_is_the_draft_computation(tm
     assert verdict.startswith("B's draft computation costs"), ex.conclusion
     assert ex.run("B with A's draft computation").expected_accept_len == pytest.approx(
         ex.run("A's inputs").expected_accept_len)
+    # the recorded logits say the same: A's checkpoint computes A's recording, B's does not
+    assert ex.recorded_logits_max_diff["a"] < 1e-4 < 1e-1 < ex.recorded_logits_max_diff["b"]
+
+
+def test_the_recorded_logits_are_what_the_checkpoint_computes_on_each_sides_inputs() -> None:
+    ex = run("training.h5", "serving_aux_bug.h5")
+    assert set(ex.recorded_logits_max_diff) == {"a", "b"}
+    assert all(v is not None and v < 1e-4 for v in ex.recorded_logits_max_diff.values())
 
 
 def test_the_explanation_round_trips_json() -> None:
@@ -85,7 +93,7 @@ def test_the_cli_prints_the_conclusion_first_and_markdown_for_a_bug_report() -> 
     md = cli(*args, "--markdown")
     assert md.stdout.startswith("**B's fc input costs") and "| B with A's fc input |" in md.stdout
     plain = json.loads(cli(*args, "--json").stdout)
-    assert plain["differing"] == ["fc_in"] and plain["explanation_version"] == 1
+    assert plain["differing"] == ["fc_in"] and plain["explanation_version"] == 2
     both = cli(*args, "--json", "--markdown")
     assert both.returncode == 2 and both.stderr.startswith("error: --json: choose one")
 
@@ -148,3 +156,16 @@ def test_the_public_api_explains_from_paths_as_the_command_does() -> None:
                           str(S / "draft"), "--target", str(S / "target"), "--json").stdout)
     assert td.Explanation.from_json(json.dumps(said)) == ex
     assert ex.restored_by == "B with A's fc input"
+
+
+def test_a_server_that_drafted_trees_is_scored_on_every_row_and_says_why(tmp_path) -> None:
+    from tests.test_replay import copy_with_contract
+
+    path = tmp_path / "tree.h5"
+    copy_with_contract(S / "serving.h5", path, speculative_args={
+        "algorithm": "EAGLE3", "num_steps": 4, "topk": 4, "num_draft_tokens": 8})
+    draft = load_draft(S / "draft", target_embedding(S / "target"))
+    with td.open_trace(S / "training.h5") as ta, td.open_trace(path) as tb:
+        ex = explain_traces(ta, tb, {"a": draft, "b": draft})
+    assert ex.scored_on.startswith("every row, not the server's figure: the server drafted trees (topk 4")
+    assert "nothing to explain" in ex.conclusion

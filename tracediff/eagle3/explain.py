@@ -41,6 +41,7 @@ from tracediff.eagle3.replay import (
     teacher_forced,
 )
 from tracediff.errors import InputError
+from tracediff.trace.dtypes import decode
 from tracediff.trace.reader import Trace, open_trace
 
 VOCAB_BUFFERS = ("d2t", "t2d")  # the vocab map is its own group, not the draft computation's
@@ -127,6 +128,8 @@ def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: i
     cost = base_a.expected_accept_len - base_b.expected_accept_len
     agreement = {"a": _recorded_agreement(a, pairs, "a", sides["a"].d2t, scores["A's inputs"].drafted),
                  "b": _recorded_agreement(b, pairs, "b", sides["b"].d2t, scores["B's inputs"].drafted)}
+    logits = {"a": recorded_logits_diff(a, pairs, "a", drafts["a"]),
+              "b": recorded_logits_diff(b, pairs, "b", drafts["b"])}
     mismatch = {"a": config_mismatch(drafts["a"], a), "b": config_mismatch(drafts["b"], b)}
     unpaired = {"a": pairing.unpaired_a, "b": pairing.unpaired_b}
     verdict = conclude(runs, differing, cost, noise, leads, caveats(agreement, mismatch), unpaired)
@@ -134,10 +137,12 @@ def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: i
     return Explanation(
         a=str(a.paths[0]), b=str(b.paths[0]), conclusion=verdict.text, restored_by=verdict.restored_by,
         depths=choice.depths, depths_from=choice.reason,
-        scored_on="the server's chains" if serving is not None and tree is None else "every row",
+        scored_on="the server's chains" if serving is not None and tree is None else
+        "every row" if tree is None else f"every row, not the server's figure: {tree}",
         requests=len(pairs), rows=sum(len(p.a.ids) for p in pairs), differing=differing, cost=cost,
         noise=noise,
-        runs=list(runs.values()), recorded_agreement=agreement, unpaired=unpaired)
+        runs=list(runs.values()), recorded_agreement=agreement, recorded_logits_max_diff=logits,
+        unpaired=unpaired)
 
 
 class Pairing(NamedTuple):
@@ -479,3 +484,33 @@ def _recorded_agreement(trace: Trace, pairs: list[PairedRows], side: Side, d2t: 
                     for p in rows)
         seen += len(rows)
     return same / seen if seen else None
+
+
+def recorded_logits_diff(trace: Trace, pairs: list[PairedRows], side: Side,
+                         draft: Eagle3Draft) -> float | None:
+    """The largest |replayed - recorded| of the side's depth-0 ``draft.logits`` over the shared rows
+    where it recorded them, the draft replayed on the side's own inputs: about float round-off when
+    the recording is what the checkpoint computes. A pair's rows are read and replayed at a time
+    (one depth). None when the trace records no draft logits of the draft's vocabulary."""
+    if "draft.logits" not in trace.names():
+        return None
+    keys = trace.keys("draft.logits", depth=0)
+    if keys.row_shape != (draft.lm_head.out_features,):
+        return None
+    where = by_position(keys)
+    worst: float | None = None
+    for pair in pairs:
+        inputs = getattr(pair, side)
+        at = where.get(pair.request_a if side == "a" else pair.request_b, {})
+        rows = [p for p in range(len(inputs.ids)) if p in at]
+        if not rows:
+            continue
+        recorded = decode(trace.gather(keys, np.array([at[p] for p in rows], dtype=np.int64)), keys.dtype)
+        with torch.no_grad():
+            fc_in = torch.from_numpy(inputs.fc.read()[None])
+            result = draft.unroll(fc_in, torch.from_numpy(inputs.ids[None]), 1,
+                                  positions=torch.from_numpy(inputs.positions[None]))[0]
+        replayed = result.logits[0, rows].float().numpy()
+        diff = float(np.abs(replayed - recorded.astype(np.float32)).max())
+        worst = diff if worst is None or not diff <= worst else worst
+    return worst

@@ -12,7 +12,7 @@ from typing import Literal
 
 from tracediff.diff.jsonio import dumps, loads_versioned
 
-EXPLANATION_VERSION = 1
+EXPLANATION_VERSION = 2  # 2: recorded_logits_max_diff
 Side = Literal["a", "b"]
 GROUPS = ("fc_in", "input_ids", "positions", "d2t", "draft")  # the draft's input groups, swapped one by one
 GROUP_NAMES = {"fc_in": "fc input", "input_ids": "fed token ids", "positions": "positions",
@@ -52,6 +52,7 @@ class Explanation:
     noise: float  # what a difference must exceed to count (NOISE_SE standard errors)
     runs: list[Run] = field(default_factory=list)
     recorded_agreement: dict[str, float | None] = field(default_factory=dict)  # side -> share of rows
+    recorded_logits_max_diff: dict[str, float | None] = field(default_factory=dict)  # side -> max |diff|
     unpaired: dict[str, int] = field(default_factory=dict)  # side -> requests sharing no text: never replayed
     explanation_version: int = EXPLANATION_VERSION
 

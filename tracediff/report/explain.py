@@ -24,6 +24,8 @@ def header_lines(ex: Explanation) -> list[str]:
     differing = ", ".join(GROUP_NAMES[g] for g in ex.differing) or "none"
     agree = ", ".join(f"{side.upper()} {'-' if v is None else f'{v:.0%}'}"
                       for side, v in ex.recorded_agreement.items())
+    logits = ", ".join(f"{side.upper()} {'not recorded' if v is None else f'{v:.2g}'}"
+                       for side, v in ex.recorded_logits_max_diff.items())
     return [f"A: {ex.a}", f"B: {ex.b}",
             f"{ex.requests} request pair{'s' if ex.requests != 1 else ''}"
             + "".join(f" ({n} of {side.upper()}'s requests unpaired)" for side, n in ex.unpaired.items() if n)
@@ -32,7 +34,9 @@ def header_lines(ex: Explanation) -> list[str]:
             + ("too few chains to estimate the noise" if math.isinf(ex.noise) else
                f"noise {ex.noise:.2f} tokens per verify"),
             f"inputs that differ: {differing}",
-            f"recorded draft tokens the replay reproduces on each side's own inputs (depth 0): {agree}"]
+            f"recorded draft tokens the replay reproduces on each side's own inputs (depth 0): {agree}",
+            f"recorded draft logits against the replay on each side's own inputs (depth 0), max |diff|: "
+            f"{logits}"]
 
 
 def render_explanation(console: Console, ex: Explanation) -> None:
