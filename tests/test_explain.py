@@ -169,3 +169,27 @@ def test_a_server_that_drafted_trees_is_scored_on_every_row_and_says_why(tmp_pat
         ex = explain_traces(ta, tb, {"a": draft, "b": draft})
     assert ex.scored_on.startswith("every row, not the server's figure: the server drafted trees (topk 4")
     assert "nothing to explain" in ex.conclusion
+
+
+def test_a_checkpoint_whose_fc_takes_another_width_is_one_error_line(tmp_path) -> None:
+    import torch
+
+    from tracediff.eagle3.checkpoint import save_draft
+    from tracediff.eagle3.config import DraftConfig
+    from tracediff.eagle3.draft import Eagle3Draft
+
+    torch.manual_seed(0)
+    config = DraftConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=128,
+                         vocab_size=1024, draft_vocab_size=768, max_position_embeddings=256,
+                         target_hidden_size=128)
+    save_draft(Eagle3Draft(config, torch.randn(1024, 64)), tmp_path / "wide", with_embeddings=True)
+    base = ("explain", str(S / "training.h5"), str(S / "serving_aux_bug.h5"), "--target", str(S / "target"))
+    done = cli(*base, "--draft", str(tmp_path / "wide"))
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: --draft: A's fc input (draft.fc_in) is 192 wide (1.5 slots of 128); the draft's fc takes 384 "
+        "(3 slots): not the checkpoint that trace was drafted with")
+    only_b = cli(*base, "--draft", str(S / "draft"), "--draft-b", str(tmp_path / "wide"))
+    assert only_b.returncode == 2 and only_b.stderr.startswith("error: --draft-b (or --draft): B's fc input")
+    bundled = cli("bundle", *base[1:3], "-o", str(tmp_path / "out"), "--draft", str(tmp_path / "wide"))
+    assert bundled.returncode == 2 and bundled.stderr.startswith("error: --draft: A's fc input")
+    assert not (tmp_path / "out").exists()

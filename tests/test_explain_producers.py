@@ -144,6 +144,9 @@ def test_requests_that_share_only_a_system_prompt_are_not_blamed_on_fed_ids(heal
     assert ex.differing == [] and ex.requests == 2, (ex.conclusion, ex.requests)
     assert "nothing to explain" in ex.conclusion
     longer = "a" if order == "healthy first" else "b"
-    assert ex.unpaired == {"a": 0, "b": 0, longer: 2}  # never claimed: the verdict says what it did not see
-    assert ex.conclusion.endswith(f"(on the request pairs only: 2 of {longer.upper()}'s requests share no "
-                                  "text with the other side, never replayed)")
+    none = {"no_shared_text": 0, "partner_taken": 0, "no_context": 0}
+    # never claimed: the verdict says what it did not see, and why (they share the system prompt only
+    # with requests that paired on more rows)
+    assert ex.unpaired == {"a": none, "b": none, longer: {**none, "partner_taken": 2}}
+    assert ex.conclusion.endswith(f"(on the request pairs only: 2 of {longer.upper()}'s requests share text "
+                                  "only with requests paired on more of theirs, never replayed)")

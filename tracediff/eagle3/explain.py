@@ -109,21 +109,28 @@ def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: i
     pairing = paired_rows(a, b)
     pairs = pairing.pairs
     if not pairs:
+        lacking = sum(pairing.unpaired[side]["no_context"] for side in "ab")
+        why = f"; {lacking} of the requests lack their first rows (prefix-cache hits on rows no recorded " \
+              "request holds)" if lacking else ""
         raise InputError(b.paths[0], f"shares no request text with {a.paths[0]} (no request of one agrees "
-                                     "with one of the other from position 0): nothing to replay on both")
+                                     f"with one of the other from position 0{why}): nothing to replay on "
+                                     "both")
     serving = b if drafted_from(b) else a if drafted_from(a) else None
     choice = chain_depths(serving or b, depths)
     sides = {"a": Inputs(drafts["a"], _d2t(a, drafts["a"])), "b": Inputs(drafts["b"], _d2t(b, drafts["b"]))}
     differing = [g for g in GROUPS if _differs(g, pairs, sides)]
-    plan = run_plan(differing)
+    plan = _runnable(run_plan(differing), pairs, sides)
     scores = score_runs(plan, pairs, sides, choice.depths, progress)
     common = np.logical_and.reduce([sc.leads >= 0 for sc in scores.values()])  # chains every run scores
     runs = {name: sc.over(common) for name, sc in scores.items()}
     leads = {name: np.where(common, sc.leads, -1) for name, sc in scores.items()}
     base_a, base_b = runs["A's inputs"], runs["B's inputs"]
     if base_a.chains == 0:
-        raise InputError(b.paths[0], "explain has no chain to score: the rows the traces share hold no "
-                                     "target token after them")
+        anchors = sum(int(p.chains.sum()) for p in pairs)
+        raise InputError(b.paths[0], f"explain has no chain to score: the {sum(len(p.a.ids) for p in pairs)} "
+                                     f"rows the {len(pairs)} request pairs share hold {anchors} of the "
+                                     "server's chains, none with the target's tokens after it recorded"
+                                     + (" (the pairs share prompt rows only)" if not anchors else ""))
     noise = _noise(leads["A's inputs"], leads["B's inputs"])
     cost = base_a.expected_accept_len - base_b.expected_accept_len
     agreement = {"a": _recorded_agreement(a, pairs, "a", sides["a"].d2t, scores["A's inputs"].drafted),
@@ -131,8 +138,7 @@ def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: i
     logits = {"a": recorded_logits_diff(a, pairs, "a", drafts["a"]),
               "b": recorded_logits_diff(b, pairs, "b", drafts["b"])}
     mismatch = {"a": config_mismatch(drafts["a"], a), "b": config_mismatch(drafts["b"], b)}
-    unpaired = {"a": pairing.unpaired_a, "b": pairing.unpaired_b}
-    verdict = conclude(runs, differing, cost, noise, leads, caveats(agreement, mismatch), unpaired)
+    verdict = conclude(runs, differing, cost, noise, leads, caveats(agreement, mismatch), pairing.unpaired)
     tree = tree_shape(serving) if serving is not None else None
     return Explanation(
         a=str(a.paths[0]), b=str(b.paths[0]), conclusion=verdict.text, restored_by=verdict.restored_by,
@@ -142,15 +148,23 @@ def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: i
         requests=len(pairs), rows=sum(len(p.a.ids) for p in pairs), differing=differing, cost=cost,
         noise=noise,
         runs=list(runs.values()), recorded_agreement=agreement, recorded_logits_max_diff=logits,
-        unpaired=unpaired)
+        unpaired=pairing.unpaired, rows_left=pairing.rows_left)
+
+
+UNPAIRED = {  # why a request of one side has no partner on the other -> how the conclusion says it
+    "no_shared_text": "share no text with the other side",
+    "partner_taken": "share text only with requests paired on more of theirs",
+    "no_context": "lack their first rows (a prefix-cache hit on rows no recorded request holds)",
+}
 
 
 class Pairing(NamedTuple):
-    """The request pairs, and the requests of each side that share no text with the other's."""
+    """The request pairs; per side, the requests left unpaired by reason (``UNPAIRED``) and the
+    rows never replayed (those of unpaired requests, and a pair's rows past what both share)."""
 
     pairs: list[PairedRows]
-    unpaired_a: int
-    unpaired_b: int
+    unpaired: dict[str, dict[str, int]]
+    rows_left: dict[str, int]
 
 
 def paired_rows(a: Trace, b: Trace) -> Pairing:
@@ -159,8 +173,9 @@ def paired_rows(a: Trace, b: Trace) -> Pairing:
     that part after a common system prompt share only the rows before they part."""
     rows_a, rows_b = list(request_rows(a, None)), list(request_rows(b, None))
     chains_a, chains_b = drafted_from(a), drafted_from(b)
-    pairs = []
-    for i, j, shared in longest_agreements([_text(r) for r in rows_a], [_text(r) for r in rows_b]):
+    pairs, texts_a, texts_b = [], [_text(r) for r in rows_a], [_text(r) for r in rows_b]
+    found = longest_agreements(texts_a, texts_b)
+    for i, j, shared in found:
         ra, rb = rows_a[i], rows_b[j]
         anchors = chains_b.get(rb.request) if chains_b else chains_a.get(ra.request) if chains_a else None
         positions = np.arange(shared)
@@ -171,8 +186,23 @@ def paired_rows(a: Trace, b: Trace) -> Pairing:
         own, other = (ra, rb) if chains_a and not chains_b else (rb, ra)
         labels = {**{p: v for p, v in other.target_at.items() if p + 1 < shared}, **own.target_at}
         pairs.append(PairedRows(ra.request, rb.request, _side(ra, shared), _side(rb, shared), labels, chains))
-    paired = len(pairs)
-    return Pairing(sorted(pairs, key=lambda p: p.request_b), len(rows_a) - paired, len(rows_b) - paired)
+    unpaired = {"a": _unpaired(texts_a, {i for i, _, _ in found}, texts_b),
+                "b": _unpaired(texts_b, {j for _, j, _ in found}, texts_a)}
+    shared_rows = sum(n for _, _, n in found)
+    rows_left = {side: sum(len(r.positions) for r in rows) - shared_rows for side, rows in (("a", rows_a),
+                                                                                         ("b", rows_b))}
+    return Pairing(sorted(pairs, key=lambda p: p.request_b), unpaired, rows_left)
+
+
+def _unpaired(texts: list[tuple[int, ...]], paired: set[int],
+              others: list[tuple[int, ...]]) -> dict[str, int]:
+    """How many of one side's requests went unpaired, by reason (``UNPAIRED``)."""
+    firsts = {t[0] for t in others if t}
+    out = dict.fromkeys(UNPAIRED, 0)
+    for i, text in enumerate(texts):
+        if i not in paired:
+            out["no_context" if not text else "partner_taken" if text[0] in firsts else "no_shared_text"] += 1
+    return out
 
 
 class _Node:
@@ -336,6 +366,25 @@ def run_plan(differing: Sequence[str]) -> tuple[RunSpec, ...]:
     return (spec("a", ()), spec("b", ()), *singles, *pairs)
 
 
+def _runnable(plan: Sequence[RunSpec], pairs: list[PairedRows],
+              sides: dict[str, Inputs]) -> tuple[RunSpec, ...]:
+    """The runs whose draft takes the fc input they feed it: a side's own draft on its own fc input
+    must (InputError otherwise, as replay says it); a swap of fc inputs of other widths (two
+    checkpoints with other aux slot counts) cannot run, and is left out."""
+    width = {side: getattr(pairs[0], side).fc.width for side in "ab"}
+    for side in ("a", "b"):
+        takes = sides[side].draft.fc.in_features
+        if width[side] != takes:
+            hidden = sides[side].draft.config.target_hidden
+            option = "--draft" if side == "a" else "--draft-b (or --draft)"
+            raise InputError(option, f"{side.upper()}'s fc input (draft.fc_in) is {width[side]} wide "
+                                     f"({width[side] / hidden:g} slots of {hidden}); the draft's fc takes "
+                                     f"{takes} ({takes // hidden} slots): not the checkpoint that trace was "
+                                     "drafted with")
+    return tuple(spec for spec in plan
+                 if width[spec.pick["fc_in"]] == sides[spec.pick["draft"]].draft.fc.in_features)
+
+
 def score_runs(plan: Sequence[RunSpec], pairs: list[PairedRows], sides: dict[str, Inputs], depths: int,
                progress: Callable[[int, int], None] | None = None) -> dict[str, Scores]:
     """Every planned run over every pair, pair by pair: a pair's fc inputs are read once and are the
@@ -395,15 +444,15 @@ class Conclusion(NamedTuple):
 
 def conclude(runs: dict[str, Run], differing: list[str], cost: float, noise: float,
              leads: dict[str, np.ndarray], warnings: Sequence[str] = (),
-             unpaired: dict[str, int] | None = None) -> Conclusion:
+             unpaired: dict[str, dict[str, int]] | None = None) -> Conclusion:
     """The one line the evidence supports, after what limits it (``warnings``: ``caveats``), and
-    what it never saw (``unpaired`` requests of a side: they share no text with the other's)."""
+    what it never saw (``unpaired`` requests of a side, by reason: ``UNPAIRED``)."""
     verdict = _verdict(runs, differing, cost, noise, leads)
     text = verdict.text
     if warnings:
         text = f"{'; '.join(warnings)}; with the checkpoints given: {text}"
-    unseen = [f"{n} of {side.upper()}'s requests share no text with the other side" for side, n in
-              (unpaired or {}).items() if n]
+    unseen = [f"{n} of {side.upper()}'s requests {UNPAIRED[why]}"
+              for side, reasons in (unpaired or {}).items() for why, n in reasons.items() if n]
     if unseen:
         text += f" (on the request pairs only: {'; '.join(unseen)}, never replayed)"
     return Conclusion(text, verdict.restored_by)

@@ -12,7 +12,7 @@ from typing import Literal
 
 from tracediff.diff.jsonio import dumps, loads_versioned
 
-EXPLANATION_VERSION = 2  # 2: recorded_logits_max_diff
+EXPLANATION_VERSION = 2  # 2: recorded_logits_max_diff, unpaired by reason, rows_left
 Side = Literal["a", "b"]
 GROUPS = ("fc_in", "input_ids", "positions", "d2t", "draft")  # the draft's input groups, swapped one by one
 GROUP_NAMES = {"fc_in": "fc input", "input_ids": "fed token ids", "positions": "positions",
@@ -53,7 +53,9 @@ class Explanation:
     runs: list[Run] = field(default_factory=list)
     recorded_agreement: dict[str, float | None] = field(default_factory=dict)  # side -> share of rows
     recorded_logits_max_diff: dict[str, float | None] = field(default_factory=dict)  # side -> max |diff|
-    unpaired: dict[str, int] = field(default_factory=dict)  # side -> requests sharing no text: never replayed
+    # side -> reason -> requests left unpaired, never replayed (reasons: explain.UNPAIRED)
+    unpaired: dict[str, dict[str, int]] = field(default_factory=dict)
+    rows_left: dict[str, int] = field(default_factory=dict)  # side -> rows never replayed
     explanation_version: int = EXPLANATION_VERSION
 
     def run(self, name: str) -> Run:

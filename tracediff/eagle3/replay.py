@@ -133,6 +133,10 @@ class ReplayReport:
     engine_from: str = ""  # why that one (``engine_choice``)
     not_the_servers: str | None = None  # why the figure is not the server's chains' (a tree), if it is not
     engine_notes: list[str] = field(default_factory=list)  # how the loader completed it, as the engine does
+    # requests left out: their rows start past position 0 and no recorded request holds the rows before
+    # (a prefix-cache hit on rows computed for a request the trace lacks); replayed without them, the
+    # draft would attend to nothing there, unlike the server's
+    requests_without_context: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """Strict JSON as every report of tracediff writes it (``diff/jsonio.py``): an accuracy over 0
@@ -198,25 +202,34 @@ def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
 
 def _with_cached_prefix(own: RequestRows, text: dict[int, int], done: dict[str, RequestRows]) -> RequestRows:
     """``own`` preceded by the rows 0 .. first-1 of an earlier request whose text agrees at
-    positions 0 .. first (a prefix cache hit: the draft's rows there were computed once, for it)."""
+    positions 0 .. first-1 (a prefix cache hit: the target's states there, and so the fc input,
+    depend on those tokens alone and were computed once, for it). Each borrowed row is fed the next
+    token of ``own``'s text (the last one its x[first], which the donor's text may not share); a
+    donor that agrees at ``first`` too is taken first. ``own`` unchanged when no recorded request
+    holds those rows (``replay`` then leaves it out: its context is missing)."""
     first = int(own.positions[0])
     if first == 0:
         return own
+    agreeing = []
     for donor in done.values():
         lead = np.flatnonzero(donor.positions < first)
         if len(lead) != first or not (donor.positions[:first] == np.arange(first)).all():
             continue
-        if any(text.get(p) != int(t) for p, t in zip(range(first), donor.tokens[:first])) or \
-                text.get(first) != int(donor.next_tokens[first - 1]):
+        if any(text.get(p) != int(t) for p, t in zip(range(first), donor.tokens[:first])):
             continue
-        return RequestRows(request=own.request,
-                           positions=np.concatenate([donor.positions[:first], own.positions]),
-                           tokens=np.concatenate([donor.tokens[:first], own.tokens]),
-                           fc=donor.fc.head(first).then(own.fc),
-                           next_tokens=np.concatenate([donor.next_tokens[:first], own.next_tokens]),
-                           target_at=own.target_at,
-                           rope_positions=np.concatenate([donor.rope_positions[:first], own.rope_positions]))
-    return own
+        agreeing.append(donor)
+    if not agreeing:
+        return own
+    donor = next((d for d in agreeing if text.get(first) == int(d.next_tokens[first - 1])), agreeing[0])
+    fed = donor.next_tokens[:first].copy()
+    fed[first - 1] = text.get(first, int(fed[first - 1]))
+    return RequestRows(request=own.request,
+                       positions=np.concatenate([donor.positions[:first], own.positions]),
+                       tokens=np.concatenate([donor.tokens[:first], own.tokens]),
+                       fc=donor.fc.head(first).then(own.fc),
+                       next_tokens=np.concatenate([fed, own.next_tokens]),
+                       target_at=own.target_at,
+                       rope_positions=np.concatenate([donor.rope_positions[:first], own.rope_positions]))
 
 
 def contiguous_rows(positions: np.ndarray) -> int:
@@ -294,7 +307,14 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
                           depths_from=choice.reason, not_the_servers=tree,
                           engine="" if engine is None else engine.reading.label,
                           engine_from="" if engine is None else engine.reason)
-    requests = list(request_rows(trace, aux))  # keys and tokens: no tensor data yet
+    every = list(request_rows(trace, aux))  # keys and tokens: no tensor data yet
+    requests = [r for r in every if r.positions[0] == 0]
+    report.requests_without_context = [r.request for r in every if r.positions[0] != 0]
+    if every and not requests:
+        raise InputError(trace.paths[0], f"replay has no request with its context: the rows of all "
+                                         f"{len(every)} start past position 0 and no recorded request holds "
+                                         "the rows before (prefix-cache hits on rows computed for requests "
+                                         "the trace lacks)")
     planned, replayed = sum(contiguous_rows(r.positions) for r in requests), 0
     for req in requests:
         _check_width(req.fc.width, draft, report.aux)

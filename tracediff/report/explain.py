@@ -28,8 +28,13 @@ def header_lines(ex: Explanation) -> list[str]:
                        for side, v in ex.recorded_logits_max_diff.items())
     return [f"A: {ex.a}", f"B: {ex.b}",
             f"{ex.requests} request pair{'s' if ex.requests != 1 else ''}"
-            + "".join(f" ({n} of {side.upper()}'s requests unpaired)" for side, n in ex.unpaired.items() if n)
-            + f", {ex.rows} shared rows; scored on "
+            + "".join(f" ({sum(n.values())} of {side.upper()}'s requests unpaired)"
+                      for side, n in ex.unpaired.items() if sum(n.values()))
+            + f", {ex.rows} shared rows"
+            + (" (rows never replayed: " + ", ".join(f"{side.upper()} {n}" for side, n in
+                                                     ex.rows_left.items()) + ")"
+               if any(ex.rows_left.values()) else "")
+            + "; scored on "
             f"{ex.scored_on}; chain of {ex.depths} (from {ex.depths_from}); "
             + ("too few chains to estimate the noise" if math.isinf(ex.noise) else
                f"noise {ex.noise:.2f} tokens per verify"),

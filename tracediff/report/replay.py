@@ -36,6 +36,14 @@ def render_replay(console: Console, report: ReplayReport, served_accept_len: flo
     console.print(line, highlight=False)
     if report.not_the_servers:
         console.print(Text(f"not the server's figure: {report.not_the_servers}"), soft_wrap=True)
+    without = report.requests_without_context
+    if without:
+        shown = ", ".join(safe(r) for r in without[:5]) + (f" and {len(without) - 5} more"
+                                                           if len(without) > 5 else "")
+        console.print(Text(f"left out: {len(without)} requests whose rows start past position 0 with no "
+                           f"recorded request holding the rows before ({shown}): a prefix-cache hit on rows "
+                           "computed for a request the trace lacks; replayed without them the draft would "
+                           "attend to nothing there"), soft_wrap=True)
     check = report.self_check
     if check is not None:
         left = check.first_departure
