@@ -82,6 +82,9 @@ def test_the_explanation_round_trips_json() -> None:
     assert Explanation.from_json(ex.to_json()) == ex
     with pytest.raises(ValueError, match="explanation version"):
         Explanation.from_json(json.dumps({**json.loads(ex.to_json()), "explanation_version": 99}))
+    lacking = {k: v for k, v in json.loads(ex.to_json()).items() if k != "runs"}
+    with pytest.raises(ValueError, match=r"missing fields \['runs'\]"):  # a field with a default too
+        Explanation.from_json(json.dumps(lacking))
 
 
 def test_the_cli_prints_the_conclusion_first_and_markdown_for_a_bug_report() -> None:

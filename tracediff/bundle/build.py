@@ -392,7 +392,8 @@ class _Maker:
         said = (f"not even the smallest bundle fits the budget of {human(self.budget)} ({self.budget} "
                 f"bytes): it takes {smallest.total} bytes (report.json {files['report.json']} and "
                 f"report.html {files['report.html']} with no tensor's profile, report.md "
-                f"{files['report.md']}{explained}, its slices {slices})")
+                f"{files['report.md']}{explained}, its slices {slices}; report.md states the budget: its "
+                "size at the budget suggested)")
         if smallest.verification.reproduced:
             return InputError(self.out, f"{said}; give --budget {need // 1000}k or more")
         if enough is None:

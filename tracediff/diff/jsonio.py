@@ -77,8 +77,7 @@ def _read(tp: Any, data: Any, where: str) -> Any:
         hints = typing.get_type_hints(tp)
         known = {f.name for f in dataclasses.fields(tp) if f.init}
         unknown = set(fields) - known
-        missing = {f.name for f in dataclasses.fields(tp) if f.init and f.default is dataclasses.MISSING
-                   and f.default_factory is dataclasses.MISSING} - set(fields)
+        missing = known - set(fields)  # to_plain writes every field: a file lacking one is not ours
         if unknown or missing:
             raise ValueError(f"{where}: unknown fields {sorted(unknown)}, missing fields {sorted(missing)}")
         return tp(**{name: _read(hints[name], v, f"{where}.{name}") for name, v in fields.items()})
