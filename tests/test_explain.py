@@ -196,3 +196,16 @@ def test_a_checkpoint_whose_fc_takes_another_width_is_one_error_line(tmp_path) -
     bundled = cli("bundle", *base[1:3], "-o", str(tmp_path / "out"), "--draft", str(tmp_path / "wide"))
     assert bundled.returncode == 2 and bundled.stderr.startswith("error: --draft: A's fc input")
     assert not (tmp_path / "out").exists()
+
+
+def test_arrow_traces_explain_alike_and_without_a_warning(tmp_path) -> None:
+    for name in ("training", "serving_aux_bug"):
+        done = cli("convert", str(S / f"{name}.h5"), str(tmp_path / f"{name}.arrow"))
+        assert done.returncode == 0, done.stderr
+    args = ("--draft", str(S / "draft"), "--target", str(S / "target"), "--json")
+    arrow = cli("explain", str(tmp_path / "training.arrow"), str(tmp_path / "serving_aux_bug.arrow"), *args)
+    h5 = cli("explain", str(S / "training.h5"), str(S / "serving_aux_bug.h5"), *args)
+    assert arrow.returncode == 0 and arrow.stderr == "", arrow.stderr
+    strip = {"a", "b"}
+    assert {k: v for k, v in json.loads(arrow.stdout).items() if k not in strip} == \
+        {k: v for k, v in json.loads(h5.stdout).items() if k not in strip}

@@ -89,6 +89,13 @@ def test_a_serving_trace_is_scored_on_the_chains_its_server_drafted() -> None:
     assert report["scored_on"] == "the server's chains"
     assert (report["chains"], report["chains_unscored"]) == (int(scorable.sum()), len(last))
     assert report["expected_accept_len"] == pytest.approx(1 + accepted[scorable].mean(), abs=1e-12)
+    # the server's own figure, over the same chains: like compared with like
+    assert report["verified_chains"] == report["chains"] and report["server_num_steps"] == 4
+    assert report["verified_accept_len"] == pytest.approx(1 + accepted[scorable].mean(), abs=1e-12)
+    longer = json.loads(replay(SAMPLES / "serving.h5", "--json", "--depths", "6").stdout)
+    assert longer["verified_chains"] == report["chains"]
+    text = " ".join(replay(SAMPLES / "serving.h5", "--depths", "6").stdout.split())
+    assert "(a chain of 6: the server drafted 4, so not its figure)" in text
     assert report["every_row_chains"] > report["chains"]  # prompt rows too: another figure
     assert report["every_row_accept_len"] != pytest.approx(report["expected_accept_len"])
 

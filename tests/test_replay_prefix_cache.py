@@ -99,3 +99,33 @@ def test_explain_says_why_requests_went_unpaired(models, tmp_path) -> None:
         "(on the request pairs only: 3 of A's requests share no text with the other side; 1 of B's requests "
         "share text only with requests paired on more of theirs; 1 of B's requests lack their first rows (a "
         "prefix-cache hit on rows no recorded request holds), never replayed)"), ex.conclusion
+
+
+def test_two_servers_give_the_same_figures_in_either_order(models, tmp_path) -> None:
+    """Both sides serving: the chains are the rows either server drafted from, the chain as long as
+    the longer server's; the trace named as the user names it (a rank-split trace by its stem)."""
+    a, b = tmp_path / "a.h5", tmp_path / "b.h5"
+    serve(models, a, CHAT)
+    serve(models, b, [CHAT[2], CHAT[0], ("fresh", [1, 9, 8, 7, 6], 0)])
+    draft = {"a": models[1], "b": models[1]}
+    with td.open_trace(a) as ta, td.open_trace(b) as tb:
+        forward = explain_traces(ta, tb, draft)
+        backward = explain_traces(tb, ta, draft)
+    assert forward.scored_on == backward.scored_on == "both servers' chains"
+    assert forward.run("A's inputs").chains == backward.run("B's inputs").chains
+    assert forward.run("A's inputs").expected_accept_len == backward.run("B's inputs").expected_accept_len
+    assert forward.run("B's inputs").own_accept_len == backward.run("A's inputs").own_accept_len
+    assert (forward.a, forward.b) == (str(a), str(b))
+
+
+def test_a_rank_split_trace_is_named_by_the_path_that_opens_it(tmp_path) -> None:
+    import numpy as np
+
+    for rank in (0, 1):
+        with td.record(tmp_path / "run.h5", source="serving", rank=rank, world_size=2) as rec:
+            rec.log("target.token", np.arange(2), request=f"r{rank}", positions=np.arange(2),
+                    token_ids=[1, 2])
+    with td.open_trace(tmp_path / "run.h5") as trace:
+        assert len(trace.paths) == 2 and trace.name == str(tmp_path / "run.h5")
+    with td.open_trace(tmp_path / "run.rank1.h5") as one:
+        assert one.name == str(tmp_path / "run.rank1.h5")

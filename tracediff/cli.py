@@ -462,12 +462,10 @@ def replay(
             finally:
                 if rec is not None:
                     rec.close()
-            has_verify = "verify.accept_len" in opened.names()
-            served = opened.rows("verify.accept_len").numpy() if has_verify else None
         if as_json:
             print(json.dumps(report.to_dict(), indent=1))
         else:
-            render_replay(console, report, None if served is None else 1 + float(served.mean()))
+            render_replay(console, report)
 
     guarded(trace, run)
 

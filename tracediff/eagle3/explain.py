@@ -8,7 +8,8 @@ fc input (``draft.fc_in``), the ids fed to the draft (``draft.input_ids``), the 
 (``draft.positions``), the vocab map (each side's recorded ``draft.d2t``, else the checkpoint's)
 and the draft computation (the checkpoint, and the engine's reading of its config:
 tracediff/eagle3/readings.py). Every run is scored as replay scores a trace: the server's chains
-where one side is a serving trace, else every row; accept length and accuracy per depth, with the
+where one side is a serving trace (both servers' where both are: the same figures in either
+order), else every row; accept length and accuracy per depth, with the
 chains each rests on. A difference counts when it exceeds twice the standard error of the
 per-chain differences between the two runs (the noise of a figure over few chains).
 """
@@ -115,8 +116,9 @@ def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: i
         raise InputError(b.paths[0], f"shares no request text with {a.paths[0]} (no request of one agrees "
                                      f"with one of the other from position 0{why}): nothing to replay on "
                                      "both")
-    serving = b if drafted_from(b) else a if drafted_from(a) else None
-    choice = chain_depths(serving or b, depths)
+    servers = [t for t in (a, b) if drafted_from(t)]
+    # the longer chain of two servers' (either order alike); a training side's depths where none serves
+    choice = max((chain_depths(t, depths) for t in servers or [b]), key=lambda c: c.depths)
     sides = {"a": Inputs(drafts["a"], _d2t(a, drafts["a"])), "b": Inputs(drafts["b"], _d2t(b, drafts["b"]))}
     differing = [g for g in GROUPS if _differs(g, pairs, sides)]
     plan = _runnable(run_plan(differing), pairs, sides)
@@ -139,11 +141,12 @@ def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: i
               "b": recorded_logits_diff(b, pairs, "b", drafts["b"])}
     mismatch = {"a": config_mismatch(drafts["a"], a), "b": config_mismatch(drafts["b"], b)}
     verdict = conclude(runs, differing, cost, noise, leads, caveats(agreement, mismatch), pairing.unpaired)
-    tree = tree_shape(serving) if serving is not None else None
+    tree = next((shape for t in servers if (shape := tree_shape(t)) is not None), None)
     return Explanation(
-        a=str(a.paths[0]), b=str(b.paths[0]), conclusion=verdict.text, restored_by=verdict.restored_by,
+        a=a.name, b=b.name, conclusion=verdict.text, restored_by=verdict.restored_by,
         depths=choice.depths, depths_from=choice.reason,
-        scored_on="the server's chains" if serving is not None and tree is None else
+        scored_on=("both servers' chains" if len(servers) == 2 else "the server's chains") if servers and
+        tree is None else
         "every row" if tree is None else f"every row, not the server's figure: {tree}",
         requests=len(pairs), rows=sum(len(p.a.ids) for p in pairs), differing=differing, cost=cost,
         noise=noise,
@@ -177,10 +180,10 @@ def paired_rows(a: Trace, b: Trace) -> Pairing:
     found = longest_agreements(texts_a, texts_b)
     for i, j, shared in found:
         ra, rb = rows_a[i], rows_b[j]
-        anchors = chains_b.get(rb.request) if chains_b else chains_a.get(ra.request) if chains_a else None
+        # the rows either server drafted from (both servers' alike: either order gives one set)
+        anchors = set(chains_a.get(ra.request, ())) | set(chains_b.get(rb.request, ()))
         positions = np.arange(shared)
-        chains = np.ones(shared, bool) if not (chains_a or chains_b) else \
-            np.isin(positions, sorted(anchors or ()))
+        chains = np.ones(shared, bool) if not (chains_a or chains_b) else np.isin(positions, sorted(anchors))
         # the target's tokens: the chains' side's (B's unless only A is a server's), and the other's
         # where the texts agree (a label at p is x[p+1]): the same figures whichever trace comes first
         own, other = (ra, rb) if chains_a and not chains_b else (rb, ra)
@@ -289,7 +292,7 @@ def _d2t(trace: Trace, draft: Eagle3Draft) -> torch.Tensor:
     none (``vocab_map_applied`` false: draft ids are target ids); else the checkpoint's."""
     recorded = trace.last_static("draft.d2t")
     if recorded is not None and recorded.data.shape == tuple(draft.d2t.shape):
-        return torch.from_numpy(np.asarray(recorded.data, dtype=np.int64))
+        return torch.from_numpy(np.array(recorded.data, dtype=np.int64))  # a copy: Arrow's is read-only
     if trace.contract.get("vocab_map_applied") is False:
         return torch.zeros_like(draft.d2t)
     return draft.d2t

@@ -137,6 +137,11 @@ class ReplayReport:
     # (a prefix-cache hit on rows computed for a request the trace lacks); replayed without them, the
     # draft would attend to nothing there, unlike the server's
     requests_without_context: list[str] = field(default_factory=list)
+    # the server's own verify (recorded verify.accept_len) over the chains the figure rests on, where
+    # recorded: 1 + the drafts it accepted, and how many of those chains record it
+    verified_accept_len: float | None = None
+    verified_chains: int = 0
+    server_num_steps: int | None = None  # the chain the server drafted (its speculative num_steps), if stated
 
     def to_dict(self) -> dict:
         """Strict JSON as every report of tracediff writes it (``diff/jsonio.py``): an accuracy over 0
@@ -296,6 +301,9 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     total = [0] * depths
     leading: list[int] = []  # every row's chain
     chained: list[int] = []  # the chains the server drafted
+    verify = by_position(trace.rows("verify.accept_len")) if "verify.accept_len" in trace.names() else {}
+    verify_values = trace.rows("verify.accept_len").numpy().reshape(-1) if verify else np.zeros(0)
+    verified: list[int] = []  # the server's own accepted drafts at the chains scored
     anchors = drafted_from(trace) if tree is None else {}
     if tree is None and not anchors and trace.speculative_args is not None:
         tree = ("the trace records none of the server's chains (no draft rows at depth 1, nor a one-step "
@@ -333,6 +341,9 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
         leading += lead[lead >= 0].tolist()
         drafted = np.isin(req.positions[:n], sorted(anchors.get(req.request, ())))
         chained += lead[drafted].tolist()
+        at = verify.get(req.request, {})
+        verified += [int(verify_values[at[int(p)]]) for p in req.positions[:n][drafted & (lead >= 0)]
+                     if int(p) in at]
         if check is not None and recorded is not None and drafted.any():
             rows_at = np.flatnonzero(drafted)
             teacher = torch.from_numpy(ids[None])
@@ -356,6 +367,8 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
         check.suspect = _suspect(draft, engine, trace)
     report.self_check = check
     report.engine_notes = list(draft.notes)
+    steps = (trace.speculative_args or {}).get("num_steps")
+    report.server_num_steps = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
     server_scored = [k for k in chained if k >= 0]
     if anchors and not server_scored:
         raise InputError(trace.paths[0], f"replay has no server chain to score: all {len(chained)} of them "
@@ -365,6 +378,8 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
         report.scored_on, report.chains, report.chains_unscored = "the server's chains", len(server_scored), \
             len(chained) - len(server_scored)
         report.expected_accept_len = 1 + (float(np.mean(server_scored)) if server_scored else 0.0)
+        report.verified_chains = len(verified)
+        report.verified_accept_len = 1 + float(np.mean(verified)) if verified else None
     else:
         report.chains = len(leading)
         report.expected_accept_len = report.every_row_accept_len

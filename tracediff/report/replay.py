@@ -10,7 +10,7 @@ from tracediff.eagle3.replay import RECORDED, ReplayReport
 from tracediff.report.text import safe
 
 
-def render_replay(console: Console, report: ReplayReport, served_accept_len: float | None) -> None:
+def render_replay(console: Console, report: ReplayReport) -> None:
     heading = Text("fc input: ")
     heading.append(safe(report.aux), style="bold")  # read from the trace: data, never markup
     heading.append(f" · {report.requests} request{'s' if report.requests != 1 else ''}")
@@ -31,8 +31,12 @@ def render_replay(console: Console, report: ReplayReport, served_accept_len: flo
         on += f"; {report.chains_unscored} more reach past the recorded text, unscored"
     line = f"expected accept length (tokens per verify, chain of {len(report.depth_accuracy)}, from " \
            f"{safe(report.depths_from)}): [bold]{report.expected_accept_len:.2f}[/bold] ({on})"
-    if served_accept_len is not None:
-        line += f" · the trace's own verify steps: {served_accept_len:.2f}"
+    if report.verified_accept_len is not None:
+        line += (f" · the server's own verify over {report.verified_chains} of those chains: "
+                 f"{report.verified_accept_len:.2f}")
+    depths = len(report.depth_accuracy)
+    if report.server_num_steps is not None and depths != report.server_num_steps:
+        line += f" (a chain of {depths}: the server drafted {report.server_num_steps}, so not its figure)"
     console.print(line, highlight=False)
     if report.not_the_servers:
         console.print(Text(f"not the server's figure: {report.not_the_servers}"), soft_wrap=True)

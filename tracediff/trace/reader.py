@@ -163,6 +163,9 @@ def detect_format(path: Path) -> str:
     raise TraceError(path, "not a trace file (neither HDF5 nor Arrow IPC)")
 
 
+RANKED = re.compile(r"(.+)\.rank\d+(\.[^.]+)$")  # one rank's file of a trace: stem.rankN.ext
+
+
 def rank_files(path: str | Path) -> list[Path]:
     """The files of one trace: the path itself, or its per-rank siblings ``stem.rankN.ext``."""
     path = Path(path)
@@ -240,6 +243,19 @@ class Trace:
     @property
     def paths(self) -> list[Path]:
         return [f.path for f in self.files]
+
+    @property
+    def name(self) -> str:
+        """The path that opens this trace, as a user gives it: the file, or ``stem.ext`` for the
+        rank files ``stem.rankN.ext`` (``rank_files``); else the files, comma-separated."""
+        paths = self.paths
+        if len(paths) == 1:
+            return str(paths[0])
+        found = {(p.parent, m.group(1), m.group(2)) for p in paths if (m := RANKED.match(p.name))}
+        if len(found) == 1 and sum(1 for p in paths if RANKED.match(p.name)) == len(paths):
+            parent, stem, suffix = found.pop()
+            return str(parent / f"{stem}{suffix}")
+        return ", ".join(map(str, paths))
 
     @property
     def meta(self) -> dict:
