@@ -52,6 +52,7 @@ def test_the_bundle_holds_the_explanation_within_its_budget(explained, tmp_path)
     assert bundle.verification.reproduced
 
 
+@pytest.mark.slow
 def test_a_budget_too_small_counts_the_explanation_and_the_size_it_states_fits(explained, tmp_path) -> None:
     with pytest.raises(InputError) as plain:
         make_bundle(TRAINING, BUG, tmp_path / "plain", budget=50_000)

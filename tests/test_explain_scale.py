@@ -93,6 +93,7 @@ def peak(run) -> int:
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 def test_replay_and_explain_hold_one_request_of_tensor_rows_at_a_time(tmp_path) -> None:
     """Four times the requests: the fc input grows by 3x its bytes, the peak by a small share of
     that (key columns and token ids, a few hundred bytes a row). Reading a tensor whole would
