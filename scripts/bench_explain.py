@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tracediff/ from this checkout
 
 import torch  # noqa: E402
+from benchio import emit  # noqa: E402
 
 import tracediff as td  # noqa: E402
 from tracediff.eagle3.checkpoint import load_draft, target_embedding  # noqa: E402
@@ -92,10 +93,7 @@ def main() -> int:
                         "rows_per_s": rows / statistics.median(times[name]),
                         "ratio_to_forward": statistics.median(
                             t / f for t, f in zip(times[name], times["forward"]))}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        args.out.write_text(json.dumps(result, indent=1))
-    return 0
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

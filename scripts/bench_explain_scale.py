@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import sys
 import tempfile
 import time
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tracediff/ from 
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from benchio import emit  # noqa: E402
 
 import tracediff as td  # noqa: E402
 from tracediff.eagle3.config import DraftConfig  # noqa: E402
@@ -114,11 +114,7 @@ def main() -> int:
         every = time.perf_counter() - started
         result["pairing"].append({"requests": n, "trie_s": trie, "every_pair_s": every,
                                   "speedup": every / trie})
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return emit(result, args.out)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ scheduler side calls ``batch_context(reqs)`` once per batch so that every row is
 called by the launcher plugin's scheduler patch and by the CPU harness (testbed/sglang_cpu.py).
 
 Modules: ``guard`` (the version guard), ``keys`` (row keys), ``models`` (where each family keeps what
-is read), ``install`` (the hooks), ``probe`` (what each aux slot holds), ``contract``
+is read), ``hooks`` (the hooks ``install`` attaches), ``probe`` (what each aux slot holds), ``contract``
 (what the trace states about the run), ``plugin`` (the launcher's start-up plugin), ``importer``
 (``tracediff import sglang-dump``), ``producer`` (what the launcher and the CLI know of SGLang).
 
@@ -40,8 +40,11 @@ SGLang: a failure is logged once and recording stops while the server keeps runn
 """
 
 from tracediff.integrations.sglang.guard import SUPPORTED_SGLANG, SglangInternalsError, check_internals
-from tracediff.integrations.sglang.install import Installation, batch_context, install
-from tracediff.integrations.sglang.plugin import at_startup
+from tracediff.lazy import lazy
+
+# loaded on first use: the CLI and the launcher import this package (its producer) without the hooks
+__getattr__ = lazy(__name__, {"Installation": ".hooks", "batch_context": ".hooks", "install": ".hooks",
+                              "at_startup": ".plugin"})
 
 __all__ = ["SUPPORTED_SGLANG", "Installation", "SglangInternalsError", "at_startup", "batch_context",
            "check_internals", "install"]

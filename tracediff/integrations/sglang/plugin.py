@@ -15,7 +15,7 @@ import pkgutil
 from typing import Any
 
 from tracediff.integrations.sglang.contract import tp_ranks
-from tracediff.integrations.sglang.install import batch_context, install
+from tracediff.integrations.sglang.hooks import batch_context, install
 from tracediff.integrations.sglang.models import MODELS, model_role
 from tracediff.record.launch import LaunchConfig, RecorderFactory, when_imported
 

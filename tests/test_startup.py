@@ -1,0 +1,41 @@
+"""Start-up: ``import tracediff`` and ``tracediff --help`` load none of the heavy modules (numpy,
+pyarrow, h5py, numba, torch): the recorder, the reader and compare load on first use, and the
+package's public names still resolve to the functions and classes (``td.record`` is the function,
+not the ``tracediff.record`` subpackage, whatever was imported first). What it costs in time is
+measured by scripts/bench_startup.py, never asserted here."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import run_python
+
+pytestmark = pytest.mark.subprocess
+HEAVY = ("numpy", "pyarrow", "h5py", "numba", "torch")
+LOADED = f"import json, sys; print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
+
+
+@pytest.mark.parametrize("code", [
+    "import tracediff",
+    "import sys; from tracediff.cli import main; sys.argv = ['tracediff', '--help']\n"
+    "try:\n    main()\nexcept SystemExit:\n    pass",
+    "import tracediff.integrations.registry",
+])
+def test_starting_loads_no_heavy_module(code) -> None:
+    done = run_python(f"{code}\n{LOADED}")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_the_public_names_resolve_whatever_was_imported_first() -> None:
+    done = run_python("import tracediff.record.recorder, tracediff.integrations.sglang.hooks\n"
+                      "import tracediff as td, inspect\n"
+                      "from tracediff.integrations.sglang import install\n"
+                      "from tracediff.trace import Trace\n"
+                      "print(inspect.isfunction(td.record), inspect.isclass(td.Recorder),"
+                      " inspect.isfunction(install), td.Trace is Trace, callable(td.compare),"
+                      " callable(td.open_trace))")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["True"] * 6
