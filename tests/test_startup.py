@@ -39,3 +39,22 @@ def test_the_public_names_resolve_whatever_was_imported_first() -> None:
                       " callable(td.open_trace))")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["True"] * 6
+
+
+def test_a_trace_loads_only_its_own_format(tmp_path) -> None:
+    """The storage registry declares the built-in formats; each format's module (h5py, pyarrow's
+    compute kernels) loads when a trace of that format is read or written, not before."""
+    from tests.conftest import REPO
+
+    sample = REPO / "traces" / "eagle3" / "serving.h5"
+    arrow = tmp_path / "serving.arrow"
+    convert = run_python(f"import tracediff.trace.convert as c; c.convert({str(sample)!r}, {str(arrow)!r})")
+    assert convert.returncode == 0, convert.stderr
+    probe = ("import sys, tracediff as td\nwith td.open_trace(sys.argv[1]) as t:\n"
+             "    t.rows('target.token')\n"
+             "print(sorted(m for m in ('h5py', 'tracediff.trace.h5', 'tracediff.trace.arrow')"
+             " if m in sys.modules))")
+    on_arrow, on_h5 = run_python(probe, str(arrow)), run_python(probe, str(sample))
+    assert on_arrow.returncode == 0 and on_h5.returncode == 0, on_arrow.stderr + on_h5.stderr
+    assert on_arrow.stdout.split("\n")[-2] == "['tracediff.trace.arrow']"
+    assert on_h5.stdout.split("\n")[-2] == "['h5py', 'tracediff.trace.h5']"

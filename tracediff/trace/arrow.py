@@ -51,7 +51,7 @@ from tracediff.trace.schema import (
     record_crc,
     rows_crc,
 )
-from tracediff.trace.storage import StorageFormat, TraceFile, describe, register, trace_errors
+from tracediff.trace.storage import ARROW, TraceFile, describe, register, trace_errors
 
 SCHEMA_V2 = pa.schema(  # format versions 1 and 2: no checksums
     [
@@ -950,5 +950,4 @@ def _meta_from_schema(path: Path, schema: pa.Schema) -> tuple[dict, int, MetaSum
                                     "run metadata")
 
 
-FORMAT = register(StorageFormat(name="arrow", suffixes=(".arrow", ".ipc", ".feather"), magic=b"ARROW1",
-                                writer=ArrowWriter, reader=ArrowTraceFile))
+FORMAT = register(ARROW.format(writer=ArrowWriter, reader=ArrowTraceFile))

@@ -52,7 +52,7 @@ from tracediff.trace.schema import (
     record_crc,
     rows_crc,
 )
-from tracediff.trace.storage import StorageFormat, TraceFile, describe, register, trace_errors
+from tracediff.trace.storage import H5, TraceFile, describe, register, trace_errors
 
 CHUNK_LOOKUPS = 64  # single chunk-index lookups before reading the whole index instead
 SUPERBLOCK_ONLY = 96  # bytes: an HDF5 file no larger holds at most its superblock (no trace)
@@ -843,5 +843,5 @@ def _h5_reason(exc: OSError) -> str:
     return describe(text[text.find("(") + 1 : -1] if text.endswith(")") and "(" in text else text)
 
 
-FORMAT = register(StorageFormat(name="h5", suffixes=(".h5", ".hdf5"), magic=SIGNATURE, writer=H5Writer,
-                                reader=H5TraceFile))
+assert H5.magic == SIGNATURE  # the registry's declaration names the file format's signature
+FORMAT = register(H5.format(writer=H5Writer, reader=H5TraceFile))

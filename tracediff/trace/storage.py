@@ -2,8 +2,10 @@
 
 A format is one module: a writer (``TraceWriter``) and a per-file reader (``TraceFile``), declared
 as a ``StorageFormat`` and registered here with its suffixes and magic bytes; ``open_writer`` and
-``open_trace`` find it through this registry, so a third format is one more module (named in
-``BUILTIN``, or imported by its user before reading or writing: it registers itself).
+``open_trace`` find it through this registry, so a third format is one more module (declared in
+``BUILTIN``, or imported by its user before reading or writing: it registers itself). A built-in
+format's module loads only when its writer or reader is first wanted (``Declared``): a command on
+an Arrow trace never imports h5py, nor one on an HDF5 trace pyarrow's compute kernels.
 
 A reader trusts nothing in a file: every failure of a file (corrupt, truncated, foreign) leaves a
 ``TraceFile`` method as ``TraceError``, whatever library noticed it (``trace_errors``).
@@ -24,7 +26,6 @@ from tracediff.errors import TraceError
 from tracediff.trace.crc import crc32
 from tracediff.trace.schema import MetaSum, Record, RecordIndex, corrupt_record
 
-BUILTIN = ("tracediff.trace.h5", "tracediff.trace.arrow")  # modules that register a format on import
 MAGIC_BYTES = 8  # how much of a file's head the registry looks at
 VERIFY_PIECE = 4 << 20  # bytes of a record read at a time to check its checksum
 
@@ -179,6 +180,38 @@ class StorageFormat:
     reader: Callable[..., TraceFile]  # (path, part: its place in a multi-file trace, verify=bool)
 
 
+@dataclass(frozen=True)
+class Declared:
+    """A built-in format as the registry knows it before its module loads: what names it, and the
+    module that registers its ``StorageFormat`` (loaded on the first use of ``writer`` or ``reader``)."""
+
+    name: str
+    suffixes: tuple[str, ...]
+    magic: bytes
+    module: str
+
+    def loaded(self) -> StorageFormat:
+        importlib.import_module(self.module)
+        return _FORMATS[self.name]
+
+    @property
+    def writer(self) -> Callable[[Path, dict, str | None], TraceWriter]:
+        return self.loaded().writer
+
+    @property
+    def reader(self) -> Callable[..., TraceFile]:
+        return self.loaded().reader
+
+    def format(self, writer: Callable[[Path, dict, str | None], TraceWriter],
+               reader: Callable[..., TraceFile]) -> StorageFormat:
+        """The ``StorageFormat`` its module registers: this declaration's names, and its classes."""
+        return StorageFormat(self.name, self.suffixes, self.magic, writer, reader)
+
+
+H5 = Declared("h5", (".h5", ".hdf5"), b"\x89HDF\r\n\x1a\n", "tracediff.trace.h5")
+ARROW = Declared("arrow", (".arrow", ".ipc", ".feather"), b"ARROW1", "tracediff.trace.arrow")
+BUILTIN = (H5, ARROW)  # in this order whatever was imported first; others follow as registered
+
 _FORMATS: dict[str, StorageFormat] = {}
 
 
@@ -188,13 +221,11 @@ def register(fmt: StorageFormat) -> StorageFormat:
     return fmt
 
 
-def formats() -> list[StorageFormat]:
-    """Every known format: the built-in ones (loaded on first use: no import cycle) in BUILTIN's
-    order, whichever was imported first, then the others as registered."""
-    for module in BUILTIN:
-        importlib.import_module(module)
-    rank = {module: i for i, module in enumerate(BUILTIN)}
-    return sorted(_FORMATS.values(), key=lambda fmt: rank.get(fmt.writer.__module__, len(BUILTIN)))
+def formats() -> list[StorageFormat | Declared]:
+    """Every known format: the built-in ones in BUILTIN's order (their modules not loaded until
+    wanted), then the others as registered."""
+    builtin = {d.name for d in BUILTIN}
+    return [*BUILTIN, *(f for name, f in _FORMATS.items() if name not in builtin)]
 
 
 def unwritable_suffix(path: str | Path) -> str | None:
@@ -204,14 +235,14 @@ def unwritable_suffix(path: str | Path) -> str | None:
     return "the output must end in " + " or ".join(fmt.suffixes[0] for fmt in formats())
 
 
-def by_name(name: str) -> StorageFormat:
+def by_name(name: str) -> StorageFormat | Declared:
     known = {f.name: f for f in formats()}
     if name not in known:
         raise ValueError(f"unknown trace format {name!r}; use {' or '.join(map(repr, known))}")
     return known[name]
 
 
-def by_suffix(path: str | Path) -> StorageFormat:
+def by_suffix(path: str | Path) -> StorageFormat | Declared:
     suffix = Path(path).suffix.lower()
     for fmt in formats():
         if suffix in fmt.suffixes:
@@ -220,7 +251,7 @@ def by_suffix(path: str | Path) -> StorageFormat:
     raise ValueError(f"{path}: cannot tell the trace format from {suffix!r}; use {first}")
 
 
-def by_magic(head: bytes) -> StorageFormat | None:
+def by_magic(head: bytes) -> StorageFormat | Declared | None:
     """The format whose magic bytes start ``head`` (a file's first ``MAGIC_BYTES``)."""
     return next((f for f in formats() if head.startswith(f.magic)), None)
 
