@@ -14,11 +14,9 @@ Usage: python scripts/bench_explain_scale.py [--requests 16,64,256] [--pairing 1
 from __future__ import annotations
 
 import argparse
-import itertools
 import sys
 import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tracediff/ from this checkout
@@ -28,47 +26,9 @@ import torch  # noqa: E402
 from benchio import emit  # noqa: E402
 
 import tracediff as td  # noqa: E402
-from tracediff.eagle3.config import DraftConfig  # noqa: E402
-from tracediff.eagle3.draft import Eagle3Draft  # noqa: E402
+from testbed.scale import greedy_pairs, traced_peak, wide_draft, write_wide_trace  # noqa: E402
 from tracediff.eagle3.explain import explain_traces, longest_agreements  # noqa: E402
 from tracediff.eagle3.replay import replay  # noqa: E402
-
-WIDTH, ROWS = 3 * 1024, 16
-
-
-def write(path: Path, requests: int) -> int:
-    rng = np.random.default_rng(requests)
-    with td.record(path, source="training") as rec:
-        for r in range(requests):
-            tokens = rng.integers(0, 64, ROWS + 1)
-            where = {"request": f"r{r}", "positions": np.arange(ROWS), "token_ids": tokens[:ROWS]}
-            rec.log("draft.fc_in", rng.standard_normal((ROWS, WIDTH)).astype(np.float32), **where)
-            rec.log("target.token", tokens[1:], **where)
-    return requests * ROWS * WIDTH * 4
-
-
-def peak(run) -> int:
-    tracemalloc.start()
-    try:
-        run()
-        return tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-
-
-def greedy(texts_a, texts_b):
-    def common(x, y):
-        return next((k for k, (u, v) in enumerate(zip(x, y)) if u != v), min(len(x), len(y)))
-
-    every = itertools.product(enumerate(texts_a), enumerate(texts_b))
-    candidates = sorted(((common(x, y), i, j) for (i, x), (j, y) in every), key=lambda c: (-c[0], c[1], c[2]))
-    taken_a, taken_b, out = set(), set(), []
-    for shared, i, j in candidates:
-        if shared and i not in taken_a and j not in taken_b:
-            taken_a.add(i)
-            taken_b.add(j)
-            out.append((i, j, shared))
-    return out
 
 
 def chat_texts(n: int, rng: np.random.Generator) -> list[tuple[int, ...]]:
@@ -85,20 +45,17 @@ def main() -> int:
     parser.add_argument("--pairing", default="100,400")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    torch.manual_seed(0)
     torch.set_num_threads(1)
-    config = DraftConfig(hidden_size=32, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
-                         vocab_size=64, draft_vocab_size=None, target_hidden_size=1024)
-    draft = Eagle3Draft(config, torch.randn(64, 32))
+    draft = wide_draft()
     result: dict = {"memory": [], "pairing": []}
     with tempfile.TemporaryDirectory() as tmp:
         for n in (int(x) for x in args.requests.split(",")):
             path = Path(tmp) / f"t{n}.h5"
-            fc_bytes = write(path, n)
+            fc_bytes = write_wide_trace(path, n)
             with td.open_trace(path) as a, td.open_trace(path) as b:
-                whole = peak(lambda: a.rows("draft.fc_in"))
-                replayed = peak(lambda: replay(a, draft, depths=2))
-                explained = peak(lambda: explain_traces(a, b, {"a": draft, "b": draft}, depths=2))
+                whole = traced_peak(lambda: a.rows("draft.fc_in"))
+                replayed = traced_peak(lambda: replay(a, draft, depths=2))
+                explained = traced_peak(lambda: explain_traces(a, b, {"a": draft, "b": draft}, depths=2))
             result["memory"].append({"requests": n, "fc_input_mb": fc_bytes / 1e6,
                                      "read_whole_mb": whole / 1e6,
                                      "replay_mb": replayed / 1e6, "explain_mb": explained / 1e6,
@@ -110,7 +67,7 @@ def main() -> int:
         found = longest_agreements(texts, list(texts))
         trie = time.perf_counter() - started
         started = time.perf_counter()
-        assert greedy(texts, list(texts)) == found
+        assert greedy_pairs(texts, list(texts)) == found
         every = time.perf_counter() - started
         result["pairing"].append({"requests": n, "trie_s": trie, "every_pair_s": every,
                                   "speedup": every / trie})

@@ -32,10 +32,10 @@ def models():
     return target, load_draft(S / "draft", target_embedding(S / "target"))
 
 
-def serve(models, path, plan: list[tuple[str, list[int], int]]) -> None:
+def serve(models, path, plan: list[tuple[str, list[int], int]], steps: int = 3) -> None:
     """``plan``: (request, prompt, positions served from the prefix cache)."""
     target, draft = models
-    decoder = SpeculativeDecoder(target, draft, Conventions(AuxSpec((-1, 1, 3))), num_steps=3)
+    decoder = SpeculativeDecoder(target, draft, Conventions(AuxSpec((-1, 1, 3))), num_steps=steps)
     with td.record(path, source="serving", meta=decoder.contract()) as rec:
         decoder.rec = rec
         for request, prompt, cached in plan:
@@ -106,12 +106,14 @@ def test_two_servers_give_the_same_figures_in_either_order(models, tmp_path) -> 
     the longer server's; the trace named as the user names it (a rank-split trace by its stem)."""
     a, b = tmp_path / "a.h5", tmp_path / "b.h5"
     serve(models, a, CHAT)
-    serve(models, b, [CHAT[2], CHAT[0], ("fresh", [1, 9, 8, 7, 6], 0)])
+    # another chain length: B's server verified at other rows than A's
+    serve(models, b, [CHAT[2], CHAT[0], ("fresh", [1, 9, 8, 7, 6], 0)], steps=1)
     draft = {"a": models[1], "b": models[1]}
     with td.open_trace(a) as ta, td.open_trace(b) as tb:
         forward = explain_traces(ta, tb, draft)
         backward = explain_traces(tb, ta, draft)
     assert forward.scored_on == backward.scored_on == "both servers' chains"
+    assert forward.depths == backward.depths == 3  # the longer server's chain
     assert forward.run("A's inputs").chains == backward.run("B's inputs").chains
     assert forward.run("A's inputs").expected_accept_len == backward.run("B's inputs").expected_accept_len
     assert forward.run("B's inputs").own_accept_len == backward.run("A's inputs").own_accept_len

@@ -107,7 +107,8 @@ def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: i
                    progress: Callable[[int, int], None] | None = None) -> Explanation:
     """Replay ``drafts['a']`` on A's inputs, ``drafts['b']`` on B's, and the swaps (see the module
     docstring). ``InputError`` when the traces share no scorable row."""
-    pairing = paired_rows(a, b)
+    served = {"a": drafted_from(a), "b": drafted_from(b)}  # each server's chains, read once
+    pairing = paired_rows(a, b, served)
     pairs = pairing.pairs
     if not pairs:
         lacking = sum(pairing.unpaired[side]["no_context"] for side in "ab")
@@ -116,7 +117,7 @@ def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: i
         raise InputError(b.paths[0], f"shares no request text with {a.paths[0]} (no request of one agrees "
                                      f"with one of the other from position 0{why}): nothing to replay on "
                                      "both")
-    servers = [t for t in (a, b) if drafted_from(t)]
+    servers = [t for t, side in ((a, "a"), (b, "b")) if served[side]]
     # the longer chain of two servers' (either order alike); a training side's depths where none serves
     choice = max((chain_depths(t, depths) for t in servers or [b]), key=lambda c: c.depths)
     sides = {"a": Inputs(drafts["a"], _d2t(a, drafts["a"])), "b": Inputs(drafts["b"], _d2t(b, drafts["b"]))}
@@ -170,12 +171,13 @@ class Pairing(NamedTuple):
     rows_left: dict[str, int]
 
 
-def paired_rows(a: Trace, b: Trace) -> Pairing:
+def paired_rows(a: Trace, b: Trace, served: dict[str, dict[str, set[int]]]) -> Pairing:
     """Requests of A and B paired one to one, longest agreement first: a row is shared when both
     sides hold it with the same text through the token after it (x[0..t+1]), so two conversations
-    that part after a common system prompt share only the rows before they part."""
+    that part after a common system prompt share only the rows before they part. ``served``: each
+    side's chains (``drafted_from``)."""
     rows_a, rows_b = list(request_rows(a, None)), list(request_rows(b, None))
-    chains_a, chains_b = drafted_from(a), drafted_from(b)
+    chains_a, chains_b = served["a"], served["b"]
     pairs, texts_a, texts_b = [], [_text(r) for r in rows_a], [_text(r) for r in rows_b]
     found = longest_agreements(texts_a, texts_b)
     for i, j, shared in found:

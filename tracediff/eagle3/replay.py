@@ -301,8 +301,9 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     total = [0] * depths
     leading: list[int] = []  # every row's chain
     chained: list[int] = []  # the chains the server drafted
-    verify = by_position(trace.rows("verify.accept_len")) if "verify.accept_len" in trace.names() else {}
-    verify_values = trace.rows("verify.accept_len").numpy().reshape(-1) if verify else np.zeros(0)
+    verify_rows = trace.rows("verify.accept_len") if "verify.accept_len" in trace.names() else None
+    verify = by_position(verify_rows) if verify_rows is not None else {}
+    verify_values = verify_rows.numpy().reshape(-1) if verify_rows is not None else np.zeros(0)
     verified: list[int] = []  # the server's own accepted drafts at the chains scored
     anchors = drafted_from(trace) if tree is None else {}
     if tree is None and not anchors and trace.speculative_args is not None:
