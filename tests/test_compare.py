@@ -374,7 +374,7 @@ def test_rows_read_in_place_and_copied_compare_alike(tmp_path, suffix, compressi
 
 
 def test_windows_mixing_in_place_and_copied_rows(tmp_path) -> None:
-    """A window holds bfloat16 rows read in place and float32 rows copied into the read-ahead
+    """A window holds bfloat16 rows read in place and float64 rows copied into the read-ahead
     ring; with more windows than the ring has slots, every row must still be the one planned."""
     torch = pytest.importorskip("torch")
     from tracediff.diff.differ import WINDOWS_AHEAD, compare_traces, read_ahead
@@ -388,7 +388,7 @@ def test_windows_mixing_in_place_and_copied_rows(tmp_path) -> None:
             for step, (hidden, logits) in enumerate(steps):
                 keys = dict(step=step, request=["r0", "r1"], positions=[step] * 2,
                             token_ids=[2 * step, 2 * step + 1])
-                rec.log("h.hidden", hidden * (1.001 if step == bump else 1.0), **keys)
+                rec.log("h.hidden", (hidden * (1.001 if step == bump else 1.0)).double(), **keys)
                 rec.log("h.logits", logits.to(torch.bfloat16), **keys)
     with td.open_trace(tmp_path / "a.h5") as ta, td.open_trace(tmp_path / "b.h5") as tb:
         whole = compare_traces(Pair(ta, tb), make_plan(Pair(ta, tb)))

@@ -112,11 +112,14 @@ def test_top_k_ties_and_masked_logits_follow_a_stable_sort() -> None:
         assert got["argmax_agree"].tolist() == [1, 1, 0, 1, 0], engine.name
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 @pytest.mark.parametrize("width", [1, 5, 257, 4096])
-def test_mapped_rows_match_copied_rows(tmp_path, width) -> None:
-    """bfloat16 rows read in place from a file at any byte offset, odd ones included."""
-    raw_a, raw_b = corner_rows(width, "bfloat16", seed=2)
-    n, size = len(raw_a), 2 * width
+def test_mapped_rows_match_copied_rows(tmp_path, width, dtype) -> None:
+    """Rows read in place from a file at any byte offset, odd ones included, measure as the same
+    rows copied out: bfloat16 bit patterns and float32 values."""
+    raw_a, raw_b = corner_rows(width, dtype, seed=2)
+    stored = np.dtype("<u2") if dtype == "bfloat16" else np.dtype("<f4")
+    n, size = len(raw_a), stored.itemsize * width
     gap = 3  # bytes between rows: odd offsets
     at = Pair(np.arange(n, dtype=np.int64) * (size + gap) + 1,
               np.arange(n, dtype=np.int64)[::-1] * (size + gap) + 5)  # rows of b stored in reverse
@@ -124,14 +127,14 @@ def test_mapped_rows_match_copied_rows(tmp_path, width) -> None:
     for side, raw, offsets in (("a", raw_a, at.a), ("b", raw_b, at.b)):
         image = np.zeros(int(offsets.max()) + size + 7, np.uint8)
         for row, start in zip(raw, offsets):
-            image[start : start + size] = row.astype("<u2").view(np.uint8)
+            image[start : start + size] = row.astype(stored).view(np.uint8)
         (tmp_path / side).write_bytes(image.tobytes())
         files[side] = np.memmap(tmp_path / side, dtype=np.uint8, mode="r")
     mapped = Pair(files["a"], files["b"])
     for name in ("x.hidden", "x.logits"):
-        copied = NUMPY.measure_rows(name, ("bfloat16", "bfloat16"), raw_a, raw_b)
-        assert_same(NUMPY.measure_mapped(name, mapped, at, width), copied)
-        assert_same(COMPILED.measure_mapped(name, mapped, at, width), copied)
+        copied = NUMPY.measure_rows(name, (dtype, dtype), raw_a, raw_b)
+        assert_same(NUMPY.measure_mapped(name, mapped, at, width, dtype), copied)
+        assert_same(COMPILED.measure_mapped(name, mapped, at, width, dtype), copied)
 
 
 def test_empty_inputs_match() -> None:

@@ -18,7 +18,7 @@ from tracediff.diff.align import first_token_difference
 from tracediff.diff.contract import contract_diff
 from tracediff.diff.findings import Side
 from tracediff.diff.finite import measure_finite_parts
-from tracediff.diff.metrics import Engine, engine_for
+from tracediff.diff.metrics import MAPPED_DTYPES, Engine, engine_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, TensorPlan
 from tracediff.diff.profile import ProfileTally
@@ -76,10 +76,12 @@ class Comparison:
 
 
 def compare_traces(traces: Pair[Trace], plan: Plan, tolerances: Tolerances | None = None,
-                   stop_at_first: bool = False, progress: Progress | None = None) -> Comparison:
+                   stop_at_first: bool = False, progress: Progress | None = None,
+                   engine: Engine | None = None) -> Comparison:
     """Execute ``plan`` (``plan.make_plan``'s, from key columns): measure every chunk (or only up to
     the first failing one when ``stop_at_first``: tensors not fully read are then reported as
-    ``unchecked``). ``progress`` hears of every chunk measured."""
+    ``unchecked``). ``progress`` hears of every chunk measured. ``engine``: the kernels to measure
+    with (default: ``engine_for`` the plan's bytes)."""
     tolerances = tolerances or Tolerances()
     results = {t.name: _initial(t) for t in plan.tensors}
     comparison = Comparison(paths=traces.map(lambda t: [str(p) for p in t.paths]), plan=plan, tensors=[],
@@ -89,7 +91,7 @@ def compare_traces(traces: Pair[Trace], plan: Plan, tolerances: Tolerances | Non
     first_failure: dict[str, tuple[int, int]] = {}  # name -> (baseline step of its first failing row, order)
     across_kinds = {t.name for t in plan.tensors if kinds_differ((t.keys.a.dtype, t.keys.b.dtype))}
     done, total, read = 0, plan.nbytes, 0
-    engine = engine_for(total)  # small compares never wait for the compiled kernels to build
+    engine = engine or engine_for(total)  # small compares never wait for the compiled kernels to build
     for chunk, values in read_ahead(traces, plan.chunks):
         if stop_at_first and first_failure and chunk.window > plan.chunks[done - 1].window:
             break  # every chunk of the window with the first failure is measured: it is settled
@@ -144,8 +146,9 @@ def _initial(tensor: TensorPlan) -> TensorResult:
 
 @dataclass
 class ChunkRows:
-    """One chunk's rows as read: raw data, or (bfloat16 both sides, single-file uncompressed
-    traces) the file offset of each row, for the kernel to read them in place from the page cache."""
+    """One chunk's rows as read: raw data, or (one dtype of ``MAPPED_DTYPES`` both sides,
+    single-file uncompressed traces) the file offset of each row, for the kernel to read them in
+    place from the page cache."""
 
     raw: Pair[np.ndarray] | None = None
     at: Pair[np.ndarray] | None = None
@@ -235,10 +238,10 @@ def _at_least(buffer: np.ndarray, nbytes: int) -> np.ndarray:
 
 
 def _row_offsets(traces: Pair[Trace], chunk: Chunk) -> Pair[np.ndarray] | None:
-    """File offsets of a chunk's rows where both sides can be read in place: bfloat16, single-file
-    traces whose records lie uncompressed."""
+    """File offsets of a chunk's rows where both sides can be read in place: one dtype the kernels
+    read from a mapped file (``MAPPED_DTYPES``), single-file traces whose records lie uncompressed."""
     keys = chunk.tensor.keys
-    if not keys.a.dtype == keys.b.dtype == "bfloat16":
+    if not keys.a.dtype == keys.b.dtype or keys.a.dtype not in MAPPED_DTYPES:
         return None
     at = traces.zip(keys, chunk.rows).starmap(Trace.row_offsets)
     return None if at.a is None or at.b is None else Pair(at.a, at.b)
@@ -251,8 +254,9 @@ def _measure(traces: Pair[Trace], chunk: Chunk, rows: ChunkRows, result: TensorR
     tally = comparison.tallies[result.name]
     dtypes = (chunk.tensor.keys.a.dtype, chunk.tensor.keys.b.dtype)
     if rows.at is not None:
-        metrics = engine.measure_mapped(result.name, traces.map(lambda t: t.mapped()), rows.at,
-                                 int(np.prod(chunk.tensor.keys.a.row_shape, dtype=np.int64)))
+        width = int(np.prod(chunk.tensor.keys.a.row_shape, dtype=np.int64))
+        files = traces.map(lambda t: t.mapped())
+        metrics = engine.measure_mapped(result.name, files, rows.at, width, dtypes[0])
     else:
         assert rows.raw is not None  # rows not mapped were read
         metrics = engine.measure_rows(result.name, dtypes, rows.raw.a, rows.raw.b)

@@ -172,15 +172,20 @@ def compare_rows(a: np.ndarray, b: np.ndarray, logits: bool, k: int) -> np.ndarr
 
 
 @njit(parallel=True, cache=True, nogil=True, fastmath=FAST)
-def compare_mapped_bf16(file_a: np.ndarray, at_a: np.ndarray, file_b: np.ndarray, at_b: np.ndarray,
-                        width: int, logits: bool, k: int) -> np.ndarray:
-    """``compare_rows`` of bfloat16 rows read in place from two memory-mapped files (uint8), row i
-    starting at byte at_a[i] / at_b[i]: no copy of the data out of the page cache."""
+def compare_mapped(file_a: np.ndarray, at_a: np.ndarray, file_b: np.ndarray, at_b: np.ndarray,
+                   width: int, itemsize: int, logits: bool, k: int) -> np.ndarray:
+    """``compare_rows`` of rows read in place from two memory-mapped files (uint8), row i starting
+    at byte at_a[i] / at_b[i]: bfloat16 (``itemsize`` 2) or float32 (4) elements, no copy of the
+    data out of the page cache."""
     out = np.full((len(at_a), 8), np.nan)
+    size = itemsize * width
     for i in prange(len(at_a)):
-        a = file_a[at_a[i] : at_a[i] + 2 * width].view(np.uint16)
-        b = file_b[at_b[i] : at_b[i] + 2 * width].view(np.uint16)
-        _row_metrics(a, b, logits, k, out[i])
+        if itemsize == 2:
+            _row_metrics(file_a[at_a[i] : at_a[i] + size].view(np.uint16),
+                         file_b[at_b[i] : at_b[i] + size].view(np.uint16), logits, k, out[i])
+        else:
+            _row_metrics(file_a[at_a[i] : at_a[i] + size].view(np.float32),
+                         file_b[at_b[i] : at_b[i] + size].view(np.float32), logits, k, out[i])
     return out
 
 

@@ -17,6 +17,7 @@ import either.
 from __future__ import annotations
 
 import importlib
+import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
@@ -35,6 +36,8 @@ TOP_K = 5
 # 0.8-1.7 GB/s in numpy, bfloat16 logits at ~0.15. Below it, numpy costs at most ~1 s more than a
 # warm cache and never the compile.
 COMPILE_BYTES = 256 << 20
+# Stored dtypes the kernels read in place from a mapped file (the same on both sides): its itemsize.
+MAPPED_DTYPES = {"bfloat16": 2, "float32": 4}
 
 
 @dataclass(frozen=True)
@@ -68,16 +71,36 @@ class Engine:
             return self.float_metrics(raw_a, raw_b, logits)
         return self.float_metrics(decode(raw_a, dtypes[0]), decode(raw_b, dtypes[1]), logits)
 
-    def measure_mapped(self, name: str, files: Pair[np.ndarray], at: Pair[np.ndarray],
-                       width: int) -> dict[str, np.ndarray]:
-        """``measure_rows`` of bfloat16 rows of ``width`` elements read from memory-mapped trace files
-        (uint8) at byte offsets ``at``."""
+    def measure_mapped(self, name: str, files: Pair[np.ndarray], at: Pair[np.ndarray], width: int,
+                       dtype: str = "bfloat16") -> dict[str, np.ndarray]:
+        """``measure_rows`` of rows of ``width`` elements of ``dtype`` (one of ``MAPPED_DTYPES``, both
+        sides) read from memory-mapped trace files (uint8) at byte offsets ``at``."""
         logits = name.endswith("logits")
-        table = self.kernels().compare_mapped_bf16(files.a, at.a, files.b, at.b, width, logits, _top_k(width))
+        table = self.kernels().compare_mapped(files.a, at.a, files.b, at.b, width, MAPPED_DTYPES[dtype],
+                                              logits, _top_k(width))
         return _named(table, logits)
 
 
 NUMPY, COMPILED = Engine("numpy"), Engine("compiled")
+
+
+def preload(engine: Engine) -> threading.Thread | None:
+    """Load the compiled kernels on a background thread (numba's import, and each kernel's machine
+    code from its cache) while the caller opens and plans: a compare that will measure in place
+    then finds them ready. Warms the signature the in-place reads call with (read-only file bytes,
+    int64 offsets); ``join`` the thread before the process ends. None for the numpy engine."""
+    if engine.name != "compiled":
+        return None
+
+    def load() -> None:
+        file = np.frombuffer(bytes(64), dtype=np.uint8)  # read-only, as a mapped trace file is
+        at = np.zeros(1, dtype=np.int64)
+        for itemsize in MAPPED_DTYPES.values():
+            engine.kernels().compare_mapped(file, at, file, at, 4, itemsize, True, 1)
+
+    thread = threading.Thread(target=load, name="tracediff-kernels", daemon=True)
+    thread.start()
+    return thread
 
 
 def engine_for(total_bytes: int) -> Engine:
@@ -112,10 +135,10 @@ def measure_rows(name: str, dtypes: tuple[str, str], raw_a: np.ndarray,
     return NUMPY.measure_rows(name, dtypes, raw_a, raw_b)
 
 
-def measure_mapped(name: str, files: Pair[np.ndarray], at: Pair[np.ndarray],
-                   width: int) -> dict[str, np.ndarray]:
+def measure_mapped(name: str, files: Pair[np.ndarray], at: Pair[np.ndarray], width: int,
+                   dtype: str = "bfloat16") -> dict[str, np.ndarray]:
     """``Engine.measure_mapped`` with numpy (large compares use ``engine_for``)."""
-    return NUMPY.measure_mapped(name, files, at, width)
+    return NUMPY.measure_mapped(name, files, at, width, dtype)
 
 
 def _flat(x: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ TINY = np.finfo(np.float64).tiny
 LOG2E = np.float32(1.4426950408889634)
 EXP2_FLOOR = np.float32(-126.0)  # the kernels' exp2 never goes below 2^-126
 BATCH_ELEMENTS = 1 << 14  # elements per side measured at once: float64 temporaries stay in cache
-SHORT_ROW = 256  # bfloat16 rows read in place shorter than this are gathered by one fancy index
+SHORT_ROW = 256  # rows read in place shorter than this are gathered by one fancy index
 # Rows whose largest magnitude lies in this range (or is 0) are summed as they are: squares of such
 # values and their sums over any row stay normal float64 numbers. Others are scaled first.
 F64_RANGE = (2.0**-400, 2.0**400)
@@ -38,24 +38,26 @@ def compare_rows(a: np.ndarray, b: np.ndarray, logits: bool, k: int) -> np.ndarr
     return _batched(len(a), a.shape[1], lambda rows: a[rows], lambda rows: b[rows], logits, k)
 
 
-def compare_mapped_bf16(file_a: np.ndarray, at_a: np.ndarray, file_b: np.ndarray, at_b: np.ndarray,
-                        width: int, logits: bool, k: int) -> np.ndarray:
-    """``kernels.compare_mapped_bf16``: bfloat16 rows of ``width`` elements at byte offsets
-    ``at_a`` / ``at_b`` of two uint8 arrays (memory-mapped files), copied out a batch at a time."""
-    return _batched(len(at_a), width, lambda rows: _gather(file_a, at_a[rows], width),
-                    lambda rows: _gather(file_b, at_b[rows], width), logits, k)
+def compare_mapped(file_a: np.ndarray, at_a: np.ndarray, file_b: np.ndarray, at_b: np.ndarray,
+                   width: int, itemsize: int, logits: bool, k: int) -> np.ndarray:
+    """``kernels.compare_mapped``: rows of ``width`` bfloat16 (``itemsize`` 2) or float32 (4) values
+    at byte offsets ``at_a`` / ``at_b`` of two uint8 arrays (memory-mapped files), copied out a
+    batch at a time."""
+    dtype = np.dtype("<u2") if itemsize == 2 else np.dtype("<f4")
+    return _batched(len(at_a), width, lambda rows: _gather(file_a, at_a[rows], width, dtype),
+                    lambda rows: _gather(file_b, at_b[rows], width, dtype), logits, k)
 
 
-def _gather(file: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
-    """Rows of ``width`` bfloat16 values at these byte offsets (any alignment) as uint16: short
-    rows by one fancy index, others row by row (a copy each, 10x faster for rows of KBs)."""
-    size, at = 2 * width, np.asarray(at, dtype=np.int64)
+def _gather(file: np.ndarray, at: np.ndarray, width: int, dtype: np.dtype) -> np.ndarray:
+    """Rows of ``width`` values of ``dtype`` at these byte offsets (any alignment): short rows by
+    one fancy index, others row by row (a copy each, 10x faster for rows of KBs)."""
+    size, at = dtype.itemsize * width, np.asarray(at, dtype=np.int64)
     if width < SHORT_ROW:
-        return np.asarray(file)[at[:, None] + np.arange(size)].view("<u2")
+        return np.asarray(file)[at[:, None] + np.arange(size)].view(dtype)
     rows = np.empty((len(at), size), np.uint8)
     for i, start in enumerate(at.tolist()):
         rows[i] = file[start : start + size]
-    return rows.view("<u2")
+    return rows.view(dtype)
 
 
 def _batched(n: int, width: int, rows_a, rows_b, logits: bool, k: int) -> np.ndarray:

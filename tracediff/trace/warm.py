@@ -75,11 +75,31 @@ class Warmer:
                 m.close()
 
 
+def source_files(sources: Sequence[Trace | str | Path]) -> list[Path]:
+    """The files behind traces (open ones, or paths not opened yet: a file, or a folder's files),
+    for warming and for sizing a compare before anything is opened; paths that cannot be listed
+    are left out (opening them reports why)."""
+    from tracediff.trace.reader import Trace
+
+    files: list[Path] = []
+    for source in sources:
+        if isinstance(source, Trace):
+            files.extend(source.paths)
+            continue
+        path = Path(source)
+        try:
+            files.extend(sorted(p for p in path.iterdir() if p.is_file()) if path.is_dir()
+                         else [path] if path.is_file() else [])
+        except OSError:
+            continue
+    return files
+
+
 @contextmanager
-def warming(traces: Sequence[Trace], enabled: bool = True) -> Iterator[Warmer]:
-    """The files of these traces read into the page cache while the body runs (within a share of
-    the free memory), stopped when it ends: callers say whether, never how."""
-    warmer = Warmer([path for trace in traces for path in trace.paths], budget=None if enabled else 0)
+def warming(sources: Sequence[Trace | str | Path], enabled: bool = True) -> Iterator[Warmer]:
+    """The files of these traces (open, or paths) read into the page cache while the body runs
+    (within a share of the free memory), stopped when it ends: callers say whether, never how."""
+    warmer = Warmer(source_files(sources) if enabled else [], budget=None if enabled else 0)
     try:
         yield warmer
     finally:
