@@ -3,7 +3,7 @@
 For each command (``tracediff --help``, ``show`` and ``compare`` on the committed sample, and
 ``import tracediff`` as a recorder's host pays it) in a fresh interpreter: the wall time of the
 whole process, the imports' total (``python -X importtime``: the cumulative time of each top-level
-import), and which heavy modules were loaded (numpy, pyarrow, h5py, numba, torch). Baseline: ``python
+import), and which heavy modules were loaded (numpy, pyarrow, h5py, torch). Baseline: ``python
 -c pass`` run the same way, interleaved. Figures are medians over ``--reps``.
 
 Usage: python scripts/bench_startup.py [--reps 7] [--out startup.json]
@@ -23,7 +23,7 @@ from benchio import emit
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE = ROOT / "traces" / "eagle3"
-HEAVY = ("numpy", "pyarrow", "h5py", "numba", "torch")
+HEAVY = ("numpy", "pyarrow", "h5py", "torch")
 RUN = ("import sys; from tracediff.entry import main; sys.argv = ['tracediff', *{args!r}]\n"
        "try:\n    main()\nexcept SystemExit:\n    pass\n"
        "print('LOADED', ' '.join(m for m in {heavy!r} if m in sys.modules), file=sys.stderr)")

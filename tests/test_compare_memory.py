@@ -11,7 +11,7 @@ import pytest
 
 import tracediff as td
 from tests.conftest import run_python
-from tracediff.diff.metrics import float_metrics
+from tracediff.diff.metrics import engine_for
 
 ROWS, WIDTH = 256, 131072  # 256 rows of 512 KiB: one 128 MiB float32 record a side
 MiB = 1 << 20
@@ -90,7 +90,8 @@ def test_one_huge_record_compares_in_bounded_memory(tmp_path, suffix) -> None:
     assert tensor["first_bad"]["position"] == ROWS - 2
     y = x.copy()
     y[-2, 5] -= 1.0  # a's row again (``_pair`` bumped the array in place for b)
-    alone = {k: float(v[0]) for k, v in float_metrics(y[-2:-1], x[-2:-1], logits=True).items()}
+    engine = engine_for(2 * x.nbytes)  # the engine the compare measured with
+    alone = {k: float(v[0]) for k, v in engine.float_metrics(y[-2:-1], x[-2:-1], logits=True).items()}
     assert tensor["first_bad"]["metrics"] == pytest.approx(alone, rel=1e-12, abs=1e-15)
 
     small = td.compare(a, b, chunk_bytes=MiB, warm=False)

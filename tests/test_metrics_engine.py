@@ -1,6 +1,7 @@
-"""The two metric engines: numpy (no compile step, for small compares) and compiled (numba) give the
-same numbers on every dtype, width and corner case, in place or copied; importing the metrics
-never imports numba, and the engine is chosen by the bytes a compare measures."""
+"""The two metric engines: numpy (no build step, for small compares) and compiled (C) give the
+same numbers on every dtype, width and corner case, in place or copied; the numpy engine never
+loads the compiled library, a machine without a compiler measures with numpy, and the engine is
+chosen by the bytes a compare measures."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import REPO
+from tracediff.diff import numpy_kernels
 from tracediff.diff.metrics import COMPILE_BYTES, COMPILED, NUMPY, engine_for
 from tracediff.diff.pair import Pair
 
@@ -149,14 +151,14 @@ def test_the_engine_follows_the_bytes_to_compare() -> None:
 
 
 @pytest.mark.subprocess
-def test_metrics_never_import_numba_unless_compiled() -> None:
-    """Small compares and diagnoses (module functions, the numpy engine) never load numba."""
+def test_metrics_never_load_the_compiled_kernels_unless_compiled() -> None:
+    """Small compares and diagnoses (module functions, the numpy engine) never build or load the
+    compiled kernels (a fresh process: the library is loaded once per process)."""
     script = """if True:
         import sys
         import numpy as np
         import tracediff.diff.metrics as m
         from tracediff.diff.pair import Pair
-        assert "numba" not in sys.modules, "import"
         raw = np.arange(12, dtype=np.uint16).reshape(3, 4)
         m.float_metrics(raw.astype(np.float32), raw.astype(np.float32), logits=True)
         m.metrics_for("x.logits", ("float32", "float32"), raw.astype(np.float32), raw.astype(np.float32))
@@ -165,10 +167,57 @@ def test_metrics_never_import_numba_unless_compiled() -> None:
         m.engine_for(1000).measure_rows("x", ("float16", "float16"), half, half)
         file = raw.view(np.uint8).ravel()
         m.measure_mapped("x", Pair(file, file), Pair(np.array([0, 8]), np.array([8, 16])), 4)
-        assert "numba" not in sys.modules, "numpy engine"
+        assert "tracediff.diff.kernels" not in sys.modules, "numpy engine"
         m.engine_for(m.COMPILE_BYTES).measure_rows("x", ("float32", "float32"), raw.astype(np.float32),
                                                    raw.astype(np.float32))
-        assert "numba" in sys.modules, "compiled engine"
+        from tracediff.diff import kernels
+        assert kernels._library and kernels._library[0] is not None, "compiled engine"
     """
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
+
+
+def test_no_compiler_measures_with_numpy(tmp_path, monkeypatch) -> None:
+    """Where the kernels cannot be built (no compiler), the compiled engine gives numpy's numbers."""
+    from tracediff.diff import kernels
+
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("TRACEDIFF_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(kernels, "_library", [])
+    assert not kernels.available()
+    assert COMPILED.kernels() is numpy_kernels
+    raw_a, raw_b = corner_rows(33, "float32")
+    assert_same(COMPILED.measure_rows("x.logits", ("float32", "float32"), raw_a, raw_b),
+                NUMPY.measure_rows("x.logits", ("float32", "float32"), raw_a, raw_b))
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+
+
+def test_the_library_is_built_once_into_the_cache(tmp_path, monkeypatch) -> None:
+    """A first use builds the library into the cache folder (whole, under its final name only);
+    the next process finds it there and builds nothing."""
+    from tracediff.diff import kernels
+
+    monkeypatch.setenv("TRACEDIFF_CACHE", str(tmp_path))
+    monkeypatch.setattr(kernels, "_library", [])
+    assert kernels.available()
+    built = sorted(p.name for p in tmp_path.iterdir())
+    assert len(built) == 1 and built[0].startswith("kernels-") and built[0].endswith(".so")
+    stamp = (tmp_path / built[0]).stat().st_mtime_ns
+    monkeypatch.setattr(kernels, "_library", [])
+    assert kernels.available() and (tmp_path / built[0]).stat().st_mtime_ns == stamp
+    assert sorted(p.name for p in tmp_path.iterdir()) == built
+
+
+def test_a_cache_others_can_write_to_is_never_used(tmp_path, monkeypatch) -> None:
+    """A library planted in a group- or world-writable cache folder is never loaded: the kernels
+    are built in this user's own folder in the temp dir instead."""
+    from tracediff.diff import kernels
+
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    monkeypatch.setenv("TRACEDIFF_CACHE", str(shared))
+    monkeypatch.setattr(kernels, "_library", [])
+    assert kernels.available()
+    assert list(shared.iterdir()) == []
+    assert kernels._library[0] is not None and not str(kernels._library[0]._name).startswith(str(shared))

@@ -1,5 +1,5 @@
 """Start-up: ``import tracediff`` and ``tracediff --help`` load none of the heavy modules (numpy,
-pyarrow, h5py, numba, torch): the recorder, the reader and compare load on first use, and the
+pyarrow, h5py, torch): the recorder, the reader and compare load on first use, and the
 package's public names still resolve to the functions and classes (``td.record`` is the function,
 not the ``tracediff.record`` subpackage, whatever was imported first). What it costs in time is
 measured by scripts/bench_startup.py, never asserted here."""
@@ -13,7 +13,7 @@ import pytest
 from tests.conftest import run_python
 
 pytestmark = pytest.mark.subprocess
-HEAVY = ("numpy", "pyarrow", "h5py", "numba", "torch")
+HEAVY = ("numpy", "pyarrow", "h5py", "torch")
 LOADED = f"import json, sys; print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
 
 
@@ -52,9 +52,27 @@ def test_a_trace_loads_only_its_own_format(tmp_path) -> None:
     assert convert.returncode == 0, convert.stderr
     probe = ("import sys, tracediff as td\nwith td.open_trace(sys.argv[1]) as t:\n"
              "    t.rows('target.token')\n"
-             "print(sorted(m for m in ('h5py', 'tracediff.trace.h5', 'tracediff.trace.arrow')"
+             "print(sorted(m for m in ('h5py', 'pyarrow', 'tracediff.trace.h5', 'tracediff.trace.arrow')"
              " if m in sys.modules))")
     on_arrow, on_h5 = run_python(probe, str(arrow)), run_python(probe, str(sample))
     assert on_arrow.returncode == 0 and on_h5.returncode == 0, on_arrow.stderr + on_h5.stderr
-    assert on_arrow.stdout.split("\n")[-2] == "['tracediff.trace.arrow']"
+    assert on_arrow.stdout.split("\n")[-2] == "['pyarrow', 'tracediff.trace.arrow']"
     assert on_h5.stdout.split("\n")[-2] == "['h5py', 'tracediff.trace.h5']"
+
+
+def test_a_small_compare_loads_only_what_it_uses() -> None:
+    """The sample's compare (two HDF5 traces, a few MB): h5py, never pyarrow, torch or the compiled
+    kernels (numpy measures inputs this small); its verdict is still the sample's."""
+    from tests.conftest import REPO
+
+    traces = REPO / "traces" / "eagle3"
+    done = run_python("import sys\nfrom tracediff.entry import main\n"
+                      f"sys.argv = ['tracediff', 'compare', {str(traces / 'training.h5')!r}, "
+                      f"{str(traces / 'serving.h5')!r}, '--json']\n"
+                      "try:\n    main()\nexcept SystemExit as exit:\n    code = exit.code\n"
+                      "print(code, sorted(m for m in ('h5py', 'pyarrow', 'torch', 'tracediff.diff.kernels')"
+                      " if m in sys.modules))")
+    assert done.returncode == 0, done.stderr
+    code, loaded = done.stdout.strip().splitlines()[-1].split(" ", 1)
+    assert json.loads(done.stdout[: done.stdout.rindex("}") + 1])["verdict"] == "match" and code == "0"
+    assert loaded == "['h5py']"

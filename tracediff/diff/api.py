@@ -1,5 +1,5 @@
 """``tracediff.compare``: everything the ``compare`` command does, as one library call that returns
-a typed ``Report`` (warm the page cache and the kernels, read keys, plan, compare, diagnose, judge)."""
+a typed ``Report`` (warm the page cache, read keys, plan, compare, diagnose, judge)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,13 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from tracediff.diff.differ import Progress, compare_traces
-from tracediff.diff.metrics import engine_for, preload
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import CHUNK_BYTES, make_plan, tensor_keys
 from tracediff.diff.results import Report
 from tracediff.diff.tolerance import Tolerances
 from tracediff.diff.verdict import MIN_COVERAGE, build_report
 from tracediff.trace.reader import Trace, open_trace
-from tracediff.trace.warm import source_files, warming
+from tracediff.trace.warm import warming
 
 TraceLike = str | Path | Trace
 
@@ -43,25 +42,14 @@ def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | Non
         raise ValueError(f"rename must be a dict of name in b -> name in a, got {type(rename).__name__}")
     specs = [tol] if isinstance(tol, str) else tol
     tolerances = specs if isinstance(specs, Tolerances) else Tolerances.parse(list(specs or []))
-    with ExitStack() as stack:  # the disk and the kernels' loading start before opening and planning
+    with ExitStack() as stack:  # the disk starts reading before the traces are opened and planned
         stack.enter_context(warming([a, b], enabled=warm and not stop_at_first))
-        engine = engine_for(sum(_size(path) for path in source_files([a, b])))
-        loading = preload(engine)
         traces = Pair(*(t if isinstance(t, Trace) else stack.enter_context(open_trace(t)) for t in (a, b)))
         keys = traces.map(tensor_keys)  # small reads, done before the disk gets busy with tensor data
         plan = make_plan(traces, rename, align, chunk_bytes, keys)  # once, from key columns only
-        comparison = compare_traces(traces, plan, tolerances, stop_at_first, progress, engine)
-        if loading is not None:
-            loading.join()
+        comparison = compare_traces(traces, plan, tolerances, stop_at_first, progress)
         return build_report(comparison, diagnose(comparison, traces), traces, align, min_coverage,
                             same_target=same_target, renamed=rename, same_file=same_files(traces))
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def same_files(traces: Pair[Trace]) -> bool:

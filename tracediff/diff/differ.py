@@ -76,12 +76,10 @@ class Comparison:
 
 
 def compare_traces(traces: Pair[Trace], plan: Plan, tolerances: Tolerances | None = None,
-                   stop_at_first: bool = False, progress: Progress | None = None,
-                   engine: Engine | None = None) -> Comparison:
+                   stop_at_first: bool = False, progress: Progress | None = None) -> Comparison:
     """Execute ``plan`` (``plan.make_plan``'s, from key columns): measure every chunk (or only up to
     the first failing one when ``stop_at_first``: tensors not fully read are then reported as
-    ``unchecked``). ``progress`` hears of every chunk measured. ``engine``: the kernels to measure
-    with (default: ``engine_for`` the plan's bytes)."""
+    ``unchecked``). ``progress`` hears of every chunk measured."""
     tolerances = tolerances or Tolerances()
     results = {t.name: _initial(t) for t in plan.tensors}
     comparison = Comparison(paths=traces.map(lambda t: [str(p) for p in t.paths]), plan=plan, tensors=[],
@@ -91,7 +89,7 @@ def compare_traces(traces: Pair[Trace], plan: Plan, tolerances: Tolerances | Non
     first_failure: dict[str, tuple[int, int]] = {}  # name -> (baseline step of its first failing row, order)
     across_kinds = {t.name for t in plan.tensors if kinds_differ((t.keys.a.dtype, t.keys.b.dtype))}
     done, total, read = 0, plan.nbytes, 0
-    engine = engine or engine_for(total)  # small compares never wait for the compiled kernels to build
+    engine = engine_for(total)  # small compares never wait for the compiled kernels to build
     for chunk, values in read_ahead(traces, plan.chunks):
         if stop_at_first and first_failure and chunk.window > plan.chunks[done - 1].window:
             break  # every chunk of the window with the first failure is measured: it is settled

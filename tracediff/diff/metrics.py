@@ -6,18 +6,16 @@ Floats: ``max_abs``, ``mean_abs``, ``rel_l2`` (|a-b| / |a|), ``cosine`` and ``ma
 sides of other dtypes compare as numbers (floats in the wider float, an integer side against a
 float side as float64 values), integers of any widths exactly.
 
-Two engines give the same numbers: ``numpy`` (``numpy_kernels``, nothing to compile) and
-``compiled`` (numba, ``kernels``: 3-10x faster, but its first use on a machine compiles for seconds
-per dtype, ~20 s on slow machines). ``engine_for`` picks by the bytes a compare will measure; the
-module-level functions use numpy, as they serve small inputs (diagnoses' samples). numba is
-imported only by the compiled engine's first call: a compare that never needs it never pays its
-import either.
+Two engines give the same numbers: ``numpy`` (``numpy_kernels``, nothing to build) and
+``compiled`` (``kernels``: C built by the machine's compiler on first use, about a second, then a
+library loaded in a millisecond; 3-10x faster). ``engine_for`` picks by the bytes a compare will
+measure; the module-level functions use numpy, as they serve small inputs (diagnoses' samples).
+The compiled engine measures with numpy where no library can be built (no compiler).
 """
 
 from __future__ import annotations
 
 import importlib
-import threading
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Literal
@@ -30,12 +28,11 @@ from tracediff.diff.pair import Pair
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
 
 TOP_K = 5
-# Below this many bytes to measure (both sides together) numpy is used. Measured on a 2-core box: a
-# 256 MiB bfloat16 compare takes 1.4-2.1 s with numpy, 1.05 s compiled from numba's cache and 6.6 s
-# compiling first (3-5 s per dtype there, ~20 s on slower machines); hidden states measure at
-# 0.8-1.7 GB/s in numpy, bfloat16 logits at ~0.15. Below it, numpy costs at most ~1 s more than a
-# warm cache and never the compile.
-COMPILE_BYTES = 256 << 20
+# Below this many bytes to measure (both sides together) numpy is used: hidden states measure at
+# 0.8-1.7 GB/s in numpy on a 2-core box, bfloat16 logits at ~0.15 GB/s, so below it numpy costs at
+# most ~0.4 s more than the compiled kernels, and a small compare (the sample traces) never waits
+# for their first build (~1 s).
+COMPILE_BYTES = 64 << 20
 # Stored dtypes the kernels read in place from a mapped file (the same on both sides): its itemsize.
 MAPPED_DTYPES = {"bfloat16": 2, "float32": 4}
 
@@ -47,8 +44,13 @@ class Engine:
     name: Literal["numpy", "compiled"]
 
     def kernels(self) -> ModuleType:
-        """The module computing the tables; importing ``kernels`` imports (and may compile) numba."""
-        return importlib.import_module("tracediff.diff.kernels") if self.name == "compiled" else numpy_kernels
+        """The module computing the tables: ``kernels`` for the compiled engine (built on its first
+        use) where they can be built, ``numpy_kernels`` otherwise."""
+        if self.name == "compiled":
+            compiled = importlib.import_module("tracediff.diff.kernels")
+            if compiled.available():
+                return compiled
+        return numpy_kernels
 
     def float_metrics(self, a: np.ndarray, b: np.ndarray, logits: bool = False) -> dict[str, np.ndarray]:
         """The float metrics of decoded rows (or of two uint16 arrays of bfloat16 bit patterns);
@@ -84,28 +86,9 @@ class Engine:
 NUMPY, COMPILED = Engine("numpy"), Engine("compiled")
 
 
-def preload(engine: Engine) -> threading.Thread | None:
-    """Load the compiled kernels on a background thread (numba's import, and each kernel's machine
-    code from its cache) while the caller opens and plans: a compare that will measure in place
-    then finds them ready. Warms the signature the in-place reads call with (read-only file bytes,
-    int64 offsets); ``join`` the thread before the process ends. None for the numpy engine."""
-    if engine.name != "compiled":
-        return None
-
-    def load() -> None:
-        file = np.frombuffer(bytes(64), dtype=np.uint8)  # read-only, as a mapped trace file is
-        at = np.zeros(1, dtype=np.int64)
-        for itemsize in MAPPED_DTYPES.values():
-            engine.kernels().compare_mapped(file, at, file, at, 4, itemsize, True, 1)
-
-    thread = threading.Thread(target=load, name="tracediff-kernels", daemon=True)
-    thread.start()
-    return thread
-
-
 def engine_for(total_bytes: int) -> Engine:
     """The engine for a compare measuring ``total_bytes`` of stored rows (both sides together):
-    numpy below ``COMPILE_BYTES``, where a compile would cost more than it saves; compiled above."""
+    numpy below ``COMPILE_BYTES``, where a first build would cost more than it saves; compiled above."""
     return COMPILED if total_bytes >= COMPILE_BYTES else NUMPY
 
 

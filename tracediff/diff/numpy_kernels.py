@@ -1,7 +1,6 @@
 """Plain-numpy twins of the compiled row kernels (``kernels``): the same [rows, 8] tables from the
-same arguments, with no compile step. numba needs ~10-20 s to compile the kernels the first time
-on a machine; numpy measures a few MB in milliseconds, so small compares (and the diagnoses'
-samples) never wait for a compiler.
+same arguments, with no build step: small compares and the diagnoses' samples never wait for a
+compiler, and a machine without one measures everything here.
 
 Semantics follow the kernels exactly: a row with a NaN/Inf difference is all NaN, the same
 infinity on both sides agrees, cosine comes from the norms (exact near 1), top-k ties go to the

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
-import pyarrow as pa
 
 from tracediff.errors import InputError, TraceError
+from tracediff.trace.codes import factorize
 from tracediff.trace.crc import crc32
 from tracediff.trace.dtypes import decode, storage_dtype
 from tracediff.trace.fileio import MADV_POPULATE_READ, advise
@@ -103,7 +103,7 @@ class TokenTable:
         """One entry per (request, position): the first in the order given wins."""
         if not len(position):
             return cls.empty()
-        codes = pa.array(request, type=pa.string()).dictionary_encode().indices.to_numpy(zero_copy_only=False)
+        _, codes = factorize(request)
         order = np.lexsort((np.arange(len(position)), position, codes))
         c, p = codes[order], position[order]
         keep = order[np.r_[True, (c[1:] != c[:-1]) | (p[1:] != p[:-1])]]
@@ -499,13 +499,11 @@ class Trace:
         return tokens_record(request, position, token_id, rank=int(self.files[part].meta.get("rank", 0)))
 
     def request_codes(self, requests: np.ndarray) -> np.ndarray:
-        """The trace-wide code of each request id (new ids get the next free codes). Arrow's
-        dictionary encoding finds the few distinct ids without sorting strings or a Python step
-        per row."""
-        encoded = pa.array(requests, type=pa.string()).dictionary_encode()
-        table = [self._request_codes.setdefault(n, len(self._request_codes))
-                 for n in encoded.dictionary.to_pylist()]
-        return np.asarray(table, dtype=np.int64)[encoded.indices.to_numpy(zero_copy_only=False)]
+        """The trace-wide code of each request id (new ids get the next free codes, in order of
+        first appearance)."""
+        distinct, codes = factorize(requests)
+        table = [self._request_codes.setdefault(n, len(self._request_codes)) for n in distinct]
+        return np.asarray(table, dtype=np.int64)[codes]
 
     def gather(self, keys: RowKeys, rows: np.ndarray | None = None,
                into: np.ndarray | None = None) -> np.ndarray:

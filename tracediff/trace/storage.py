@@ -5,7 +5,7 @@ as a ``StorageFormat`` and registered here with its suffixes and magic bytes; ``
 ``open_trace`` find it through this registry, so a third format is one more module (declared in
 ``BUILTIN``, or imported by its user before reading or writing: it registers itself). A built-in
 format's module loads only when its writer or reader is first wanted (``Declared``): a command on
-an Arrow trace never imports h5py, nor one on an HDF5 trace pyarrow's compute kernels.
+an Arrow trace never imports h5py, nor one on an HDF5 trace pyarrow.
 
 A reader trusts nothing in a file: every failure of a file (corrupt, truncated, foreign) leaves a
 ``TraceFile`` method as ``TraceError``, whatever library noticed it (``trace_errors``).
@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import functools
 import importlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Concatenate, ParamSpec, Protocol, Sequence, TypeVar, runtime_checkable
 
 import numpy as np
-import pyarrow as pa
 
 from tracediff.errors import TraceError
 from tracediff.trace.crc import crc32
@@ -256,9 +256,15 @@ def by_magic(head: bytes) -> StorageFormat | Declared | None:
     return next((f for f in formats() if head.startswith(f.magic)), None)
 
 
-# What libraries raise on a file that is not what it claims; anything else is a bug of ours.
-LIBRARY_ERRORS = (OSError, EOFError, ValueError, KeyError, IndexError, RuntimeError, OverflowError,
-                  pa.ArrowException)
+# What libraries raise on a file that is not what it claims (and pyarrow's own errors, once it is
+# loaded: before, none can be raised); anything else is a bug of ours.
+LIBRARY_ERRORS = (OSError, EOFError, ValueError, KeyError, IndexError, RuntimeError, OverflowError)
+
+
+def library_error(exc: Exception) -> bool:
+    """Whether ``exc`` is what a library raises on a file that is not what it claims."""
+    arrow = sys.modules.get("pyarrow")
+    return isinstance(exc, LIBRARY_ERRORS) or (arrow is not None and isinstance(exc, arrow.ArrowException))
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -286,7 +292,9 @@ def trace_errors(method: Callable[Concatenate[F, P], R]) -> Callable[Concatenate
             raise
         except MemoryError as exc:
             raise TraceError(self.path, f"out of memory while reading it ({describe(exc)})") from None
-        except LIBRARY_ERRORS as exc:
+        except Exception as exc:
+            if not library_error(exc):
+                raise
             raise TraceError(self.path, f"corrupt trace: {describe(exc)}") from None
 
     return wrapper
