@@ -751,12 +751,13 @@ def serve_sample(workdir: str | os.PathLike, *, config: dict | None = None, with
 
 
 def train_sample(workdir: str | os.PathLike, texts: Sequence[Sequence[int]], *,
-                 captured_ids: Sequence[int] = SAMPLE_AUX, ttt_length: int = 4) -> Path:
+                 captured_ids: Sequence[int] = SAMPLE_AUX, ttt_length: int = 4,
+                 **record_options: Any) -> Path:
     """A training trace of the sample's draft on ``texts``, from the real producers: features from
     SGLang's real target code after ``set_eagle3_layers_to_capture(captured_ids)`` (as SpecForge's
     capture backend gets them; default: what the draft was trained on), then one real SpecForge
     0.2.0 training step (``OnlineEagle3Model``, TTT of ``ttt_length``) recorded through the SpecForge
-    integration. Returns the trace's path."""
+    integration, with the recorder ``record_options`` (e.g. ``queue_bytes``). Returns the trace's path."""
     import torch
     from safetensors.torch import load_file
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
@@ -770,7 +771,7 @@ def train_sample(workdir: str | os.PathLike, texts: Sequence[Sequence[int]], *,
     out = work / "training.h5"
     target = SAMPLE / "target"
     target_weights = load_file(target / "model.safetensors")
-    with td.record(out, source="training", exclude=["target.logits"]) as rec:
+    with td.record(out, source="training", exclude=["target.logits"], **record_options) as rec:
         server = CpuServer(str(target), target_weights, recorder=rec)
         try:
             features = server.capture([list(t) for t in texts], list(captured_ids))

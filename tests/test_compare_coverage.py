@@ -380,8 +380,8 @@ def test_a_report_of_another_version_is_refused(tmp_path) -> None:
     with td.record(tmp_path / "a.h5") as rec:
         rec.log("h", rows(2), token_ids=[1, 2])
     text = td.compare(tmp_path / "a.h5", tmp_path / "a.h5").to_json()
-    with pytest.raises(ValueError, match="report version 6"):
-        Report.from_json(text.replace('"report_version": 5', '"report_version": 6'))
+    with pytest.raises(ValueError, match="report version 7"):
+        Report.from_json(text.replace('"report_version": 6', '"report_version": 7'))
 
 
 @pytest.mark.slow

@@ -53,11 +53,12 @@ def test_sigkill_mid_run_leaves_a_readable_trace(tmp_path, fmt) -> None:
             assert rows.data[rows.step == step].tobytes() == step_tensor(step).tobytes()
     shown = cli("show", str(path))
     assert shown.returncode == 0 and "incomplete" in shown.stdout
-    report = td.compare(path, path)  # what it holds compares; the report says it was cut short
-    assert report.verdict == "match" and not report.a.closed
+    report = td.compare(path, path)  # what it holds compares; a trace cut short is never a match
+    assert report.verdict == "incomplete" and not report.a.closed and report.exit_code == 3
+    assert [g.kind for g in report.a.gaps] == ["not_closed"] == [g.kind for g in report.b.gaps]
     from tracediff.report.compare import to_markdown
 
-    assert "- note: a (" in to_markdown(report) and "was never closed by its writer" in to_markdown(report)
+    assert "> **Partial trace**: a was never closed by its writer" in to_markdown(report)
 
 
 DISK_FULL_HOST = """
@@ -89,7 +90,15 @@ def test_disk_full_stops_recording_host_keeps_running(tmp_path, fmt) -> None:
     done = run_python(DISK_FULL_HOST, str(path), str(LIMIT))
     assert done.returncode == 0, done.stderr
     assert "host finished" in done.stdout and done.stdout.strip().endswith("False")
-    assert done.stderr.count("tracediff:") == 1 and "file size limit (RLIMIT_FSIZE" in done.stderr
+    # once when it stopped, once at close: what the trace lacks, and how to avoid it
+    (stopped, closed) = [line for line in done.stderr.splitlines() if line.startswith("tracediff:")]
+    assert "file size limit (RLIMIT_FSIZE" in stopped, done.stderr
+    said = (f"tracediff: {path}: incomplete: the trace stopped recording: its recorder stopped (file size "
+            "limit (RLIMIT_FSIZE")
+    assert closed.startswith(said) and "raise the file size limit (ulimit -f)" in closed, closed
+    out = cli("compare", str(path), str(path))
+    assert out.returncode == 3, out.stdout
+    assert out.stdout.startswith("incomplete: a stopped recording after step "), out.stdout
     with td.open_trace(path) as trace:
         rows = trace.rows("h")
         steps = sorted(set(rows.step.tolist()))

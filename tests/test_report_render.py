@@ -73,8 +73,8 @@ def test_an_incomparable_headline_gives_the_reason_not_a_divergence(tmp_path) ->
                                           "if they are the same model)")
 
 
-def test_a_missing_rank_file_is_noted(tmp_path) -> None:
-    from tracediff.report.compare import trace_notes
+def test_a_missing_rank_file_keeps_the_verdict_from_a_match(tmp_path) -> None:
+    from tracediff.report.compare import headline
 
     for rank in (0, 1):
         with td.record(tmp_path / "run.h5", rank=rank, world_size=2) as rec:
@@ -82,7 +82,8 @@ def test_a_missing_rank_file_is_noted(tmp_path) -> None:
     (tmp_path / "run.rank1.h5").unlink()
     report = td.compare(tmp_path / "run.rank0.h5", tmp_path / "run.rank0.h5")
     assert report.a.world_size == 2 and len(report.a.paths) == 1
-    assert any("holds 1 of the run's 2 rank files" in line for line in trace_notes(report))
+    assert report.verdict == "incomplete" and [g.kind for g in report.a.gaps] == ["ranks_missing"]
+    assert headline(report).startswith("incomplete: a holds 1 of the run's 2 rank files"), headline(report)
 
 
 def test_show_prints_trace_text_as_data_never_markup_or_escapes(tmp_path) -> None:

@@ -10,6 +10,7 @@ from tests.conftest import REPO
 from tracediff.diff import findings, results
 from tracediff.diff.findings import VARIANTS, Diagnosis, evidence_table
 from tracediff.diff.jsonio import from_plain, to_plain
+from tracediff.trace.completeness import Gap, GapKind
 
 DOC = (REPO / "docs" / "REPORT.md").read_text()
 
@@ -21,7 +22,8 @@ def test_the_evidence_table_is_the_codes() -> None:
 
 
 def test_every_literal_is_documented() -> None:
-    for literal in (results.Verdict, results.Status, results.Reason, findings.Kind, findings.Severity):
+    for literal in (results.Verdict, results.Status, results.Reason, findings.Kind, findings.Severity,
+                    GapKind):
         for value in typing.get_args(literal):
             assert f"`{value}`" in DOC or f"{value} |" in DOC or f'"{value}' in DOC, value
     for verdict, code in results.EXIT_CODES.items():
@@ -31,7 +33,7 @@ def test_every_literal_is_documented() -> None:
 def test_every_report_field_is_documented() -> None:
     for cls in (results.Report, results.Coverage, results.RowRef, results.TensorResult,
                 results.FirstDivergence, results.TokenMismatch, results.ContractDiff, results.ContractEntry,
-                results.TraceInfo, Diagnosis):
+                results.TraceInfo, Gap, Diagnosis):
         for field in dataclasses.fields(cls):
             assert f'"{field.name}"' in DOC, f"{cls.__name__}.{field.name}"
 

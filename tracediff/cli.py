@@ -677,6 +677,11 @@ def record_command(
                                      "at_startup(config, recorder))"),
     eager_only: bool = typer.Option(False, "--eager-only", help="a server that replays CUDA graphs: accept "
                                     "a trace of its eager forwards only"),
+    queue_bytes: str | None = typer.Option(None, "--queue-bytes", help="each process's recording queue, "
+                                           "e.g. 1GiB (default 256MiB); what does not fit is dropped, "
+                                           "counted, and makes a compare incomplete"),
+    on_full: str = typer.Option("drop", "--on-full", help="when the queue is full: drop (the host never "
+                                "waits) or block (the host waits for room, up to 1 s a record)"),
     force: bool = force_option("--out (and its rank files)"),
 ) -> None:
     """Run CMD and record its tensors: tracediff record --out run.h5 OPTIONS -- CMD ARGS...
@@ -692,9 +697,19 @@ def record_command(
         prefix = tuple(int(t) for t in match_prefix.split(",") if t.strip()) if match_prefix else None
     except ValueError:
         fail("--match-prefix", f"expected comma-separated token ids, got {match_prefix!r}")
+    if on_full not in ("drop", "block"):
+        fail("--on-full", f"expected drop or block, got {on_full!r}")
+    queue = None
+    if queue_bytes is not None:
+        from tracediff.bundle.budget import parse_size
+
+        try:
+            queue = parse_size(queue_bytes)
+        except ValueError:
+            fail("--queue-bytes", f"expected a size such as 256MiB or 1GB, got {queue_bytes!r}")
     config = LaunchConfig(out=str(out), plugins=(), watch=tuple(watch), names=tuple(names),
                           exclude=tuple(exclude), every=every, requests=requests, match_prefix=prefix,
-                          eager_only=eager_only)
+                          eager_only=eager_only, queue_bytes=queue, on_full=on_full)
     config = replace(config, plugins=plugins_for(config, argv, plugin, PRODUCERS))
     results = []
     guarded(out, lambda: results.append(run_launch(config, argv, PRODUCERS, force=force)))
@@ -704,7 +719,8 @@ def record_command(
     for f in result.files:
         state = "" if f.closed else (" (not closed: its process was killed, ended with os._exit, or its "
                                      "writer stopped; readable up to its last flush)")
-        print(f"tracediff: wrote {safe(f.path)}: {f.records} records{state}", file=sys.stderr)
+        lacking = f"; {f.lacking}" if f.lacking else ""
+        print(safe(f"tracediff: wrote {f.path}: {f.records} records{state}{lacking}"), file=sys.stderr)
     untokened = [safe(f.path) for f in result.files if f.row_keys in ("step_position", "mixed")]
     if untokened:
         print(f"tracediff: note: {', '.join(untokened)}: rows of calls without token ids are keyed by step "

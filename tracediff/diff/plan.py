@@ -126,7 +126,9 @@ class Plan:
 
 def tensor_keys(trace: Trace) -> SideKeys:
     """Key columns of every name that has per-row records (static weights, d2t are left out), the
-    names whose records are mixed, the request token table and the recorder's step filter."""
+    names whose records are mixed, the request token table and the recorder's step filter. A
+    complete trace without tensor rows is refused (TraceError); one whose recording stopped or
+    dropped them is compared, and its verdict says what it lacks."""
     out, mixed, statics = {}, {}, {}
     for name in trace.names():
         hits = trace.select(name=name)
@@ -140,7 +142,7 @@ def tensor_keys(trace: Trace) -> SideKeys:
                 out[name] = trace.keys(name)
             except MixedRecords as exc:  # records of mixed dtype or row shape: reported, not compared
                 mixed[name] = Mixed.of(trace, exc)
-    if not out and not mixed:
+    if not out and not mixed and trace.completeness.complete:  # a partial one is judged incomplete
         raise TraceError(trace.paths[0], "the trace holds no tensor rows")
     table = trace.request_tokens()
     codes = trace.request_codes(table.request)

@@ -11,8 +11,9 @@ from typing import Any, Literal
 from tracediff.diff.findings import Diagnosis
 from tracediff.diff.jsonio import dumps, loads_versioned
 from tracediff.eagle3.acceptance import Acceptance
+from tracediff.trace.completeness import Gap
 
-REPORT_VERSION = 5
+REPORT_VERSION = 6
 
 Verdict = Literal["match", "diverged", "incomplete", "incomparable"]
 EXIT_CODES: dict[str, int] = {"match": 0, "diverged": 1, "incomparable": 2, "incomplete": 3}
@@ -260,6 +261,12 @@ class TraceInfo:
     world_size: int = 1  # ranks of the run; more than ``paths`` means rank files are missing
     row_keys: str = ""  # the contract's: "step_position" / "mixed" when rows lack token ids
     acceptance: Acceptance | None = None  # its recorded drafts against its target tokens (acceptance.py)
+    # what this trace lacks of what its run logged (trace/completeness.py), where it costs the verdict
+    # (a stop, a writer never closed, rank files missing, records dropped or never recorded of a tensor
+    # the other side holds): the verdict is at best incomplete
+    gaps: list[Gap] = field(default_factory=list)
+    gaps_ignored: list[Gap] = field(default_factory=list)  # the same of tensors the other side lacks too
+    filtered: list[str] = field(default_factory=list)  # the user's recording filters: "exclude=a,b"
 
 
 @dataclass(kw_only=True)

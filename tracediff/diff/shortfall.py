@@ -34,10 +34,14 @@ def short_tensors(tensors: list[TensorResult], min_coverage: float) -> list[str]
     return [t.name for t in tensors if is_short(t, min_coverage)]
 
 
-def find_shortfall(tensors: list[TensorResult], plan: Plan, min_coverage: float) -> Shortfall:
+def find_shortfall(tensors: list[TensorResult], plan: Plan, min_coverage: float,
+                   lacking: tuple[str, ...] = ()) -> Shortfall:
     """The short tensors and where their rows fall short in ``plan``; ``requests`` is None when no
-    row is found unpaired (a shape or dtype mismatch: every row is short alike)."""
-    names = short_tensors(tensors, min_coverage)
+    row is found unpaired (a shape or dtype mismatch: every row is short alike). ``lacking``: a's
+    names of the tensors a side's trace lacks records of (dropped, never recorded): short too, after
+    those compared too little, so that a bundle's slices hold them."""
+    short = short_tensors(tensors, min_coverage)
+    names = short + [t.name for t in tensors if t.name in lacking and t.name not in short]
     if not names:
         return Shortfall()
     eligible = {t.name: _eligible(t.coverage) for t in tensors if t.coverage is not None}

@@ -4,6 +4,8 @@ both sides aligned on at least ``min_coverage`` of its comparable rows."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from tracediff.diff.contract import ignoring_target, incomparable
 from tracediff.diff.differ import Comparison
 from tracediff.diff.pair import Pair
@@ -22,12 +24,63 @@ from tracediff.diff.results import (
 from tracediff.diff.shortfall import find_shortfall, is_short
 from tracediff.diff.tokenview import token_view
 from tracediff.eagle3.acceptance import recorded_acceptance
+from tracediff.trace.completeness import Gap, unrecorded
 from tracediff.trace.reader import Trace
 
 MIN_COVERAGE = 0.95
 
 
-def trace_info(trace: Trace) -> TraceInfo:
+class SideGaps(NamedTuple):
+    counted: list[Gap]  # keep the verdict from a match
+    ignored: list[Gap]  # of tensors the other side lacks too: said, never counted
+
+
+def side_gaps(traces: Pair[Trace], tensors: list[TensorResult], renamed: dict[str, str]) -> Pair[SideGaps]:
+    """Each side's gaps (``Trace.completeness``) split by whether they cost the verdict: a stop, a
+    writer never closed and missing rank files always do; records dropped of a tensor do where the
+    other side holds that tensor; a name a producer attached and the trace never recorded does where
+    the other side holds it and the user's filters did not keep it out. ``renamed``: b's name -> a's."""
+    to_b = {a: b for b, a in renamed.items()}
+    status = {t.name: t.status for t in tensors}
+
+    def gaps(side: str, trace: Trace) -> SideGaps:
+        mine = trace.completeness
+        lacks = "missing_in_a" if side == "b" else "missing_in_b"  # the other side lacks the tensor
+        counted, ignored = list(mine.whole_trace()), list[Gap]()
+        for gap in (g for g in mine.gaps if g.tensor):
+            name = renamed.get(gap.tensor, gap.tensor) if side == "b" else gap.tensor
+            held = status.get(name, lacks) != lacks and not mine.filtered_out(gap.tensor)  # (a slice's)
+            (counted if held else ignored).append(gap)
+        for t in tensors:
+            if t.status == f"missing_in_{side}":
+                lacking = unrecorded(mine, to_b.get(t.name, t.name) if side == "b" else t.name, held=False)
+                counted.extend([lacking] if lacking is not None else [])
+        return SideGaps(counted, ignored)
+
+    return Pair(gaps("a", traces.a), gaps("b", traces.b))
+
+
+def gap_tensors(gaps: Pair[SideGaps], renamed: dict[str, str]) -> tuple[str, ...]:
+    """a's names of the tensors whose counted gaps are a tensor's (b's names read through ``--map``)."""
+    return tuple(dict.fromkeys([g.tensor for g in gaps.a.counted if g.tensor]
+                               + [renamed.get(g.tensor, g.tensor) for g in gaps.b.counted if g.tensor]))
+
+
+def side_labels(traces: Pair[Trace]) -> Pair[str]:
+    """How a verdict line names each side: its ``source`` ("training", "serving") where the two
+    differ, else "a" and "b"."""
+    sources = traces.map(lambda t: t.meta.get("source") if isinstance(t.meta.get("source"), str) else "")
+    if sources.a and sources.b and sources.a != sources.b:
+        return Pair(sources.a, sources.b)
+    return Pair("a", "b")
+
+
+def gap_lines(gaps: Pair[SideGaps], labels: Pair[str]) -> list[str]:
+    """One reason line per gap that costs the verdict, side a first."""
+    return [g.line(label) for side, label in ((gaps.a, labels.a), (gaps.b, labels.b)) for g in side.counted]
+
+
+def trace_info(trace: Trace, gaps: SideGaps | None = None) -> TraceInfo:
     meta = trace.meta
     torch = meta.get("torch")
     torch = torch if isinstance(torch, dict) else {}
@@ -39,7 +92,16 @@ def trace_info(trace: Trace) -> TraceInfo:
                      torch=str(torch.get("version") or ""), device=str(torch.get("device") or ""),
                      closed=trace.complete, world_size=_positive(meta.get("world_size")),
                      row_keys=str(trace.contract.get("row_keys") or ""),
-                     acceptance=recorded_acceptance(trace), **text)
+                     acceptance=recorded_acceptance(trace), gaps=list(gaps.counted) if gaps else [],
+                     gaps_ignored=list(gaps.ignored) if gaps else [], filtered=_filtered(trace), **text)
+
+
+def _filtered(trace: Trace) -> list[str]:
+    """The user's name filters at recording, where they kept anything out."""
+    said = trace.completeness
+    kept = [] if said.names == ("*",) else [f"names={','.join(said.names)}"]
+    sliced = [] if said.selected is None else [f"slice names={','.join(said.selected)}"]
+    return kept + ([f"exclude={','.join(said.exclude)}"] if said.exclude else []) + sliced
 
 
 def _positive(value: object) -> int:
@@ -112,20 +174,22 @@ def nothing_shared(tensors: list[TensorResult]) -> bool:
         and set(total.skipped_a) | set(total.skipped_b) <= known
 
 
-def judge(comparison: Comparison, min_coverage: float,
-          same_target: bool = False) -> tuple[Verdict, list[str]]:
+def judge(comparison: Comparison, min_coverage: float, same_target: bool = False,
+          gaps: list[str] | None = None) -> tuple[Verdict, list[str]]:
     """The verdict and its reasons; ``same_target``: the user declared the targets the same model
-    (``--same-target``), so the target facts the contracts state never make the pair incomparable."""
+    (``--same-target``), so the target facts the contracts state never make the pair incomparable;
+    ``gaps``: the lines of what a side lacks that costs the verdict (``gap_lines``), first among the
+    reasons. Partial data can prove a difference, never a match."""
     stated = ignoring_target(comparison.contract) if same_target else comparison.contract
     reasons = incomparable(stated, comparison.plan.prefixes)
     on_both = [t for t in comparison.tensors if t.coverage is not None]
-    if not on_both:
+    if not on_both and not gaps:  # with gaps: what one side lacks may be all the other holds
         reasons.append("no tensor name is in both traces (see --map)")
     elif not reasons and nothing_shared(on_both):
         reasons.append("no row of one trace corresponds to a row of the other (different tokens?)")
     if reasons:
         return "incomparable", reasons
-    lines = shortfalls(comparison.tensors, min_coverage) + depth_shortfalls(Coverage.total(
+    lines = list(gaps or []) + shortfalls(comparison.tensors, min_coverage) + depth_shortfalls(Coverage.total(
         [t.coverage for t in on_both if t.coverage is not None]))
     if comparison.first_divergence is not None:
         return "diverged", lines
@@ -137,11 +201,12 @@ def build_report(comparison: Comparison, diagnoses: list[Diagnosis], traces: Pai
                  same_file: bool = False) -> Report:
     """``renamed``: the ``--map`` renames (name in b -> name in a); ``same_file``: both sides are the
     same files."""
-    verdict, reasons = judge(comparison, min_coverage, same_target)
+    gaps = side_gaps(traces, comparison.tensors, renamed or {})
+    verdict, reasons = judge(comparison, min_coverage, same_target, gap_lines(gaps, side_labels(traces)))
     first = comparison.first_divergence
     row = None if first is None else first.first_bad
     return Report(
-        verdict=verdict, reasons=reasons, a=trace_info(traces.a), b=trace_info(traces.b),
+        verdict=verdict, reasons=reasons, a=trace_info(traces.a, gaps.a), b=trace_info(traces.b, gaps.b),
         align="step" if align == "step" else "prefix", min_coverage=min_coverage,
         coverage=Coverage.total([t.coverage for t in comparison.tensors if t.coverage is not None]),
         first_divergence=None if first is None or row is None else FirstDivergence(first.name, row),
@@ -150,6 +215,6 @@ def build_report(comparison: Comparison, diagnoses: list[Diagnosis], traces: Pai
         tokens=token_view(comparison.plan.prefixes, comparison.token_mismatch, row),
         renamed={b: a for b, a in (renamed or {}).items() if b != a}, same_file=same_file,
         same_target=same_target,
-        shortfall=find_shortfall(comparison.tensors, comparison.plan, min_coverage)
-        if verdict == "incomplete" else None,
+        shortfall=find_shortfall(comparison.tensors, comparison.plan, min_coverage,
+                                 gap_tensors(gaps, renamed or {})) if verdict == "incomplete" else None,
     )

@@ -34,8 +34,8 @@ class Writers:
         # at exit, after the recorder's close (registered next: exit handlers run last first) and
         # before the fence, SIGINT is ignored by a call with no Python frame of its own for a
         # Ctrl-C to be raised in; the fence does the same, should this one meet a pending Ctrl-C
-        atexit.unregister(_IGNORE_SIGINT)
-        atexit.register(_IGNORE_SIGINT)
+        atexit.unregister(IGNORE_SIGINT)
+        atexit.register(IGNORE_SIGINT)
 
     def remove(self, thread: threading.Thread) -> None:
         self.locks.pop(thread, None)
@@ -72,7 +72,7 @@ class Writers:
                 lock.acquire()  # without the GIL, for that one call
 
 
-_IGNORE_SIGINT = functools.partial(signal.signal, signal.SIGINT, signal.SIG_IGN)
+IGNORE_SIGINT = functools.partial(signal.signal, signal.SIGINT, signal.SIG_IGN)
 _ORDERED = False  # whether the fence was registered again, after h5py's exit handler
 
 
@@ -128,4 +128,4 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-__all__ = ["EXIT_FENCE", "RECORDERS", "WRITERS", "Writers"]
+__all__ = ["EXIT_FENCE", "IGNORE_SIGINT", "RECORDERS", "WRITERS", "Writers"]

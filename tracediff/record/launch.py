@@ -94,6 +94,8 @@ class LaunchConfig:
     requests: int | None = None  # --requests N: record only the first N requests seen
     match_prefix: tuple[int, ...] | None = None  # --match-prefix 1,2,3: only requests whose tokens start so
     eager_only: bool = False  # --eager-only: a trace of the eager forwards alone is what is wanted
+    queue_bytes: int | None = None  # --queue-bytes: each recorder's queue (None: the Recorder's default)
+    on_full: str = "drop"  # --on-full: what a recorder does when its queue is full (drop or block)
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -107,7 +109,9 @@ class LaunchConfig:
                    every=int(data.get("every", 1)),
                    requests=None if data.get("requests") is None else int(data["requests"]),
                    match_prefix=None if prefix is None else tuple(int(t) for t in prefix),
-                   eager_only=bool(data.get("eager_only", False)))
+                   eager_only=bool(data.get("eager_only", False)),
+                   queue_bytes=None if data.get("queue_bytes") is None else int(data["queue_bytes"]),
+                   on_full=str(data.get("on_full", "drop")))
 
 
 @dataclass
@@ -170,8 +174,10 @@ class _ProcessRecorder:
         base = Path(cfg.out)
         per_rank = world > 1
         meta = {"launch_plugins": list(cfg.plugins), **options.pop("meta", {})}
+        queue = {} if cfg.queue_bytes is None else {"queue_bytes": cfg.queue_bytes}
         kwargs = dict(names=list(cfg.names) or None, exclude=list(cfg.exclude) or None, every=cfg.every,
-                      rank=rank if per_rank else None, world_size=world, meta=meta, **options)
+                      rank=rank if per_rank else None, world_size=world, meta=meta,
+                      **{"on_full": cfg.on_full, **queue, **options})
         for candidate in (base, base.with_name(f"{base.stem}.pid{os.getpid()}{base.suffix}")):
             path = candidate.with_name(f"{candidate.stem}.rank{rank}{candidate.suffix}") if per_rank \
                 else candidate
@@ -184,6 +190,7 @@ class _ProcessRecorder:
                 return Recorder(path, enabled=False)
             try:
                 rec = Recorder(candidate, **kwargs)
+                rec.say_gaps = False  # tracediff record says it of every file it wrote
             except Exception as exc:  # e.g. options a plugin got wrong: never an error in the host
                 logger.warning("tracediff: cannot record to %s (%s: %s)", path, type(exc).__name__, exc)
                 rec = Recorder(path, enabled=False)
@@ -192,6 +199,12 @@ class _ProcessRecorder:
             atexit.unregister(rec.close)
             atexit.unregister(self.close_at_exit)  # registered once, also after a fork
             atexit.register(self.close_at_exit)
+            # runs just before it (exit handlers run last first): SIGINT ignored by a call with no
+            # Python frame of its own, since a Ctrl-C raised on entering close_at_exit skipped it
+            from tracediff.record.exit_fence import IGNORE_SIGINT
+
+            atexit.unregister(IGNORE_SIGINT)
+            atexit.register(IGNORE_SIGINT)
             _close_before_os_exit(self)
             if _started is self:  # the process's own factory, not one a test or tool made
                 _close_on_sigterm(self)
@@ -438,6 +451,7 @@ class WrittenFile:
     records: int
     closed: bool
     row_keys: str | None = None  # the contract's: "step_position" / "mixed" where rows lack token ids
+    lacking: str | None = None  # what it lacks of what was logged (completeness.summary); None: whole
 
 
 @dataclass
@@ -610,6 +624,7 @@ def _isatty(fd: int) -> bool:
 
 def written(out: Path) -> list[WrittenFile]:
     """The trace files a run wrote, with their record counts."""
+    from tracediff.trace.completeness import summary
     from tracediff.trace.reader import Trace
 
     files = []
@@ -620,8 +635,10 @@ def written(out: Path) -> list[WrittenFile]:
         try:
             with Trace([path]) as trace:
                 keys = trace.contract.get("row_keys")
+                gaps = [g for g in trace.completeness.gaps if g.kind != "not_closed"]  # said apart
                 files.append(WrittenFile(path, len(trace.index), trace.complete,
-                                         keys if isinstance(keys, str) else None))
+                                         keys if isinstance(keys, str) else None,
+                                         summary(gaps, str(path)) if gaps else None))
         except Exception:  # unreadable (a writer killed mid-write): listed, never a traceback here
             files.append(WrittenFile(path, 0, False))
     return files

@@ -69,6 +69,7 @@ class QueueAccounting:
     stopped: str | None
     dropped: Counter[str]
     dropped_reasons: Counter[str]
+    dropped_by: Counter[tuple[str, str]]
     token_calls_dropped: int
     # Set by the importers (on_full="block"): a record over the bound waits for an empty queue and
     # is admitted alone, so memory stays within the larger of queue_bytes and the largest record.
@@ -127,6 +128,14 @@ class QueueAccounting:
         with self._cv:
             self.dropped[name] += 1
             self.dropped_reasons[reason] += 1
+            self.dropped_by[(name, reason)] += 1
+
+    def _dropped_by_name(self) -> dict[str, dict[str, int]]:
+        """``dropped_by`` as the trace holds it: name -> reason -> count (call holding ``_cv``)."""
+        out: dict[str, dict[str, int]] = {}
+        for (name, reason), n in self.dropped_by.items():
+            out.setdefault(name, {})[reason] = n
+        return out
 
     def _release(self, nbytes: int, tokens: bool = False) -> None:
         with self._cv:
@@ -149,6 +158,7 @@ class QueueAccounting:
         with self._cv:
             self.token_calls_dropped += len(learn)
             self.dropped.update(names)
+            self.dropped_by.update({(name, reason): n for name, n in names.items()})
             if names:
                 self.dropped_reasons[reason] += sum(names.values())
         self._release(sum(item.nbytes for item in learn), tokens=True)

@@ -34,6 +34,7 @@ import atexit
 import itertools
 import logging
 import os
+import sys
 import threading
 import time
 from collections import Counter, deque
@@ -120,8 +121,12 @@ class Recorder(QueueAccounting, WriterThread):
         self.strict = _strict_from_env() if strict is None else bool(strict)
         self.dropped: Counter[str] = Counter()  # records not written, by name
         self.dropped_reasons: Counter[str] = Counter()  # the same records, by reason
+        self.dropped_by: Counter[tuple[str, str]] = Counter()  # the same records, by (name, reason)
+        # producer -> {"names": globs it means to record, "stopped": why or None, "step": int or None}
+        self.producers: dict[str, dict] = {}
         self.stopped: str | None = None
         self.host = host  # False (an importer): no disk room kept free, and its caller reports stops
+        self.say_gaps = True  # False: the caller says what the trace lacks (``tracediff record``)
         self.failure: BaseException | None = None
         self.records_written = 0
         self.bytes_written = 0
@@ -314,6 +319,32 @@ class Recorder(QueueAccounting, WriterThread):
         a warning (raised in strict mode), so that it cannot cost the trace its final metadata."""
         self._contract_updates.update(storable(values, self.strict, self.path, taken=self._contract_updates))
 
+    def attach_producer(self, producer: str, names: Iterable[str]) -> None:
+        """A producer (an integration) says what it means to record: name globs. A trace that holds
+        none of a name it attached, where the other side of a compare has it, is incomplete (written
+        at close as ``producers``; docs/FORMAT.md). Never raises."""
+        try:
+            globs = {clean_text(str(n)) for n in names}
+            with self._cv:
+                said = self.producers.setdefault(clean_text(str(producer)), _new_producer())
+                said["names"] = sorted({*said["names"], *globs})
+        except Exception as exc:  # a producer's bad argument must not cost the host anything
+            logger.warning("tracediff: attach_producer(%r) ignored (%s: %s)", producer, type(exc).__name__,
+                           exc)
+
+    def stop_producer(self, producer: str, why: str, step: int | None = None) -> None:
+        """A producer stopped capturing (it logs its own warning and detaches its hooks; the recorder
+        goes on with the rest): written at close, so that compare calls the trace incomplete and says
+        who stopped, why and after which step. The first stop of a producer is kept. Never raises."""
+        try:
+            with self._cv:
+                said = self.producers.setdefault(clean_text(str(producer)), _new_producer())
+                if said["stopped"] is None:
+                    said["stopped"] = clean_text(str(why)) or "stopped"
+                    said["step"] = step if isinstance(step, int) and not isinstance(step, bool) else None
+        except Exception as exc:
+            logger.warning("tracediff: stop_producer(%r) ignored (%s: %s)", producer, type(exc).__name__, exc)
+
     def watch(self, module: Any, output: str | None = None, *, input: str | None = None) -> Any:
         """Record a torch module's output (and/or first input) on every forward."""
         from tracediff.record.hooks import watch
@@ -356,6 +387,7 @@ class Recorder(QueueAccounting, WriterThread):
             return
         thread.join(timeout)
         if not thread.is_alive():
+            self._say_gaps()
             return
         with self._cv:
             self._abandoned = True
@@ -366,6 +398,25 @@ class Recorder(QueueAccounting, WriterThread):
         lost = "" if thread.is_alive() else f", {self.dropped_reasons[ABANDONED]} records not written"
         logger.warning("tracediff: writer for %s still busy %.1fs after close: abandoned%s; the trace "
                        "is readable up to its last flush", self.path, timeout, lost)
+
+    def _say_gaps(self) -> None:
+        """One stderr line at close when the trace holds less than the host logged (drops, a stop);
+        nothing when it is complete. Never raises."""
+        if not (self.host and self.say_gaps):
+            return
+        try:
+            from tracediff.report.text import safe
+            from tracediff.trace.completeness import completeness, summary
+
+            with self._cv:
+                final = {"dropped_by": self._dropped_by_name(), "stopped": self.stopped,
+                         "queue": {"bytes": self.queue_bytes},
+                         "producers": {k: dict(v) for k, v in self.producers.items()}}
+            gaps = completeness({}, [final], dict(self._contract_updates), None).gaps
+            if gaps:
+                print(safe(f"tracediff: {self.path}: {summary(gaps, str(self.path))}"), file=sys.stderr)
+        except Exception as exc:
+            logger.debug("tracediff: could not say what %s lacks (%s)", self.path, exc)
 
     def __enter__(self) -> Recorder:
         return self
@@ -555,13 +606,18 @@ class Recorder(QueueAccounting, WriterThread):
                            self.stopped)
 
 
+def _new_producer() -> dict:
+    return {"names": [], "stopped": None, "step": None}
+
+
 def _check_target(path: Path) -> None:
-    """What ``record(path)`` may write: a new file, or a regular file it replaces (said once); never
-    through a symbolic link (dangling or not), nor a device, FIFO or directory (InputError)."""
+    """What ``record(path)`` may write: a new or empty file, or a regular file it replaces (said
+    once); never through a symbolic link (dangling or not), nor a device, FIFO or directory
+    (InputError)."""
     from tracediff.trace.output import check_output
 
     check_output(path, (), force=True)  # the writers' rule: only a regular file is ever replaced
-    if os.path.lexists(path):
+    if os.path.lexists(path) and os.path.getsize(path) > 0:  # empty (tracediff record's claim): nothing lost
         logger.warning("tracediff: %s exists: the new recording replaces it", path)
 
 

@@ -64,6 +64,10 @@ class WriterThread:
     bytes_written: int
     dropped: Counter[str]
     dropped_reasons: Counter[str]
+    dropped_by: Counter[tuple[str, str]]
+    producers: dict[str, dict]
+    queue_bytes: int
+    on_full: str
     token_calls_dropped: int
     # False: a tool's recorder (an importer), no host's: it keeps no room free on the disk (it writes
     # until the disk or the file size limit refuses a write) and leaves reporting a stop to its caller
@@ -73,6 +77,7 @@ class WriterThread:
     if TYPE_CHECKING:  # the Recorder's other parts
         def _release(self, nbytes: int, tokens: bool = False) -> None: ...
         def _discard(self, backlog: deque[Pending]) -> None: ...
+        def _dropped_by_name(self) -> dict[str, dict[str, int]]: ...
         def _stop(self, reason: str, level: int = logging.INFO) -> None: ...
         def _fail(self, where: str, exc: BaseException) -> None: ...
 
@@ -214,6 +219,8 @@ class WriterThread:
             return
         with self._cv:
             dropped, reasons = dict(self.dropped), dict(self.dropped_reasons)
+            dropped_by = self._dropped_by_name()
+            producers = {name: dict(said) for name, said in self.producers.items()}
         final = {
             "closed": True,
             "records": self.records_written,
@@ -221,7 +228,10 @@ class WriterThread:
             "dropped_records": sum(dropped.values()),
             "dropped": dropped,
             "dropped_reasons": reasons,
+            "dropped_by": dropped_by,
             "stopped": self.stopped,
+            "producers": producers,
+            "queue": {"bytes": self.queue_bytes, "on_full": self.on_full},
             "contract": self._contract_updates,
             "tokens": self._book.written,
             "token_conflicts": self._book.conflicts,

@@ -152,15 +152,23 @@ def headline(report: Report) -> str:
     text = f"{report.verdict} ({c.aligned} rows compared{pct}{'; ' + depths if depths else ''})"
     if first is not None and report.verdict != "incomparable":
         text += f": first diverging tensor {safe(first.name)} ({where(first.row)})"
+    elif report.verdict == "incomplete" and (report.a.gaps or report.b.gaps):  # a side lacks data: first
+        text = f"incomplete: {safe(report.reasons[0])} ({text[len('incomplete ('):]}"
     elif report.reasons:
         text += f": {safe(report.reasons[0])}"
     return text
 
 
+def lacking_lines(report: Report) -> list[str]:
+    """Per side, what its trace lacks of what its run logged (drops, stops, a writer never closed,
+    names a producer attached and never recorded), where it costs the verdict: a banner above it."""
+    return [safe(gap.line(side)) for side, info in (("a", report.a), ("b", report.b)) for gap in info.gaps]
+
+
 def trace_notes(report: Report) -> list[str]:
-    """A warning when both sides are the same file, and per trace that holds less than its run wrote
-    (a writer that never closed: what it holds ends at its last flush; rank files missing), or whose
-    rows are not keyed by tokens."""
+    """A warning when both sides are the same file, and per trace what it lacks that the verdict's
+    reasons do not say (its gaps, under an incomparable verdict; gaps of tensors the other side lacks
+    too), the recording filters its user set, and whether its rows are not keyed by tokens."""
     notes = []
     if report.same_file:
         paths = [" ".join(info.paths) for info in (report.a, report.b)]
@@ -170,12 +178,13 @@ def trace_notes(report: Report) -> list[str]:
                      "itself, which says nothing about another run")
     for side, info in (("a", report.a), ("b", report.b)):
         where = safe(" ".join(info.paths))
-        if not info.closed:
-            notes.append(f"note: {side} ({where}) was never closed by its writer (killed, or still "
-                         "recording): rows after its last flush are missing")
-        if info.world_size > len(info.paths):
-            notes.append(f"note: {side} ({where}) holds {len(info.paths)} of the run's {info.world_size} "
-                         "rank files: the other ranks' rows are missing")
+        if report.verdict == "incomparable":  # else the reasons say them
+            notes += [f"note: {safe(gap.line(side))}" for gap in info.gaps]
+        notes += [f"note: {safe(gap.line(side))}; the other side lacks {safe(gap.tensor)} too: not counted"
+                  for gap in info.gaps_ignored]
+        if info.filtered:
+            notes.append(f"note: {side} ({where}) was recorded with {safe(' '.join(info.filtered))}: what "
+                         "they left out is not missing")
         if info.row_keys in ("step_position", "mixed"):
             some = "some of its rows" if info.row_keys == "mixed" else "its rows"
             notes.append(f"note: {side} ({where}): {some} carry no token ids and are keyed by step and "
@@ -305,6 +314,8 @@ def to_markdown(report: Report) -> str:
     first = report.first_divergence
     a, b = (" ".join(code(p) for p in info.paths) for info in (report.a, report.b))
     lines = [f"**tracediff compare**: {a} vs {b}: **{report.verdict}**", ""]
+    lines += [f"> **Partial trace**: {md(line)}." for line in lacking_lines(report)]
+    lines += [""] if lacking_lines(report) else []
     if first is not None:
         lines += [f"First diverging tensor: {code(first.name)} ({where(first.row, code)})", ""]
         command = next_command(report)

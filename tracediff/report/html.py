@@ -16,6 +16,7 @@ from tracediff.report.compare import (
     coverage_line,
     depth_summary,
     diagnosis_label,
+    lacking_lines,
     next_command,
     one_sided,
     producer,
@@ -63,7 +64,10 @@ def _header(report: Report) -> str:
         title = esc(report.reasons[0])
     else:
         title = "every compared row is within tolerance"
-    return (f'<header class="verdict v-{verdict}"><div class="kicker">tracediff compare · {rested}</div>'
+    lacking = "".join(f"<p>{esc(line)}</p>" for line in lacking_lines(report))
+    banner = f'<div class="warn partial"><b>Partial trace</b>: {lacking}</div>' if lacking else ""
+    return (f'{banner}<header class="verdict v-{verdict}">'
+            f'<div class="kicker">tracediff compare · {rested}</div>'
             f'<h1><span class="badge">{verdict}</span>{title}</h1>{"".join(lines)}'
             f'<p class="files">{_files(report)}</p>{_acceptance(report)}{_coverage(report)}</header>')
 

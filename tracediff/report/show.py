@@ -52,6 +52,8 @@ def _run_lines(summary: TraceSummary) -> list[Text]:
         if final.get("stopped"):
             note.append(", ").append(safe(f"stopped: {final['stopped']}"), style="yellow")
         lines.append(Text(safe(path) + ": ").append_text(note) if len(summary.paths) > 1 else note)
+    for line in summary.lacking:  # a compare against it is at best incomplete where the other side has more
+        lines.append(Text(safe(f"incomplete: {line}"), style="yellow"))
     lines.append(_token_line(summary))
     return lines
 

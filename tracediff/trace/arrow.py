@@ -17,7 +17,6 @@ from typing import BinaryIO, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tracediff.errors import TraceError
 from tracediff.trace.checks import (
@@ -219,13 +218,15 @@ def key_table(batch: pa.RecordBatch, batch_no: int) -> pa.Table:
     closing ``__index__`` / ``__final__`` rows), with where they live, as an ``INDEX_SCHEMA`` table."""
     if batch.schema.names[: len(KEY_COLUMNS)] != list(KEY_COLUMNS):
         raise ValueError("Arrow columns do not match the tracediff schema")
-    names = batch.column("name")
-    closing = pc.is_in(names, value_set=pa.array(sorted(CLOSING_RECORDS), pa.string()))
-    rows = pc.indices_nonzero(pc.invert(pc.fill_null(closing, False))).cast(pa.int32())
+    names = batch.column("name").to_numpy(zero_copy_only=False)  # a null name is None: kept
+    kept = np.flatnonzero(~np.isin(names, sorted(CLOSING_RECORDS))).astype(np.int32)
     summed = batch.schema.names[-len(CRC_COLUMNS):] == list(CRC_COLUMNS)
     keys = (*KEY_COLUMNS, *CRC_COLUMNS) if summed else KEY_COLUMNS
-    columns = [batch.column(key).take(rows) for key in keys]
-    columns += [pa.array(np.full(len(rows), batch_no, np.int32)), rows]
+    if len(kept) == 0 or kept[-1] == len(kept) - 1:  # the closing rows come last (or there are none)
+        columns = [batch.column(key).slice(0, len(kept)) for key in keys]
+    else:  # never written so: take (pyarrow.compute, imported only here)
+        columns = [batch.column(key).take(pa.array(kept)) for key in keys]
+    columns += [pa.array(np.full(len(kept), batch_no, np.int32)), pa.array(kept)]
     return pa.Table.from_arrays(columns, schema=INDEX_SCHEMA if summed else INDEX_SCHEMA_V2)
 
 

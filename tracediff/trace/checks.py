@@ -57,6 +57,7 @@ FINAL_META: dict[str, tuple[str, ...]] = {
     "stopped": (_TEXT, "null"), "contract": (_OBJECT,),
     "tokens": (_INT,), "token_conflicts": (_INT,), "token_calls_dropped": (_INT,),
     "token_positions_ignored": (_INT,), "mixed_records": ("a list of strings",),
+    "dropped_by": (_OBJECT,), "producers": (_OBJECT,), "queue": (_OBJECT,),
 }
 
 

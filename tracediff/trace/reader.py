@@ -14,6 +14,7 @@ import numpy as np
 
 from tracediff.errors import InputError, TraceError
 from tracediff.trace.codes import factorize
+from tracediff.trace.completeness import Completeness, completeness
 from tracediff.trace.crc import crc32
 from tracediff.trace.dtypes import decode, storage_dtype
 from tracediff.trace.fileio import MADV_POPULATE_READ, advise
@@ -343,6 +344,22 @@ class Trace:
             learned = final.get("contract") if isinstance(final, dict) else None
             merged.update(learned if isinstance(learned, dict) else {})
         return merged
+
+    @cached_property
+    def completeness(self) -> Completeness:
+        """What this trace lacks of what its run logged (drops, stops, attached names never
+        recorded are checked by compare against the other side, unclosed or missing files), and
+        what its user filtered out; computed once."""
+        idx = self.index
+        logged: dict[str, int] = {}
+        if len(idx):
+            names, counts = np.unique(idx.name, return_counts=True)
+            logged = {str(n): int(c) for n, c in zip(names.tolist(), counts.tolist())}
+        per_token = idx.step[~idx.static.astype(bool)]
+        last_step = int(per_token.max()) if len(per_token) else None  # static records have no step
+        world = self.meta.get("world_size")
+        world = world if isinstance(world, int) and not isinstance(world, bool) and world > 0 else 1
+        return completeness(self.meta, self.finals, self.contract, logged, world, len(self.files), last_step)
 
     @property
     def speculative_args(self) -> dict | None:

@@ -34,6 +34,7 @@ class TraceSummary:
     token_requests: int = 0  # requests with known tokens
     contract: dict = field(default_factory=dict)  # Trace.contract: as opened, updated by each file's writer
     unverified: str | None = None  # Trace.unverified: why reads were not checked (None: they were)
+    lacking: list[str] = field(default_factory=list)  # Trace.completeness: what it lacks, one line each
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,7 +83,9 @@ def summarize(trace: Trace) -> TraceSummary:
     return TraceSummary(paths=[str(p) for p in trace.paths], complete=trace.complete, meta=trace.meta,
                         finals=trace.finals, tensors=tensors, tokens=len(table),
                         token_requests=len(table.requests()), contract=trace.contract,
-                        unverified=trace.unverified)
+                        unverified=trace.unverified,
+                        lacking=[g.line("this trace") for g in trace.completeness.gaps
+                                 if g.kind != "not_closed"])
 
 
 STATS_WINDOW = 1 << 18  # values per step of the moments: 2 MiB of float64, whatever the tensor's size

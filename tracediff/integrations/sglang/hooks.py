@@ -183,7 +183,8 @@ class Installation:
         self.stopped = f"{where}: {type(exc).__name__}: {exc}"
         logger.warning("tracediff: SGLang recording stopped (%s); the server keeps running", self.stopped)
         try:
-            self.rec.update_contract(sglang_recording_stopped=self.stopped)
+            self.rec.update_contract(sglang_recording_stopped=self.stopped)  # read by traces' older readers
+            self.rec.stop_producer(PRODUCER, self.stopped)
         finally:
             self.remove()
 
@@ -523,6 +524,12 @@ def _unpatch_worker() -> None:
 # ---- the public API -------------------------------------------------------------------------------
 
 
+PRODUCER = "sglang"  # as the trace's ``producers`` names it
+# what every target / draft forward records (a trace holding none of one is missing it: compare says so)
+TARGET_ATTACHED = ("target.embed", "target.final_hidden")
+DRAFT_ATTACHED = ("draft.input_ids", "draft.positions", "draft.hidden")
+
+
 def install(recorder: Recorder, *, target: Any = None, draft: Any = None, worker: Any = None,
             server_args: Any = None, logits_topk: int | None = None, requests: int | None = None,
             match_prefix: Sequence[int] | None = None) -> Installation:
@@ -553,8 +560,10 @@ def install(recorder: Recorder, *, target: Any = None, draft: Any = None, worker
         recorder.update_contract(**inst.contract())
         if target is not None:
             inst.attach_target()
+            recorder.attach_producer(PRODUCER, TARGET_ATTACHED)
         if draft is not None:
             inst.attach_draft()
+            recorder.attach_producer(PRODUCER, DRAFT_ATTACHED)
             if draft.hot_token_id is not None:
                 import torch
 

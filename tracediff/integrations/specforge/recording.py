@@ -243,12 +243,18 @@ class Recording:
             self.failed = True
             logger.warning("tracediff: SpecForge recording stopped (%s: %s); training continues",
                            type(exc).__name__, exc)
+            self.recorder.stop_producer(PRODUCER, f"{type(exc).__name__}: {exc}", step=self.forwards)
         self._stop_pass()
 
     def _stop_pass(self) -> None:
         self._pass = None
         if getattr(local, "rope", None) == self._rope:
             local.rope = None
+
+
+PRODUCER = "specforge"  # as the trace's ``producers`` names it
+# what every training forward records (a trace holding none of one is missing it: compare says so)
+ATTACHED = ("draft.fc_in", "draft.input_ids", "draft.hidden", "draft.logits")
 
 
 def install(recorder: Recorder, eagle3_model: Any, *, sample_ids: Callable[[int, int], str] | None = None,
@@ -270,6 +276,7 @@ def install(recorder: Recorder, eagle3_model: Any, *, sample_ids: Callable[[int,
     layers = target_num_layers or stated.get("num_hidden_layers")
     aux = aux_spec(model.draft_model.config, aux_layer_ids, layers, stated.get("architecture"))
     recording = Recording(recorder, model, sample_ids, aux, admit)
+    recorder.attach_producer(PRODUCER, ATTACHED)
     if identity:
         recorder.update_contract(**identity)
     return recording

@@ -327,6 +327,12 @@ class Watcher:
             self.failed = True
             logger.warning("tracediff: --watch stopped (%s: %s: %s); the program keeps running", where,
                            type(exc).__name__, exc)
+            try:  # the process's recorder, where it made one: the trace says who stopped and why
+                if self.recorded:
+                        self.factory(source="watch", meta={"watch": list(self.globs)}).stop_producer(
+                        "watch", f"{where}: {type(exc).__name__}: {exc}")
+            except Exception:
+                pass
 
 
 def call_kwargs(module: Any) -> dict:
