@@ -13,7 +13,8 @@ import pytest
 from tests.conftest import run_python
 
 pytestmark = pytest.mark.subprocess
-HEAVY = ("numpy", "pyarrow", "h5py", "torch")
+# typer.rich_utils: rich's help rendering (rich.markdown, pygments: 0.1 s); the help is plain text
+HEAVY = ("numpy", "pyarrow", "h5py", "torch", "typer.rich_utils")
 LOADED = f"import json, sys; print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]))"
 
 

@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tracediff.diff.rowview import RowSide, RowView
 from tracediff.report.text import safe
 from tracediff.trace.summary import TensorStats, TraceSummary
+
+if TYPE_CHECKING:  # show itself never loads compare's modules; a row view (--step) brings its own
+    from tracediff.diff.rowview import RowSide, RowView
 
 CONTRACT_SHOWN = 64 << 10  # characters of the contract's JSON printed
 
