@@ -248,3 +248,71 @@ def test_a_bundle_of_a_partial_trace_says_so_first_and_its_slices_reproduce_it(f
     assert ("- incomplete: `serving dropped 5 of 45 draft.fc_in records (queue full at 256 MiB; raise "
             'queue_bytes or use on_full="block")`') in report, report
     assert "> **Partial trace**" in report
+
+
+def two_requests(path, source: str, drop: tuple[str, ...] = (), **options) -> td.Recorder:
+    """Two requests of three steps; a record of each name in ``drop`` larger than the queue (refused
+    whatever the machine's speed) after them."""
+    rec = td.record(path, source=source, **options)
+    for step in range(3):
+        for r in range(2):
+            rec.log("draft.fc_in", np.full((4, 8), step + r, np.float32), step=step,
+                    token_ids=np.arange(4) + 10 * r, request=f"req{r}")
+    for name in drop:
+        rec.log(name, np.zeros((1, 1 << 19), np.float32), step=3, token_ids=[99], request="req0")
+    rec.close()
+    return rec
+
+
+def test_what_the_user_sampled_or_sliced_out_is_never_missing(tmp_path):
+    """every=2, some requests only, a slice of a slice, a slice of one rank file of two: none of what
+    they leave out is a gap, though a producer attached it."""
+    from tracediff.trace.slice import Selection, slice_trace
+
+    two_requests(tmp_path / "a.h5", "training", drop=())
+    rec = td.record(tmp_path / "every.h5", source="serving", every=2)
+    rec.attach_producer("p", "draft.*")  # one glob, as names= takes one
+    rec.log("draft.fc_in", np.zeros((4, 8), np.float32), step=1, token_ids=np.arange(4), request="req0")
+    rec.log("draft.hidden", np.zeros((4, 8), np.float32), step=2, token_ids=np.arange(4), request="req0")
+    rec.close()
+    with td.open_trace(tmp_path / "every.h5") as trace:
+        assert trace.completeness.attached == {"p": ("draft.*",)} and trace.completeness.sampled
+    assert not td.compare(tmp_path / "a.h5", tmp_path / "every.h5").b.gaps
+    two_requests(tmp_path / "b.h5", "serving", drop=("draft.big",), queue_bytes=1 << 20)
+    slice_trace(tmp_path / "b.h5", tmp_path / "s1.h5", Selection(names=("draft.fc_in",)))
+    slice_trace(tmp_path / "s1.h5", tmp_path / "s2.h5", Selection(requests=("req0", "req1")))
+    with td.open_trace(tmp_path / "s2.h5") as trace:
+        assert trace.completeness.filtered_out("draft.big") and trace.completeness.gaps[0].logged == 0
+    for r in range(2):
+        with td.record(tmp_path / "w.h5", rank=r, world_size=2, source="serving") as rec:
+            rec.log("draft.fc_in", np.full((4, 8), r, np.float32), token_ids=np.arange(4) + 10 * r,
+                    request=f"req{r}")
+    slice_trace(tmp_path / "w.h5", tmp_path / "w0.h5", Selection(requests=("req0",)))
+    with td.open_trace(tmp_path / "w0.h5") as trace:
+        assert len(trace.paths) == 1 and trace.completeness.complete
+
+
+def test_a_tensor_both_sides_dropped_whole_is_incomplete_and_the_remedy_fits_the_cause(tmp_path):
+    """Both runs logged draft.big and neither holds any of it: nothing of it was compared. A record
+    larger than the whole queue needs a larger queue, not blocking."""
+    two_requests(tmp_path / "a.h5", "training", drop=("draft.big",), queue_bytes=1 << 20)
+    two_requests(tmp_path / "b.h5", "serving", drop=("draft.big",), queue_bytes=1 << 20)
+    report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
+    assert report.verdict == "incomplete" and report.reasons[0] == (
+        "training dropped 1 of 1 draft.big record (a record larger than the whole queue (queue_bytes 1 MiB); "
+        "raise queue_bytes above the largest record)")
+
+
+def test_the_close_line_of_a_blocking_recorder_gives_its_own_remedy(tmp_path, capfd):
+    capfd.readouterr()
+    with held_writes(None):
+        run(tmp_path / "b.h5", "serving", queue_bytes=100_000 << 4, on_full="block", block_timeout=0.001)
+    (line,) = [line for line in capfd.readouterr().err.splitlines() if "incomplete" in line]
+    assert "queue full at 1.53 MiB past block_timeout; raise queue_bytes or block_timeout)" in line, line
+
+
+def test_recorder_options_out_of_range_are_refused_before_recording(tmp_path):
+    for options in ({"queue_bytes": 0}, {"queue_bytes": True}, {"queue_bytes": "1MiB"}, {"max_bytes": -1}):
+        with pytest.raises(ValueError, match="must be a number of bytes above 0"):
+            td.record(tmp_path / "x.h5", **options)
+    assert not (tmp_path / "x.h5").exists()

@@ -303,5 +303,11 @@ class Report:
         return loads_versioned(cls, text, "report_version", REPORT_VERSION, "report")
 
 
+def side_labels(a: TraceInfo, b: TraceInfo) -> tuple[str, str]:
+    """How a verdict line names each side: its ``source`` ("training", "serving") where the two
+    differ, else "a" and "b"."""
+    return (a.source, b.source) if a.source and b.source and a.source != b.source else ("a", "b")
+
+
 def _nonzero(counts: dict[str, int]) -> dict[str, int]:
     return {k: int(v) for k, v in counts.items() if v}

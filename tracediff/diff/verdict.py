@@ -20,6 +20,7 @@ from tracediff.diff.results import (
     TensorResult,
     TraceInfo,
     Verdict,
+    side_labels,
 )
 from tracediff.diff.shortfall import find_shortfall, is_short
 from tracediff.diff.tokenview import token_view
@@ -43,13 +44,19 @@ def side_gaps(traces: Pair[Trace], tensors: list[TensorResult], renamed: dict[st
     to_b = {a: b for b, a in renamed.items()}
     status = {t.name: t.status for t in tensors}
 
+    def dropped(side: str, trace: Trace) -> set[str]:  # a's names of the tensors a side dropped records of
+        return {renamed.get(g.tensor, g.tensor) if side == "b" else g.tensor
+                for g in trace.completeness.gaps if g.kind == "dropped"}
+
     def gaps(side: str, trace: Trace) -> SideGaps:
         mine = trace.completeness
         lacks = "missing_in_a" if side == "b" else "missing_in_b"  # the other side lacks the tensor
+        theirs = dropped("a", traces.a) if side == "b" else dropped("b", traces.b)
         counted, ignored = list(mine.whole_trace()), list[Gap]()
         for gap in (g for g in mine.gaps if g.tensor):
             name = renamed.get(gap.tensor, gap.tensor) if side == "b" else gap.tensor
-            held = status.get(name, lacks) != lacks and not mine.filtered_out(gap.tensor)  # (a slice's)
+            # the other side holds it, or logged it too and dropped it (then neither compared any)
+            held = (status.get(name, lacks) != lacks or name in theirs) and not mine.filtered_out(gap.tensor)
             (counted if held else ignored).append(gap)
         for t in tensors:
             if t.status == f"missing_in_{side}":
@@ -64,15 +71,6 @@ def gap_tensors(gaps: Pair[SideGaps], renamed: dict[str, str]) -> tuple[str, ...
     """a's names of the tensors whose counted gaps are a tensor's (b's names read through ``--map``)."""
     return tuple(dict.fromkeys([g.tensor for g in gaps.a.counted if g.tensor]
                                + [renamed.get(g.tensor, g.tensor) for g in gaps.b.counted if g.tensor]))
-
-
-def side_labels(traces: Pair[Trace]) -> Pair[str]:
-    """How a verdict line names each side: its ``source`` ("training", "serving") where the two
-    differ, else "a" and "b"."""
-    sources = traces.map(lambda t: t.meta.get("source") if isinstance(t.meta.get("source"), str) else "")
-    if sources.a and sources.b and sources.a != sources.b:
-        return Pair(sources.a, sources.b)
-    return Pair("a", "b")
 
 
 def gap_lines(gaps: Pair[SideGaps], labels: Pair[str]) -> list[str]:
@@ -100,7 +98,7 @@ def _filtered(trace: Trace) -> list[str]:
     """The user's name filters at recording, where they kept anything out."""
     said = trace.completeness
     kept = [] if said.names == ("*",) else [f"names={','.join(said.names)}"]
-    sliced = [] if said.selected is None else [f"slice names={','.join(said.selected)}"]
+    sliced = [f"slice names={','.join(chosen)}" for chosen in said.selected]
     return kept + ([f"exclude={','.join(said.exclude)}"] if said.exclude else []) + sliced
 
 
@@ -202,11 +200,12 @@ def build_report(comparison: Comparison, diagnoses: list[Diagnosis], traces: Pai
     """``renamed``: the ``--map`` renames (name in b -> name in a); ``same_file``: both sides are the
     same files."""
     gaps = side_gaps(traces, comparison.tensors, renamed or {})
-    verdict, reasons = judge(comparison, min_coverage, same_target, gap_lines(gaps, side_labels(traces)))
+    a, b = trace_info(traces.a, gaps.a), trace_info(traces.b, gaps.b)
+    verdict, reasons = judge(comparison, min_coverage, same_target, gap_lines(gaps, Pair(*side_labels(a, b))))
     first = comparison.first_divergence
     row = None if first is None else first.first_bad
     return Report(
-        verdict=verdict, reasons=reasons, a=trace_info(traces.a, gaps.a), b=trace_info(traces.b, gaps.b),
+        verdict=verdict, reasons=reasons, a=a, b=b,
         align="step" if align == "step" else "prefix", min_coverage=min_coverage,
         coverage=Coverage.total([t.coverage for t in comparison.tensors if t.coverage is not None]),
         first_divergence=None if first is None or row is None else FirstDivergence(first.name, row),

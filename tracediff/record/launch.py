@@ -173,7 +173,9 @@ class _ProcessRecorder:
         rank, world = rank_and_world(rank, world_size)
         base = Path(cfg.out)
         per_rank = world > 1
-        meta = {"launch_plugins": list(cfg.plugins), **options.pop("meta", {})}
+        gate = cfg.requests is not None or cfg.match_prefix is not None  # some requests only
+        meta = {"launch_plugins": list(cfg.plugins), **({"request_gate": True} if gate else {}),
+                **options.pop("meta", {})}
         queue = {} if cfg.queue_bytes is None else {"queue_bytes": cfg.queue_bytes}
         kwargs = dict(names=list(cfg.names) or None, exclude=list(cfg.exclude) or None, every=cfg.every,
                       rank=rank if per_rank else None, world_size=world, meta=meta,

@@ -108,6 +108,10 @@ class Recorder(QueueAccounting, WriterThread):
     ) -> None:
         if on_full not in ("drop", "block"):
             raise ValueError(f"on_full must be 'drop' or 'block', got {on_full!r}")
+        for option, value in (("queue_bytes", queue_bytes), ("max_bytes", max_bytes)):
+            if not (isinstance(value, int) and not isinstance(value, bool) and value > 0) and \
+                    (value is not None or option == "queue_bytes"):
+                raise ValueError(f"{option} must be a number of bytes above 0, got {value!r}")
         self.filter = RecordFilter.build(names, exclude, every, requests)
         self.rank, self.world_size = rank_and_world(rank, world_size)
         self.path = rank_path(Path(path), self.rank, per_rank=rank is not None or self.world_size > 1)
@@ -127,6 +131,7 @@ class Recorder(QueueAccounting, WriterThread):
         self.stopped: str | None = None
         self.host = host  # False (an importer): no disk room kept free, and its caller reports stops
         self.say_gaps = True  # False: the caller says what the trace lacks (``tracediff record``)
+        self._final_written: dict | None = None  # the end-of-run metadata the writer closed the file with
         self.failure: BaseException | None = None
         self.records_written = 0
         self.bytes_written = 0
@@ -324,7 +329,7 @@ class Recorder(QueueAccounting, WriterThread):
         none of a name it attached, where the other side of a compare has it, is incomplete (written
         at close as ``producers``; docs/FORMAT.md). Never raises."""
         try:
-            globs = {clean_text(str(n)) for n in names}
+            globs = {clean_text(str(n)) for n in ([names] if isinstance(names, str) else names)}
             with self._cv:
                 said = self.producers.setdefault(clean_text(str(producer)), _new_producer())
                 said["names"] = sorted({*said["names"], *globs})
@@ -408,10 +413,11 @@ class Recorder(QueueAccounting, WriterThread):
             from tracediff.report.text import safe
             from tracediff.trace.completeness import completeness, summary
 
-            with self._cv:
-                final = {"dropped_by": self._dropped_by_name(), "stopped": self.stopped,
-                         "queue": {"bytes": self.queue_bytes},
-                         "producers": {k: dict(v) for k, v in self.producers.items()}}
+            with self._cv:  # the trace as its writer closed it (calls racing the close came later)
+                final = self._final_written or {
+                    "dropped_by": self._dropped_by_name(), "stopped": self.stopped,
+                    "queue": {"bytes": self.queue_bytes, "on_full": self.on_full},
+                    "producers": {k: dict(v) for k, v in self.producers.items()}}
             gaps = completeness({}, [final], dict(self._contract_updates), None).gaps
             if gaps:
                 print(safe(f"tracediff: {self.path}: {summary(gaps, str(self.path))}"), file=sys.stderr)

@@ -68,6 +68,7 @@ class WriterThread:
     producers: dict[str, dict]
     queue_bytes: int
     on_full: str
+    _final_written: dict | None
     token_calls_dropped: int
     # False: a tool's recorder (an importer), no host's: it keeps no room free on the disk (it writes
     # until the disk or the file size limit refuses a write) and leaves reporting a stop to its caller
@@ -243,6 +244,7 @@ class WriterThread:
         try:
             with self._io:
                 self._writer.close(final)
+            self._final_written = final
         except Exception as exc:
             self._fail("close", exc)
 

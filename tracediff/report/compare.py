@@ -24,6 +24,7 @@ from tracediff.diff.results import (
     RowRef,
     TensorResult,
     TraceInfo,
+    side_labels,
 )
 from tracediff.report.text import code, md, safe
 
@@ -162,7 +163,8 @@ def headline(report: Report) -> str:
 def lacking_lines(report: Report) -> list[str]:
     """Per side, what its trace lacks of what its run logged (drops, stops, a writer never closed,
     names a producer attached and never recorded), where it costs the verdict: a banner above it."""
-    return [safe(gap.line(side)) for side, info in (("a", report.a), ("b", report.b)) for gap in info.gaps]
+    labels = side_labels(report.a, report.b)  # as the reasons name them
+    return [safe(gap.line(side)) for side, info in zip(labels, (report.a, report.b)) for gap in info.gaps]
 
 
 def trace_notes(report: Report) -> list[str]:
@@ -314,8 +316,8 @@ def to_markdown(report: Report) -> str:
     first = report.first_divergence
     a, b = (" ".join(code(p) for p in info.paths) for info in (report.a, report.b))
     lines = [f"**tracediff compare**: {a} vs {b}: **{report.verdict}**", ""]
-    lines += [f"> **Partial trace**: {md(line)}." for line in lacking_lines(report)]
-    lines += [""] if lacking_lines(report) else []
+    lacking = [f"> **Partial trace**: {md(line)}." for line in lacking_lines(report)]
+    lines += ["\n>\n".join(lacking), ""] if lacking else []  # one quote, a paragraph a gap
     if first is not None:
         lines += [f"First diverging tensor: {code(first.name)} ({where(first.row, code)})", ""]
         command = next_command(report)

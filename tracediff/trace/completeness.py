@@ -39,7 +39,8 @@ class Gap:
         why = f"{self.cause}; {self.remedy}" if self.remedy else self.cause
         if self.kind == "dropped":
             of = f" of {self.logged}" if self.logged else ""
-            return f"{side} dropped {self.count}{of} {self.tensor} records ({why})"
+            records = "record" if (self.logged or self.count) == 1 else "records"
+            return f"{side} dropped {self.count}{of} {self.tensor} {records} ({why})"
         if self.kind == "unrecorded":
             return f"{side} recorded no {self.tensor} although {self.by} was attached to record it ({why})"
         if self.kind == "stopped":
@@ -57,7 +58,8 @@ class Completeness:
     names: tuple[str, ...] = ("*",)  # the recorder's ``names`` filter
     exclude: tuple[str, ...] = ()  # the recorder's ``exclude`` filter
     attached: dict[str, tuple[str, ...]] = field(default_factory=dict)  # producer -> name globs
-    selected: tuple[str, ...] | None = None  # a slice's (or bundle's) name selection; None: every name
+    selected: tuple[tuple[str, ...], ...] = ()  # each slice's (or bundle's) name selection, outermost first
+    sampled: bool = False  # recorded every N-th step or some requests only: absence proves nothing
 
     @property
     def complete(self) -> bool:
@@ -67,7 +69,7 @@ class Completeness:
         """Whether the user's filters kept ``name`` out of this trace (never a gap): the recorder's, or
         a slice's selection."""
         kept = any(fnmatchcase(name, g) for g in self.names)
-        if self.selected is not None and not any(fnmatchcase(name, g) for g in self.selected):
+        if any(not any(fnmatchcase(name, g) for g in chosen) for chosen in self.selected):
             return True
         return not kept or any(fnmatchcase(name, g) for g in self.exclude)
 
@@ -88,6 +90,10 @@ def _remedy(reason: str, queue: dict) -> tuple[str, str]:
         if queue.get("on_full") == "block":  # it waited block_timeout for room, then dropped
             return f"queue full{at} past block_timeout", "raise queue_bytes or block_timeout"
         return f"queue full{at}", 'raise queue_bytes or use on_full="block"'
+    if reason == "larger than queue_bytes":
+        size = queue.get("bytes")
+        at = f" (queue_bytes {_mib(size)})" if isinstance(size, int) and not isinstance(size, bool) else ""
+        return f"a record larger than the whole queue{at}", "raise queue_bytes above the largest record"
     if reason == "closed":
         return "logged after the recorder closed", "log before close(); close after the last step"
     if reason == "abandoned":
@@ -98,10 +104,10 @@ def _remedy(reason: str, queue: dict) -> tuple[str, str]:
 
 
 def _mib(n: int) -> str:
-    """2 MiB, 256 KiB, 100 bytes."""
+    """2 MiB, 97.7 KiB, 100 bytes."""
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= size:
-            return f"{n / size:g} {unit}"
+            return f"{n / size:.3g} {unit}"
     return f"{n} bytes"
 
 
@@ -172,13 +178,13 @@ def completeness(meta: dict, finals: list[dict | None], contract: dict, logged: 
         gaps.append(Gap("not_closed", "", 0, 0, "was never closed by its writer (killed, or still "
                         "recording): rows after its last flush are missing",
                         "let the recording process end normally, or close() the recorder"))
-    if world_size > files:
+    if world_size > files and not isinstance(meta.get("sliced_from"), dict):  # a slice leaves out empty ranks
         gaps.append(Gap("ranks_missing", "", 0, 0, f"holds {files} of the run's {world_size} rank files: the "
                         "other ranks' rows are missing", "give compare every rank file"))
     for (name, reason), n in sorted(dropped.items()):
         cause, remedy = _remedy(reason, queue)
         earlier = next((i for i, g in enumerate(gaps) if g.kind == "dropped" and g.tensor == name), None)
-        total = 0 if logged is None else \
+        total = 0 if logged is None or isinstance(meta.get("sliced_from"), dict) else \
             logged.get(name, 0) + sum(m for (other, _), m in dropped.items() if other == name)
         gap = Gap("dropped", name, n, total, cause, remedy)
         if earlier is None:
@@ -189,12 +195,23 @@ def completeness(meta: dict, finals: list[dict | None], contract: dict, logged: 
                                 f"{old.remedy}; {remedy}")
     names = _globs(filters.get("names"), ("*",))
     exclude = _globs(filters.get("exclude"), ())
-    sliced = meta.get("sliced_from")
-    selection = sliced.get("selection") if isinstance(sliced, dict) else None
-    chosen = selection.get("names") if isinstance(selection, dict) else None
-    selected = _globs(chosen, ()) if chosen is not None else None
+    every, requests = filters.get("every"), filters.get("requests")
+    sampled = (isinstance(every, int) and every > 1) or requests is not None or bool(meta.get("request_gate"))
     return Completeness(tuple(gaps), names, exclude, {p: tuple(sorted(g)) for p, g in attached.items()},
-                        selected)
+                        _selections(meta), sampled)
+
+
+def _selections(meta: dict) -> tuple[tuple[str, ...], ...]:
+    """The name selections of a slice and of the slices it was cut from (``sliced_from`` and its
+    ``previous``), those that chose names."""
+    out, sliced, depth = [], meta.get("sliced_from"), 0
+    while isinstance(sliced, dict) and depth < 64:
+        selection = sliced.get("selection")
+        chosen = selection.get("names") if isinstance(selection, dict) else None
+        if chosen is not None:
+            out.append(_globs(chosen, ()))
+        sliced, depth = sliced.get("previous"), depth + 1
+    return tuple(out)
 
 
 PRODUCER_REMEDY = "see the producer's warning where it stopped; recording of the rest went on"
@@ -216,16 +233,19 @@ def _stop_remedy(stopped: str) -> str:
 def summary(gaps: tuple[Gap, ...] | list[Gap], where: str) -> str:
     """One line for the recorder's close and ``tracediff record``: the first gap, and how many more
     ``tracediff show`` lists."""
-    more = f" (and {len(gaps) - 1} more: tracediff show {where})" if len(gaps) > 1 else ""
+    import shlex
+
+    more = f" (and {len(gaps) - 1} more: tracediff show {shlex.quote(where)})" if len(gaps) > 1 else ""
     return f"incomplete: {gaps[0].line('the trace')}{more}"
 
 
 def unrecorded(completeness: Completeness, name: str, held: bool) -> Gap | None:
     """A gap when a producer this trace attached meant to record ``name`` (a glob of it matches) and
-    the trace holds none of it, unless the user's filters kept it out or its records were dropped
-    (a gap of their own); ``held``: the trace has it."""
-    if held or completeness.filtered_out(name) or completeness.of(name):  # (all its records dropped)
-        return None
+    the trace holds none of it, unless the user's filters kept it out (names, exclude, a slice's
+    selection) or may have (every N-th step, some requests only), or its records were dropped (a
+    gap of their own); ``held``: the trace has it."""
+    if held or completeness.sampled or completeness.filtered_out(name) or completeness.of(name):
+        return None  # (kept out, sampled out, or all its records dropped: a gap of their own)
     for producer, globs in completeness.attached.items():
         if any(fnmatchcase(name, g) for g in globs):
             return Gap("unrecorded", name, 0, 0, "attached but never recorded",

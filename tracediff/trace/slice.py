@@ -151,6 +151,12 @@ class SliceResult:
                f"{count(self.tokens, 'request token')} ({count(self.bytes, 'byte')})"
 
 
+def _previous(meta: dict) -> dict:
+    """A slice of a slice keeps its source's ``sliced_from`` as ``previous``: what each selection
+    left out (docs/FORMAT.md), so that none of it counts as missing."""
+    return {"previous": meta["sliced_from"]} if isinstance(meta.get("sliced_from"), dict) else {}
+
+
 def slice_trace(src: str | Path | Trace, dst: str | Path, selection: Selection,
                 force: bool = False) -> SliceResult:
     """Write what ``selection`` keeps of ``src`` into ``dst`` (format by its suffix). A trace split
@@ -185,7 +191,8 @@ def _slice(trace: Trace, dst: Path, selection: Selection, force: bool) -> SliceR
         for part in written:
             file, out = trace.files[part], outputs[part]
             meta = {**file.meta, "format_version": FORMAT_VERSION,
-                    "sliced_from": {"path": str(file.path), "selection": selection.to_dict()}}
+                    "sliced_from": {"path": str(file.path), "selection": selection.to_dict(),
+                                    **_previous(file.meta)}}
             writer = _open_output(staging / out.name, out, meta)
             try:
                 parts.append(_copy_part(trace, part, plans[part][0], tokens[part], writer, out))
