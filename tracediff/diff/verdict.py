@@ -60,7 +60,7 @@ def side_gaps(traces: Pair[Trace], tensors: list[TensorResult], renamed: dict[st
             (counted if held else ignored).append(gap)
         for t in tensors:
             if t.status == f"missing_in_{side}":
-                lacking = unrecorded(mine, to_b.get(t.name, t.name) if side == "b" else t.name, held=False)
+                lacking = unrecorded(mine, to_b.get(t.name, t.name) if side == "b" else t.name)
                 counted.extend([lacking] if lacking is not None else [])
         return SideGaps(counted, ignored)
 

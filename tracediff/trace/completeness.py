@@ -47,7 +47,7 @@ class Gap:
             who = "its recorder" if self.by == RECORDER else self.by
             after = "" if self.step is None else f" after step {self.step}"
             return f"{side} stopped recording{after}: {who} stopped ({why})"
-        return f"{side} {why}" if self.kind in ("not_closed", "ranks_missing") else f"{side}: {why}"
+        return f"{side} {why}"  # not_closed, ranks_missing: the cause reads on from the side
 
 
 @dataclass(frozen=True)
@@ -239,12 +239,12 @@ def summary(gaps: tuple[Gap, ...] | list[Gap], where: str) -> str:
     return f"incomplete: {gaps[0].line('the trace')}{more}"
 
 
-def unrecorded(completeness: Completeness, name: str, held: bool) -> Gap | None:
+def unrecorded(completeness: Completeness, name: str) -> Gap | None:
     """A gap when a producer this trace attached meant to record ``name`` (a glob of it matches) and
     the trace holds none of it, unless the user's filters kept it out (names, exclude, a slice's
     selection) or may have (every N-th step, some requests only), or its records were dropped (a
-    gap of their own); ``held``: the trace has it."""
-    if held or completeness.sampled or completeness.filtered_out(name) or completeness.of(name):
+    gap of their own). Asked of names the trace holds none of."""
+    if completeness.sampled or completeness.filtered_out(name) or completeness.of(name):
         return None  # (kept out, sampled out, or all its records dropped: a gap of their own)
     for producer, globs in completeness.attached.items():
         if any(fnmatchcase(name, g) for g in globs):
