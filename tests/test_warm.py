@@ -88,3 +88,36 @@ def test_unreadable_files_end_the_warming_quietly(tmp_path, cold_files) -> None:
     empty = tmp_path / "empty.h5"
     empty.write_bytes(b"")
     Warmer([empty, tmp_path]).join()
+
+
+def test_missing_names_the_runs_of_pages_the_page_cache_lacks(cold_files) -> None:
+    from tracediff.trace.fileio import missing
+
+    path = cold_files[0]
+    with open(path, "rb") as fh:
+        os.pread(fh.fileno(), 2 * STEP, STEP)  # the second and third steps into the page cache
+        mapped = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        assert missing(mapped, STEP, 2 * STEP) == []
+        assert missing(mapped, 0, 4 * STEP) == [(0, STEP), (3 * STEP, STEP)]
+        assert missing(mapped, 3 * STEP, 100) == [(3 * STEP, 100)]  # a range ending mid-page
+        assert missing(mapped, 0, 0) == []
+    finally:
+        mapped.close()
+
+
+def test_warming_reads_only_what_the_page_cache_lacks(cold_files, monkeypatch) -> None:
+    """Files already in the page cache cost the warmer no reads: mapping their pages again would
+    only take a core from the compare it runs beside."""
+    path = cold_files[0]
+    with open(path, "rb") as fh:
+        os.pread(fh.fileno(), 2 * STEP, 0)  # the kernel may read ahead a little further
+    reads: list[tuple[int, int]] = []
+    advise = warm.advise
+    monkeypatch.setattr(warm, "advise", lambda m, start, length, how: (
+        reads.append((start, length)) if how == warm.MADV_POPULATE_READ else None,
+        advise(m, start, length, how))[1])
+    Warmer([path]).join()
+    assert reads and all(start >= 2 * STEP for start, _ in reads)
+    assert sum(length for _, length in reads) <= 6 * STEP
+    assert resident(path) == 1.0

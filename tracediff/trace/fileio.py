@@ -15,6 +15,10 @@ _madvise = getattr(_LIBC, "madvise", None)
 if _madvise is not None:
     _madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     _madvise.restype = ctypes.c_int
+_mincore = getattr(_LIBC, "mincore", None)
+if _mincore is not None:
+    _mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    _mincore.restype = ctypes.c_int
 
 
 def pread_into(fd: int, out: np.ndarray, offset: int) -> None:
@@ -46,3 +50,22 @@ def advise(mapping: mmap.mmap, start: int, length: int, advice: int) -> bool:
             return False
     address = np.frombuffer(mapping, dtype=np.uint8).ctypes.data  # the view is dropped at once
     return _madvise(address + start, length, advice) == 0
+
+
+
+def missing(mapping: mmap.mmap, start: int, length: int) -> list[tuple[int, int]]:
+    """(offset, length) of the runs of pages of bytes [start, start + length) of ``mapping``
+    (``start`` page-aligned) that are not in the page cache (mincore(2)); the whole range where
+    that cannot be told."""
+    if length <= 0:
+        return []
+    if _mincore is None or start % mmap.PAGESIZE:
+        return [(start, length)]
+    flags = np.zeros(-(-length // mmap.PAGESIZE), dtype=np.uint8)
+    address = np.frombuffer(mapping, dtype=np.uint8).ctypes.data  # the view is dropped at once
+    if _mincore(address + start, length, flags.ctypes.data) != 0:
+        return [(start, length)]
+    edges = np.flatnonzero(np.diff(np.r_[1, flags & 1, 1].astype(np.int8)))  # run starts, stops
+    stop = start + length
+    return [(start + int(a) * mmap.PAGESIZE, min(start + int(b) * mmap.PAGESIZE, stop) - start - int(a) * mmap.PAGESIZE)
+            for a, b in zip(edges[::2], edges[1::2])]

@@ -4,7 +4,8 @@ A compare spends its first second importing, opening and planning before it read
 byte; the disk can deliver gigabytes meanwhile. A ``Warmer`` reads the files front to back, a
 ``STEP`` of each in turn, through madvise (which lets go of the GIL, so imports and planning go on),
 up to a budget of the memory the machine has free, and unmaps what it read at once: the pages
-stay in the page cache, none stay in the process's memory. Any failure just ends the warming.
+stay in the page cache, none stay in the process's memory. Pages the page cache holds already are
+skipped (mapping them would only cost a core the compare needs). Any failure just ends the warming.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from tracediff.trace.fileio import MADV_POPULATE_READ, advise
+from tracediff.trace.fileio import MADV_POPULATE_READ, advise, missing
 
 if TYPE_CHECKING:
     from tracediff.trace.reader import Trace
@@ -63,11 +64,11 @@ class Warmer:
                     length = min(STEP, len(m) - start)
                     if self._stop.is_set() or done >= self._budget:
                         return
-                    if length > 0:
-                        if not advise(m, start, length, MADV_POPULATE_READ):
+                    for at, size in missing(m, start, length):
+                        if not advise(m, at, size, MADV_POPULATE_READ):
                             return  # a kernel before 5.14: no way to read ahead without waiting
-                        advise(m, start, length, mmap.MADV_DONTNEED)
-                        done += length
+                        advise(m, at, size, mmap.MADV_DONTNEED)
+                        done += size
         except (OSError, ValueError):
             return  # warming only saves time: the compare reads (and reports) for itself
         finally:
