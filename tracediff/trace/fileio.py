@@ -52,7 +52,6 @@ def advise(mapping: mmap.mmap, start: int, length: int, advice: int) -> bool:
     return _madvise(address + start, length, advice) == 0
 
 
-
 def missing(mapping: mmap.mmap, start: int, length: int) -> list[tuple[int, int]]:
     """(offset, length) of the runs of pages of bytes [start, start + length) of ``mapping``
     (``start`` page-aligned) that are not in the page cache (mincore(2)); the whole range where
@@ -67,5 +66,8 @@ def missing(mapping: mmap.mmap, start: int, length: int) -> list[tuple[int, int]
         return [(start, length)]
     edges = np.flatnonzero(np.diff(np.r_[1, flags & 1, 1].astype(np.int8)))  # run starts, stops
     stop = start + length
-    return [(start + int(a) * mmap.PAGESIZE, min(start + int(b) * mmap.PAGESIZE, stop) - start - int(a) * mmap.PAGESIZE)
-            for a, b in zip(edges[::2], edges[1::2])]
+    runs = []
+    for a, b in zip(edges[::2].tolist(), edges[1::2].tolist()):
+        first = start + a * mmap.PAGESIZE
+        runs.append((first, min(start + b * mmap.PAGESIZE, stop) - first))
+    return runs
