@@ -3,11 +3,11 @@ logits of STEPS x TOKENS rows, ~1 GB a side) side by side with SGLang 0.5.23's o
 its real dumper's files of the same tensors, the torch.load floor of those files, and ``cat``.
 
 Every tool runs as its own process (start-up counts), cold (page cache dropped before each run)
-and warm, interleaved rep by rep; medians are reported. The target side equals the baseline but
-for one draft.hidden row half way (DIVERGE_AT), so every tool reads everything and must name the
-same first divergence (checked). Also: peak anonymous memory of compare at two sizes (memory flat
-in trace size), and start-up imports (``python -X importtime``) of ``--help``, ``show`` and the
-sample's compare, which needs no compiled kernels.
+and warm, interleaved rep by rep; medians are reported; the package is byte-compiled first. The
+target side equals the baseline but for one draft.hidden row half way (DIVERGE_AT), so every tool
+reads everything and must name the same first divergence (checked). Also: peak anonymous memory
+of compare at two sizes (memory flat in trace size), and start-up imports (``python -X
+importtime``) of ``--help``, ``show`` and the sample's compare, which needs no compiled kernels.
 
 Usage: python scripts/bench_compare.py [--steps 390] [--small-steps 98] [--reps 2]
        [--dir /tmp/bench_compare] [--out f.json]
@@ -16,6 +16,7 @@ Usage: python scripts/bench_compare.py [--steps 390] [--small-steps 98] [--reps 
 from __future__ import annotations
 
 import argparse
+import compileall
 import json
 import os
 import shutil
@@ -182,6 +183,10 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path("/tmp/bench_compare"))
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    # A user's second run finds the package's bytecode cached; a shell with PYTHONDONTWRITEBYTECODE
+    # (or a read-only checkout) would compile every module in every timed run instead, so compile
+    # it once here, as any first run would.
+    compileall.compile_dir(REPO / "tracediff", quiet=1)
     shutil.rmtree(args.dir, ignore_errors=True)
     results: dict = {}
     for label, steps, reps in (("small", args.small_steps, 1), ("large", args.steps, args.reps)):
