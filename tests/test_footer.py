@@ -12,7 +12,7 @@ import pytest
 
 import tracediff as td
 from tracediff.trace import arrow
-from tracediff.trace.footer import FOOTER_TAIL, Block, footer_length, record_batch_blocks
+from tracediff.trace.footer import FOOTER_TAIL, Block, file_blocks, footer_length, record_batch_blocks
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +62,17 @@ def test_bytes_that_are_not_a_footer_give_no_blocks(trace) -> None:
         flipped = bytearray(footer)
         flipped[at] ^= 0xFF
         record_batch_blocks(bytes(flipped), len(data))
+
+
+def test_a_file_gives_its_footers_blocks_and_none_when_cut_or_foreign(trace, tmp_path) -> None:
+    data = trace.read_bytes()
+    with open(trace, "rb") as f:
+        assert file_blocks(f.fileno(), len(data)) == record_batch_blocks(footer_of(data), len(data))
+    for name, content in (("cut.arrow", data[: len(data) - 3]), ("short.arrow", data[:5]),
+                          ("foreign.arrow", b"PK\x03\x04" + bytes(64)), ("empty.arrow", b"")):
+        (tmp_path / name).write_bytes(content)
+        with open(tmp_path / name, "rb") as f:
+            assert file_blocks(f.fileno(), len(content)) == [], name
 
 
 def test_opening_asks_for_every_byte_the_key_reads_touch(trace, monkeypatch) -> None:

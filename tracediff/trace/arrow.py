@@ -32,7 +32,7 @@ from tracediff.trace.checks import (
 )
 from tracediff.trace.crc import crc32
 from tracediff.trace.fileio import pread_into, prefetch
-from tracediff.trace.footer import FOOTER_TAIL, footer_length, record_batch_blocks
+from tracediff.trace.footer import FOOTER_END, file_blocks
 from tracediff.trace.schema import (
     CHECKSUMS_SINCE,
     CLOSING_RECORDS,
@@ -79,7 +79,6 @@ INDEX_SCHEMA_V2 = pa.schema([SCHEMA.field(k) for k in KEY_COLUMNS] + _WHERE)
 INDEX_SCHEMA = pa.schema([SCHEMA.field(k) for k in (*KEY_COLUMNS, *CRC_COLUMNS)] + _WHERE)
 INDEX_COLUMNS = tuple(INDEX_SCHEMA.names)
 ARROW_MAGIC = b"ARROW1\0\0"  # an IPC file's first 8 bytes
-FOOTER_END = b"ARROW1"  # an IPC file's last 6 bytes, written after its footer
 END_OF_STREAM = b"\xff\xff\xff\xff\0\0\0\0"
 INDEX_MERGE = 64  # a writer merges its index entries into one table every this many batches
 INDEX_HELD = 16384  # index entries a writer holds in memory (~1.4 MB); it spills them beyond that
@@ -507,15 +506,7 @@ class ArrowTraceFile(TraceFile):
         for an uncompressed file with a footer; a hint: what it reads is never trusted."""
         if self._reader is None or self._messages is not None or self._n_batches < 2:
             return
-        try:
-            tail = os.pread(self._fd, FOOTER_TAIL, self._size - FOOTER_TAIL)
-            length = footer_length(tail)
-            if length is None or length > self._size - FOOTER_TAIL:
-                return
-            footer = os.pread(self._fd, length, self._size - FOOTER_TAIL - length)
-        except OSError:
-            return
-        blocks = record_batch_blocks(footer, self._size)
+        blocks = file_blocks(self._fd, self._size)
         if len(blocks) != self._n_batches:
             return
         sizes = np.r_[0, np.cumsum(self._nbytes_of[self._by_batch])]

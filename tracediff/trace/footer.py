@@ -10,10 +10,12 @@ body length (Arrow's File.fbs). Every offset read is checked against the bytes b
 
 from __future__ import annotations
 
+import os
 import struct
 from typing import NamedTuple
 
-FOOTER_TAIL = 10  # int32 footer length + b"ARROW1"
+FOOTER_END = b"ARROW1"  # an IPC file's last 6 bytes, written after its footer
+FOOTER_TAIL = 4 + len(FOOTER_END)  # the footer's int32 length, then FOOTER_END
 RECORD_BATCHES_FIELD = 3  # Footer { version, schema, dictionaries, recordBatches, custom_metadata }
 BLOCK = struct.Struct("<qi4xq")  # offset, metaDataLength, padding, bodyLength
 
@@ -32,10 +34,23 @@ class Block(NamedTuple):
 
 def footer_length(tail: bytes) -> int | None:
     """The footer's length from a file's last 10 bytes; None unless they end an Arrow file."""
-    if len(tail) != FOOTER_TAIL or tail[4:] != b"ARROW1":
+    if len(tail) != FOOTER_TAIL or tail[4:] != FOOTER_END:
         return None
     (length,) = struct.unpack_from("<i", tail)
     return length if length > 0 else None
+
+
+def file_blocks(fd: int, file_size: int) -> list[Block]:
+    """The blocks the footer of the ``file_size``-byte file open at ``fd`` lists; [] where it has
+    no footer, or one that does not parse, or it cannot be read."""
+    try:
+        length = footer_length(os.pread(fd, FOOTER_TAIL, max(0, file_size - FOOTER_TAIL)))
+        if length is None or length > file_size - FOOTER_TAIL:
+            return []
+        footer = os.pread(fd, length, file_size - FOOTER_TAIL - length)
+    except OSError:
+        return []
+    return record_batch_blocks(footer, file_size)
 
 
 def record_batch_blocks(footer: bytes, file_size: int) -> list[Block]:
