@@ -3,7 +3,8 @@
 Serves the committed sample's target and draft (traces/eagle3/) through SGLang 0.5.23's real
 target and draft code on CPU (``testbed.sglang_cpu.serve_sample``: 7 steps, topk 1, four chat
 prompts sharing a system prefix, 24 new tokens) once per case, scores the chains ``draft_forward``
-returned as a greedy verify scores them, and replays the recorded trace (the engine's reading:
+returned as a greedy verify scores them (those whose every drafted position lies inside the served
+text), and replays the recorded trace (the engine's reading:
 SGLang's) with its self-check. Needs torch and sglang 0.5.23; about a minute on 2 cores.
 
 Usage: python scripts/replay_vs_sglang.py [--json]

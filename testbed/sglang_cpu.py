@@ -237,13 +237,12 @@ class ServedChain:
 
     def accepted(self, text: Sequence[int]) -> int | None:
         """What a greedy verify accepts of this chain against the request's final ``text`` (prompt +
-        output): 1 + the leading drafts equal to the target's tokens; None where the text ends
-        before the first miss (the chain reaches past what was generated)."""
+        output): 1 + the leading drafts equal to the target's tokens; None where a drafted position
+        lies past the text (the chain reaches past what was generated), whatever its outcome."""
+        if self.anchor + 1 + len(self.tokens) >= len(text):
+            return None
         for depth, token in enumerate(self.tokens):
-            at = self.anchor + 2 + depth
-            if at >= len(text):
-                return None
-            if text[at] != token:
+            if text[self.anchor + 2 + depth] != token:
                 return 1 + depth
         return 1 + len(self.tokens)
 
@@ -678,6 +677,25 @@ class CpuServer:
         return features
 
 
+def rename_batch_argument(monkeypatch: Any, part: str, base: type) -> None:
+    """From now on, give each ``CpuServer``'s ``part`` model ("target" or "draft"), once built (the
+    integration installed, its hooks where they were put), a body class derived from ``base`` whose
+    forward names its batch argument ``batch``: SGLang passes it by position, so the server serves
+    as before, while an integration that finds it by name cannot (and must stop, not crash)."""
+
+    class RenamedBody(base):  # type: ignore[misc, valid-type]
+        def forward(self, input_ids, positions, batch, input_embeds=None, pp_proxy_tensors=None):
+            return super().forward(input_ids, positions, batch, input_embeds, pp_proxy_tensors)
+
+    built = CpuServer.__init__
+
+    def build(self: CpuServer, *args: Any, **kwargs: Any) -> None:
+        built(self, *args, **kwargs)
+        getattr(self, part).model.__class__ = RenamedBody
+
+    monkeypatch.setattr(CpuServer, "__init__", build)
+
+
 def _family(name: str) -> Any:
     """A target family of the test bed (testbed/sglang_family_configs.py), its CPU stand-ins in place."""
     from testbed import sglang_cpu_standins
@@ -702,6 +720,7 @@ class ServedSample:
     accepted: list[int]  # what a greedy verify accepts of each chain draft_forward returned (scored ones)
     chains: int  # chains draft_forward returned
     texts: list[list[int]]  # each request's prompt and output
+    drafted: list[tuple[ServedChain, list[int]]]  # each chain draft_forward returned, its request's text
 
 
 SAMPLE = Path(__file__).resolve().parents[1] / "traces" / "eagle3"
@@ -747,7 +766,7 @@ def serve_sample(workdir: str | os.PathLike, *, config: dict | None = None, with
     texts = server.texts()
     scores = [chain.accepted(texts[chain.rid]) for chain in server.chains]
     return ServedSample(trace, draft, target, [s for s in scores if s is not None], len(server.chains),
-                        list(texts.values()))
+                        list(texts.values()), [(chain, texts[chain.rid]) for chain in server.chains])
 
 
 def train_sample(workdir: str | os.PathLike, texts: Sequence[Sequence[int]], *,

@@ -284,7 +284,8 @@ def test_the_headline_names_warnings_when_no_error_and_the_alignment(tmp_path) -
     paths = tmp_path / "a.h5", tmp_path / "b.h5"
     for path, side in zip(paths, "ab"):
         seen = tokens.copy()
-        seen[7] = 999 if side == "b" else seen[7]  # b's prompt differs at position 7: a warning, no error
+        # b's prompt goes on with other text from position 7 (no edit of a's): a warning, no error
+        seen[7:] = np.arange(999, 1012) if side == "b" else seen[7:]
         with td.record(path, source=side) as rec:
             rec.request_tokens("R", seen)
             rec.log("target.layer.0", x, token_ids=seen, request="R", step=0)

@@ -174,3 +174,28 @@ def test_serving_that_drafts_fewer_depths_than_training_trained_is_named(chat, t
     bundle = make_bundle(root / "training.h5", tmp_path / "clamped.h5", tmp_path / "bundle")
     assert bundle.verification.reproduced
     assert "draft depths never compared (2, 3)" in (tmp_path / "bundle" / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_training_fed_other_text_is_a_divergence_at_the_tokens(chat, tmp_path) -> None:
+    """Issue 36: training's chat template doubled the BOS of every conversation, or one prompt
+    differs at one position: both traces are whole, the sides were fed other text, and that is
+    what the first line says (not `incomplete`)."""
+    target, draft, root, texts = chat
+    train(target, draft, tmp_path / "bos.h5", {k: [BOS] + v for k, v in texts.items()})
+    report = td.compare(tmp_path / "bos.h5", root / "serving.h5")
+    assert report.verdict == "diverged" and report.exit_code == 1
+    said = "serving lacks training's token 1 at position 1 of every request"
+    assert report.reasons[0] == said and headline(report).startswith(f"diverged: {said} (")
+    one = {k: v[:4] + [v[4] + 7] + v[5:] if k == "p_a" else v for k, v in texts.items()}
+    train(target, draft, tmp_path / "one.h5", one)
+    report = td.compare(tmp_path / "one.h5", root / "serving.h5")
+    partner = f"sample{sorted(texts, reverse=True).index('p_a')}"  # train()'s request ids
+    assert report.verdict == "diverged" and report.first_divergence is None
+    assert report.reasons[0] == (f"serving has token 12 where training has 19 at position 4 of request rid-1 "
+                                 f"(training's request {partner} but for that)")
+    nobos = {k: v[1:] for k, v in texts.items()}
+    train(target, draft, tmp_path / "nobos.h5", nobos)
+    report = td.compare(tmp_path / "nobos.h5", root / "serving.h5")
+    assert report.verdict == "incomparable"
+    assert report.reasons[0].startswith("serving has an extra token 1 at position 0 of every request")

@@ -99,18 +99,23 @@ def test_bf16_noise_matches_but_a_float32_error_of_1e_3_diverges(tmp_path, layer
     assert loose.verdict == "match"
 
 
-def test_different_tokens_compare_only_the_shared_prefix_and_say_so(tmp_path, layers) -> None:
+def test_text_both_sides_recorded_that_differs_is_a_divergence_of_the_tokens(tmp_path, layers) -> None:
+    """Issue 36: one text, one token replaced (another chat template, a typo): the two sides were fed
+    other text, which is the finding, not a partial trace: diverged at the tokens, whatever coverage."""
     write(tmp_path / "a.h5", layers, (0, 1, 2), np.arange(6))
     write(tmp_path / "b.h5", layers, (0, 1, 2), np.array([0, 1, 2, 99, 4, 5]))
     report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
-    # the shared prefix x[0..2] agrees, but half the rows could not be compared: not a match
-    assert report.verdict == "incomplete" and report.exit_code == 3
+    assert report.verdict == "diverged" and report.exit_code == 1 and report.first_divergence is None
+    assert report.reasons[0] == ("b has token 99 where a has 3 at position 3 of request r (a's request r but "
+                                 "for that)")
     aux = next(t for t in report.tensors if t.name == "target.aux")
-    assert aux.rows == 3 and aux.coverage.skipped_b == {"outside_shared_prefix": 3}
+    assert aux.rows == 3 and aux.coverage.skipped_b == {"outside_shared_prefix": 3}  # past it: as before
     m = report.token_mismatch
     assert (m.request_b, m.position, m.token_a, m.token_b) == ("r", 3, 3, 99)
-    assert [d.kind for d in report.diagnoses] == ["token_mismatch"]
-    assert td.compare(tmp_path / "a.h5", tmp_path / "b.h5", min_coverage=0.5).verdict == "match"
+    e = report.text_edit
+    assert (e.position, e.tokens_a, e.tokens_b, e.requests, e.every_request) == (3, [3], [99], 1, False)
+    assert [(d.kind, d.severity) for d in report.diagnoses] == [("token_mismatch", "error")]
+    assert td.compare(tmp_path / "a.h5", tmp_path / "b.h5", min_coverage=0.5).verdict == "diverged"
 
 
 def test_align_by_step_for_same_producer_diffs(tmp_path, layers) -> None:

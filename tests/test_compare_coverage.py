@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tracediff as td
-from tracediff.diff.results import Report
+from tracediff.diff.results import REPORT_VERSION, Report
 
 H = 8
 
@@ -90,8 +90,11 @@ def test_padding_is_counted_and_never_compared(tmp_path) -> None:
     with td.record(tmp_path / "unmarked.h5") as rec:  # the same batch, padding not marked
         rec.log("h", x, token_ids=padded, request=["x", "y"])
     report = td.compare(tmp_path / "one_by_one.h5", tmp_path / "unmarked.h5")
-    assert report.verdict == "incomplete" and tensor(report, "h").coverage.aligned == 4
-    assert "outside the shared token prefix" in report.reasons[0]
+    # unmarked, the padding is text: request y was fed two tokens r1 never was (issue 36: a divergence)
+    assert report.verdict == "diverged" and tensor(report, "h").coverage.aligned == 4
+    assert report.reasons[0] == ("b has 2 extra tokens [0, 0] at position 0 of request y (a's request r1 but "
+                                 "for that)")
+    assert "outside the shared token prefix" in report.reasons[1]
 
 
 def test_sampled_decode_steps_align_by_the_learned_tokens(tmp_path) -> None:
@@ -178,8 +181,8 @@ def test_a_differing_token_is_the_cause_of_the_draft_row_that_embeds_it(tmp_path
             rec.log("draft.embed", per_token(np.r_[tokens[1:], 0], seed=2), token_ids=tokens, request=name)
     report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
     # the draft row at 2 was fed 4 on one side and 9 on the other: rows of two continuations are never
-    # paired (it would be a divergence of the tokens, not of the draft); the differing token is named
-    assert report.verdict == "incomplete" and report.first_divergence is None
+    # paired; the differing token is named, and it is the divergence (issue 36)
+    assert report.verdict == "diverged" and report.first_divergence is None
     embed = tensor(report, "draft.embed").coverage
     assert embed.aligned == 2 and embed.skipped_b.get("outside_shared_prefix") == 2
     (d,) = report.diagnoses
@@ -380,8 +383,9 @@ def test_a_report_of_another_version_is_refused(tmp_path) -> None:
     with td.record(tmp_path / "a.h5") as rec:
         rec.log("h", rows(2), token_ids=[1, 2])
     text = td.compare(tmp_path / "a.h5", tmp_path / "a.h5").to_json()
-    with pytest.raises(ValueError, match="report version 7"):
-        Report.from_json(text.replace('"report_version": 6', '"report_version": 7'))
+    later = REPORT_VERSION + 1
+    with pytest.raises(ValueError, match=f"report version {later}"):
+        Report.from_json(text.replace(f'"report_version": {REPORT_VERSION}', f'"report_version": {later}'))
 
 
 @pytest.mark.slow
@@ -411,7 +415,8 @@ def test_two_vocab_ids_never_share_a_prefix_id(tmp_path) -> None:
         with td.record(tmp_path / f"{name}.h5") as rec:
             rec.log("h", rows(4), token_ids=[5, second, 7, 9], request=name)
     report = td.compare(tmp_path / "a.h5", tmp_path / "b.h5")
-    assert report.verdict == "incomplete" and report.token_mismatch is not None
+    assert report.verdict == "diverged" and report.token_mismatch is not None  # one text, one token edited
+    assert report.text_edit.tokens_a == [68248] and report.text_edit.tokens_b == [83861]
     assert tensor(report, "h").coverage.aligned == 1
 
 

@@ -38,17 +38,7 @@ def test_a_serving_trace_whose_sglang_capture_stopped_is_incomplete(healthy, tmp
     alone, which matches the healthy server's: once a ``match`` with exit 0, now incomplete."""
     import sglang.srt.models.llama as llama
 
-    class RenamedBody(llama.LlamaModel):
-        def forward(self, input_ids, positions, batch, input_embeds=None, pp_proxy_tensors=None):
-            return super().forward(input_ids, positions, batch, input_embeds, pp_proxy_tensors)
-
-    built = sglang_cpu.CpuServer.__init__
-
-    def build(self, *args, **kwargs):
-        built(self, *args, **kwargs)
-        self.target.model.__class__ = RenamedBody  # after install: the hooks stay where they were put
-
-    monkeypatch.setattr(sglang_cpu.CpuServer, "__init__", build)
+    sglang_cpu.rename_batch_argument(monkeypatch, "target", llama.LlamaModel)
     broken = serve_sample(tmp_path, **SERVED)
     assert broken.chains == healthy.chains and broken.texts == healthy.texts  # the server went on
     with td.open_trace(broken.trace) as trace:

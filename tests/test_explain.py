@@ -53,7 +53,7 @@ def test_traces_that_feed_the_draft_alike_have_nothing_to_explain() -> None:
 
 def test_a_second_checkpoint_with_another_rope_theta_is_the_draft_computation(tmp_path) -> None:
     """rope_theta 10 against the 10000 the draft was trained with (500000 moves this sample's short
-    texts less than the noise of its 24 chains)."""
+    texts less than the noise of its 22 chains)."""
     other = tmp_path / "draft"
     shutil.copytree(S / "draft", other)
     config = json.loads((other / "config.json").read_text())
@@ -96,7 +96,7 @@ def test_the_cli_prints_the_conclusion_first_and_markdown_for_a_bug_report() -> 
     md = cli(*args, "--markdown")
     assert md.stdout.startswith("**B's fc input costs") and "| B with A's fc input |" in md.stdout
     plain = json.loads(cli(*args, "--json").stdout)
-    assert plain["differing"] == ["fc_in"] and plain["explanation_version"] == 2
+    assert plain["differing"] == ["fc_in"] and plain["explanation_version"] == 3
     both = cli(*args, "--json", "--markdown")
     assert both.returncode == 2 and both.stderr.startswith("error: --json: choose one")
 

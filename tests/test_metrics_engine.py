@@ -60,8 +60,11 @@ def corner_rows(width: int, tag: str, seed: int = 0) -> tuple[np.ndarray, np.nda
 
 
 def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None:
-    """NaN in the same rows; agreement metrics equal; sums to 1e-6 relative, cosine to 2e-7 (the
-    kernels sum bfloat16 in float32 blocks), KL to 1e-5."""
+    """NaN in the same rows; agreement metrics equal; sums to 1e-6 relative, cosine to 4e-6, KL to
+    1e-5. The kernels sum bfloat16 in float32 blocks: each sum's rounding error grows as sqrt(n)
+    ulps of float32 (a random walk; n <= 4096 here: 64 * 2**-24 = 3.8e-6), and a cosine near 0 is a
+    cancelling sum, so its error is absolute, not relative (2e-7 held by luck of the summation order
+    on one CPU and failed on another: -0.0165518 vs -0.0165516 at width 257)."""
     assert got.keys() == want.keys()
     for name, expected in want.items():
         assert np.array_equal(np.isnan(got[name]), np.isnan(expected)), name
@@ -70,7 +73,7 @@ def assert_same(got: dict[str, np.ndarray], want: dict[str, np.ndarray]) -> None
         elif name == "kl":
             np.testing.assert_allclose(got[name], expected, rtol=1e-5, atol=1e-6, err_msg=name)
         elif name == "cosine":
-            np.testing.assert_allclose(got[name], expected, rtol=0, atol=2e-7, err_msg=name)
+            np.testing.assert_allclose(got[name], expected, rtol=0, atol=4e-6, err_msg=name)
         else:
             np.testing.assert_allclose(got[name], expected, rtol=1e-6, atol=1e-9, err_msg=name)
 

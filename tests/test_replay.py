@@ -74,8 +74,9 @@ def test_depths_below_one_are_refused(tmp_path, depths) -> None:
 
 def test_a_serving_trace_is_scored_on_the_chains_its_server_drafted() -> None:
     """The sample's server drafted from the last row of each forward (its verify steps): replay's
-    figure is those chains' accept length, chain for chain the one the server's verify recorded, where
-    the recorded text reaches far enough to score the chain (each request's last verify does not)."""
+    figure is those chains' accept length, chain for chain the one the server's verify recorded, over
+    the chains whose every depth has a recorded target token (the text reaches their last depth),
+    whatever their outcome: the chains near the text's end are left out, not only the long ones."""
     import json
 
     done = replay(SAMPLES / "serving.h5", "--json")
@@ -83,18 +84,21 @@ def test_a_serving_trace_is_scored_on_the_chains_its_server_drafted() -> None:
     report = json.loads(done.stdout)
     with td.open_trace(SAMPLES / "serving.h5") as trace:
         verify = trace.rows("verify.accept_len")
+        targets = trace.rows("target.token")
     accepted = verify.numpy()
-    last = {request: max(verify.position[verify.request == request]) for request in set(verify.request)}
-    scorable = np.array([position != last[request]
+    # depth d of the chain from row t drafts the target's token at t+1+d: recorded through t+4
+    last = {request: max(targets.position[targets.request == request]) for request in set(verify.request)}
+    scorable = np.array([position + 4 <= last[request]
                          for request, position in zip(verify.request, verify.position)])
     assert report["scored_on"] == "the server's chains"
-    assert (report["chains"], report["chains_unscored"]) == (int(scorable.sum()), len(last))
+    assert (report["chains"], report["chains_unscored"]) == (int(scorable.sum()), 5)
     assert report["expected_accept_len"] == pytest.approx(1 + accepted[scorable].mean(), abs=1e-12)
     # the server's own figure, over the same chains: like compared with like
     assert report["verified_chains"] == report["chains"] and report["server_num_steps"] == 4
     assert report["verified_accept_len"] == pytest.approx(1 + accepted[scorable].mean(), abs=1e-12)
     longer = json.loads(replay(SAMPLES / "serving.h5", "--json", "--depths", "6").stdout)
-    assert longer["verified_chains"] == report["chains"]
+    # a chain of 6 needs two more target tokens recorded after it: fewer chains, the verify's alike
+    assert longer["verified_chains"] == longer["chains"] < report["chains"]
     text = " ".join(replay(SAMPLES / "serving.h5", "--depths", "6").stdout.split())
     assert "(a chain of 6: the server drafted 4, so not its figure)" in text
     assert report["every_row_chains"] > report["chains"]  # prompt rows too: another figure
@@ -105,7 +109,8 @@ def test_a_training_trace_is_scored_on_every_row() -> None:
     import json
 
     report = json.loads(replay(SAMPLES / "training.h5", "--json").stdout)
-    assert report["scored_on"] == "every row" and report["chains_unscored"] == 0
+    # each sample's last rows reach past its text with some depth (3 of 4 depths' tokens): unscored
+    assert report["scored_on"] == "every row" and report["chains_unscored"] == 9
     assert report["expected_accept_len"] == report["every_row_accept_len"]
     assert report["chains"] == report["every_row_chains"] > 0
 

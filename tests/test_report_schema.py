@@ -10,6 +10,7 @@ from tests.conftest import REPO
 from tracediff.diff import findings, results
 from tracediff.diff.findings import VARIANTS, Diagnosis, evidence_table
 from tracediff.diff.jsonio import from_plain, to_plain
+from tracediff.eagle3.acceptance import Acceptance
 from tracediff.trace.completeness import Gap, GapKind
 
 DOC = (REPO / "docs" / "REPORT.md").read_text()
@@ -32,8 +33,9 @@ def test_every_literal_is_documented() -> None:
 
 def test_every_report_field_is_documented() -> None:
     for cls in (results.Report, results.Coverage, results.RowRef, results.TensorResult,
-                results.FirstDivergence, results.TokenMismatch, results.ContractDiff, results.ContractEntry,
-                results.TraceInfo, Gap, Diagnosis):
+                results.FirstDivergence, results.TokenMismatch, results.TextEdit, results.ContractDiff,
+                results.ContractEntry,
+                results.TraceInfo, Gap, Diagnosis, Acceptance):
         for field in dataclasses.fields(cls):
             assert f'"{field.name}"' in DOC, f"{cls.__name__}.{field.name}"
 

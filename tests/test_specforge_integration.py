@@ -336,16 +336,19 @@ def test_the_launcher_plugin_records_models_built_after_startup(target, batch, t
 
 
 def test_the_ids_are_read_as_the_target_family_captures_them(target, batch, tmp_path) -> None:
-    """SpecForge captures through the target family's own SGLang setter: given the target, the
-    contract identifies it and reads the ids as that family does (a DeepSeek-V3 keeps ids that do not
-    start at 1: [2, 3, 4] trains on the outputs of layers 1, 2, 3); without it, as most families do.
-    The ids themselves stay as configured, as serving's contract states them."""
+    """SpecForge captures through the target family's own SGLang setter: given SGLang's target
+    class, the contract identifies it and reads the ids as that family does (a DeepSeek-V3 keeps ids
+    that do not start at 1: [2, 3, 4] trains on the outputs of layers 1, 2, 3); given the HF model,
+    the features are its hidden_states[i+1], the outputs of layers 2, 3, 4; without a target, as most
+    families read them. The ids themselves stay as configured, as serving's contract states them."""
     from testbed.sglang_families import family_bed
 
-    deepseek = family_bed("deepseek_v2").hf
-    for given, sources in ((deepseek, ["target.layer.1", "target.layer.2", "target.layer.3"]),
-                           (None, ["target.layer.2", "target.layer.3", "target.layer.4"])):
-        path = tmp_path / f"{'deepseek' if given is not None else 'unknown'}.h5"
+    bed = family_bed("deepseek_v2")
+    for given, sources, reading in (
+            (bed.load(), [1, 2, 3], "specforge 0.2.0 through sglang's DeepseekV3ForCausalLM"),
+            (bed.hf, [2, 3, 4], "output of layer i (HF hidden_states[i+1] of DeepseekV3ForCausalLM)"),
+            (None, [2, 3, 4], "output of layer i (the target's family not given)")):
+        path = tmp_path / f"{type(given).__module__.split('.')[0]}.h5"
         model = make_model(target)
         trainer = CpuTrainer(model, target.lm_head.weight.detach(), lr=3e-3)
         with td.record(path, source="training") as rec:
@@ -354,10 +357,10 @@ def test_the_ids_are_read_as_the_target_family_captures_them(target, batch, tmp_
             handle.remove()
         with td.open_trace(path) as trace:
             stated = trace.contract
-        assert stated["aux_layer_ids"] == [2, 3, 4] and stated["aux_sources"] == sources
-        assert stated["aux_layer_ids_resolved"] == [int(s.rsplit(".", 1)[1]) for s in sources]
+        assert stated["aux_layer_ids"] == [2, 3, 4] and stated["aux_layer_reading"] == reading
+        assert stated["aux_sources"] == [f"target.layer.{i}" for i in sources]
+        assert stated["aux_layer_ids_resolved"] == sources
         if given is None:
-            assert "target_config" not in stated and "output of layer i" in stated["aux_layer_reading"]
+            assert "target_config" not in stated
         else:
             assert stated["target_config"]["architecture"] == "DeepseekV3ForCausalLM"
-            assert stated["aux_layer_reading"] == "specforge 0.2.0 through sglang's DeepseekV3ForCausalLM"

@@ -484,10 +484,12 @@ def checkpoint_files(checkpoint: Path) -> list[Path]:
 
 def serving_aux(producer: str, contract: dict, ids: list[int], target: Path | None, trace: Path) -> Any:
     """``--aux-convention PRODUCER``: the AuxSpec the producer feeds for ``ids`` on the trace's target."""
+    from tracediff.eagle3.config import read_json_object
+
     config = None
     if target is not None:
         try:
-            config = json.loads((target / "config.json").read_text())
+            config = read_json_object(target / "config.json")  # a regular file, of a config's size
         except (OSError, ValueError) as exc:
             fail(target / "config.json", f"cannot read the target's config ({exc})")
     try:

@@ -140,7 +140,8 @@ def _reproduction(bundle: Bundle, cut: Cut) -> list[str]:
         short = "".join((f", tensors compared too little ({listed})" if short_tensors(said) else "",
                          f", draft depths never compared ({', '.join(map(str, depths))})" if depths else "")
                         ) if said.verdict == "incomplete" else ""
-        what = "first diverging tensor and row" if report.first_divergence is not None else "no divergence"
+        what = "first diverging tensor and row" if report.first_divergence is not None else \
+            "the same text edit" if report.text_edit is not None else "no divergence"
         wider = bundle.window.wide and (f" A slice of the default window did not reproduce it, so the slices "
                                         f"hold {WIDENED[bundle.window.wide]}.")
         lines = [f"**Reproduced on the slices**: `tracediff compare` on this bundle's slices gives the same "
@@ -152,7 +153,10 @@ def _reproduction(bundle: Bundle, cut: Cut) -> list[str]:
                  *[f"- {md(d.what)}: {_data(d.slices, cut)} on the slices, {_data(d.full, cut)} on the full "
                    "traces" for d in check.differences], "",
                  f"Use the full traces to reproduce (commands below).{_tried(bundle)}", ""]
-    if report.first_divergence is None:
+    if report.first_divergence is None and report.text_edit is not None:
+        lines[0] = (f"The full compare found that the sides were fed other text ({report.verdict}): the "
+                    f"slices hold the request pair it names. " + lines[0])
+    elif report.first_divergence is None:
         held = "the rows of the tensors compared too little" if bundle.focus.short else \
             "the start of one request pair"
         lines[0] = (f"The full compare found no divergence ({report.verdict}): the slices hold {held}, for a "

@@ -207,10 +207,10 @@ def focus_of(report: Report, a: Trace, b: Trace, rename: dict[str, str] | None =
 
 
 def _with_mismatch(request: str, report: Report, side: str) -> tuple[str, ...]:
-    """``request``, and the side's request of the token mismatch (its check must see it again)."""
-    mismatch = report.token_mismatch
-    other = None if mismatch is None else (mismatch.request_a if side == "a" else mismatch.request_b)
-    return tuple(dict.fromkeys([request, *([other] if other is not None else [])]))
+    """``request``, and the side's requests of the text edit and the token mismatch (their checks must
+    see them again)."""
+    named = [m for m in (report.text_edit, report.token_mismatch) if m is not None]
+    return tuple(dict.fromkeys([request, *(m.request_a if side == "a" else m.request_b for m in named)]))
 
 
 def inputs(name: str, present: list[str], aux: list[str]) -> list[str]:
@@ -279,13 +279,13 @@ def _evidence(report: Report) -> list[str]:
 
 
 def _request_pair(report: Report, a: Trace, b: Trace) -> tuple[str, str] | None:
-    """The requests to show when no row diverged: the report's token view or token mismatch, else b's
-    first request and the request of a sharing the longest token prefix with it; None when a side
-    knows no tokens."""
+    """The requests to show when no row diverged: the report's text edit, token view or token
+    mismatch, else b's first request and the request of a sharing the longest token prefix with it;
+    None when a side knows no tokens."""
     tables = a.request_tokens(), b.request_tokens()
     if not tables[0].requests() or not tables[1].requests():
         return None
-    for named in (report.tokens, report.token_mismatch):
+    for named in (report.text_edit, report.tokens, report.token_mismatch):
         if named is not None and named.request_a in tables[0].requests() \
                 and named.request_b in tables[1].requests():
             return named.request_a, named.request_b

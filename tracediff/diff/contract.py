@@ -126,8 +126,10 @@ def causes_table() -> str:
 
 
 AGREEING = ("aux_sources",)  # resolved facts whose agreement makes differences upstream of them moot
-AUX_IDS = ("aux_layer_ids", "layers_to_capture", "aux_capture_set", "aux_capture_layers",
-           "aux_layer_ids_resolved", "eagle_aux_hidden_state_layer_ids")  # what aux_sources is resolved from
+# what aux_sources is resolved from: the ids, and how a producer read them (restatements of the states)
+AUX_READING = ("aux_layer_ids", "layers_to_capture", "aux_capture_set", "aux_capture_layers",
+               "aux_layer_ids_resolved", "eagle_aux_hidden_state_layer_ids", "aux_layer_convention",
+               "aux_embed_slot", "aux_ascending", "aux_layer_reading")
 
 
 def contract_diff(traces: Pair[Trace]) -> ContractDiff:
@@ -214,9 +216,15 @@ def describe_entry(entry: ContractEntry, diff: ContractDiff, declared_same: bool
     if is_target_fact(entry.key):
         return "the target itself" + (" (declared the same target: --same-target)" if declared_same else "")
     cause = cause_of(entry.key)
-    if entry.key.rsplit(".", 1)[-1] in AUX_IDS and "aux_sources" in diff.agreeing:
+    if moot(entry.key, diff):
         from tracediff.eagle3.conventions import labels
 
         fed = labels(diff.agreeing["aux_sources"])
         return f"{cause.effect}: both sides read them as the same states {fed}: nothing fed differs"
     return f"{cause.effect}: changes {cause.what}"
+
+
+def moot(key: str, diff: ContractDiff) -> bool:
+    """Whether differing key ``key`` only says how a side read what both sides state alike: aux ids
+    or their reading (``AUX_READING``) where both sides state the same ``aux_sources``."""
+    return key.rsplit(".", 1)[-1] in AUX_READING and "aux_sources" in diff.agreeing

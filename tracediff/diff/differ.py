@@ -16,13 +16,14 @@ import numpy as np
 
 from tracediff.diff.align import first_token_difference
 from tracediff.diff.contract import contract_diff
+from tracediff.diff.edits import text_edit
 from tracediff.diff.findings import Side
 from tracediff.diff.finite import measure_finite_parts
 from tracediff.diff.metrics import MAPPED_DTYPES, Engine, engine_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.plan import CHUNK_BYTES, Chunk, Plan, TensorPlan
 from tracediff.diff.profile import ProfileTally
-from tracediff.diff.results import ContractDiff, Coverage, RowRef, TensorResult, TokenMismatch
+from tracediff.diff.results import ContractDiff, Coverage, RowRef, TensorResult, TextEdit, TokenMismatch
 from tracediff.diff.shapes import agreement, kinds_differ
 from tracediff.diff.statics import compare_static
 from tracediff.diff.tolerance import Tolerances, failing_rows
@@ -66,6 +67,7 @@ class Comparison:
     tensors: list[TensorResult]
     contract: ContractDiff
     token_mismatch: TokenMismatch | None
+    text_edit: TextEdit | None  # both sides recorded a request's text and it differs (diff/edits.py)
     tallies: dict[str, Tally] = field(default_factory=dict, repr=False)
     first_non_finite: dict[Side, str] = field(default_factory=dict)  # side -> tensor met first with NaN/Inf
     tolerances: Tolerances = field(default_factory=Tolerances, repr=False)
@@ -85,6 +87,7 @@ def compare_traces(traces: Pair[Trace], plan: Plan, tolerances: Tolerances | Non
     comparison = Comparison(paths=traces.map(lambda t: [str(p) for p in t.paths]), plan=plan, tensors=[],
                             contract=contract_diff(traces),
                             token_mismatch=first_token_difference(plan.prefixes),
+                            text_edit=text_edit(plan.prefixes, plan.departed),
                             tallies={t.name: Tally.of(t) for t in plan.tensors}, tolerances=tolerances)
     first_failure: dict[str, tuple[int, int]] = {}  # name -> (baseline step of its first failing row, order)
     across_kinds = {t.name for t in plan.tensors if kinds_differ((t.keys.a.dtype, t.keys.b.dtype))}

@@ -91,6 +91,19 @@ class SlotsEvidence:
 
 
 @dataclass
+class SlotsUnmatchedEvidence:
+    """The slots of a concatenated input were not matched: of the failing rows sampled
+    (``rows_checked``), only ``rows_finite``, fewer than ``rows_needed``, are finite in the input and
+    in every target state on both sides."""
+
+    KINDS: ClassVar = ("nan_inf",)
+    tensor: str
+    rows_checked: int = field(metadata=IGNORED)
+    rows_finite: int = field(metadata=IGNORED)
+    rows_needed: int = field(metadata=IGNORED)
+
+
+@dataclass
 class SlotNormEvidence:
     """One slot holds the same state on both sides, normed on one side (or differently)."""
 
@@ -266,8 +279,9 @@ class CaptureQuirkEvidence:
     slots_expected: int | None
 
 
-Evidence = (TokenMismatchEvidence | NonFiniteEvidence | SlotsEvidence | SlotNormEvidence | D2tSizeEvidence
-            | D2tEntriesEvidence | DirectMapEvidence | ValueOffsetEvidence | RowShiftEvidence | ScaleEvidence
+Evidence = (TokenMismatchEvidence | NonFiniteEvidence | SlotsEvidence | SlotsUnmatchedEvidence
+            | SlotNormEvidence | D2tSizeEvidence | D2tEntriesEvidence | DirectMapEvidence
+            | ValueOffsetEvidence | RowShiftEvidence | ScaleEvidence
             | NormFitEvidence | PrecisionEvidence | DraftDepthsEvidence
             | ConfigCauseEvidence | ConfigBystandersEvidence | CaptureQuirkEvidence | EngineReadingEvidence)
 VARIANTS: tuple[type[Any], ...] = typing.get_args(Evidence)

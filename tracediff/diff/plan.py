@@ -117,6 +117,9 @@ class Plan:
     chunks: list[Chunk]
     prefixes: Pair[Prefixes]
     keys: Pair[dict[str, RowKeys]]  # every non-static name of each side, for the diagnoses
+    # per prefix entry of each side, whether its request left the other side's text by then
+    # (``align.departures``; None under --align step, which never computed it)
+    departed: Pair[np.ndarray] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -209,7 +212,8 @@ def make_plan(traces: Pair[Trace], rename: dict[str, str] | None = None, align: 
                 missing_in_b=[n for n in names.a if n not in names.b]
                 + [n for n in static_only.a if n not in statics_by_name.b], mixed=mixed,
                 statics=statics,
-                chunks=chunks_of(comparable, chunk_bytes), prefixes=prefixes, keys=tensors_by_name)
+                chunks=chunks_of(comparable, chunk_bytes), prefixes=prefixes, keys=tensors_by_name,
+                departed=None if sides is None else sides.departed)
 
 
 def _mixed(name: str, tensors: Pair[dict[str, RowKeys]], mixed: Pair[dict[str, Mixed]]) -> MixedTensor:

@@ -13,7 +13,7 @@ from tracediff.diff.jsonio import dumps, loads_versioned
 from tracediff.eagle3.acceptance import Acceptance
 from tracediff.trace.completeness import Gap
 
-REPORT_VERSION = 6
+REPORT_VERSION = 7  # 7: acceptance.chains_unscored, text_edit
 
 Verdict = Literal["match", "diverged", "incomplete", "incomparable"]
 EXIT_CODES: dict[str, int] = {"match": 0, "diverged": 1, "incomparable": 2, "incomplete": 3}
@@ -201,6 +201,45 @@ class TokenMismatch:
 
 
 @dataclass
+class TextEdit:
+    """A request of b that is a request of a's text with a small edit (``diff/edits.py``): both
+    recorded the text there, and it differs. ``tokens_a`` / ``tokens_b``: each side's tokens in the
+    edit (one empty: a token added on the other side); ``token_a`` / ``token_b``: each side's token at
+    ``position``."""
+
+    request_a: str
+    request_b: str
+    position: int
+    token_a: int
+    token_b: int
+    tokens_a: list[int]
+    tokens_b: list[int]
+    requests: int  # requests of b whose text is an edit of a request of a
+    every_request: bool  # every request of b holds this same edit at this same position
+
+    def line(self, labels: tuple[str, str]) -> str:
+        """The edit in one line, naming the sides by ``labels`` (the verdict's first reason)."""
+        a, b = labels
+        if not self.tokens_a:
+            what = f"{b} has an extra token {self.tokens_b[0]}" if len(self.tokens_b) == 1 else \
+                f"{b} has {len(self.tokens_b)} extra tokens {self.tokens_b}"
+        elif not self.tokens_b:
+            what = f"{b} lacks {a}'s token {self.tokens_a[0]}" if len(self.tokens_a) == 1 else \
+                f"{b} lacks {a}'s tokens {self.tokens_a}"
+        elif len(self.tokens_a) == len(self.tokens_b) == 1:
+            what = f"{b} has token {self.token_b} where {a} has {self.token_a}"
+        else:
+            what = f"{b} has tokens {self.tokens_b} where {a} has {self.tokens_a}"
+        if self.every_request:
+            start = " (a BOS that one side's chat template adds?)" if self.position == 0 and \
+                not (self.tokens_a and self.tokens_b) else ""
+            return f"{what} at position {self.position} of every request{start}"
+        more = f"; {self.requests} requests differ so" if self.requests > 1 else ""
+        return (f"{what} at position {self.position} of request {self.request_b} ({a}'s request "
+                f"{self.request_a} but for that{more})")
+
+
+@dataclass
 class TokenView:
     """One request's tokens on both sides, clipped to at most ``MAX_TOKENS`` around the first token
     that differs (or around the first divergence's position when the tokens agree), for a reader
@@ -284,6 +323,8 @@ class Report:
     tensors: list[TensorResult]
     contract: ContractDiff
     token_mismatch: TokenMismatch | None
+    # where both sides recorded a request's text and it differs: a verdict of diverged (or incomparable)
+    text_edit: TextEdit | None = None
     tokens: TokenView | None = None
     renamed: dict[str, str] = field(default_factory=dict)  # name in b -> name in a (--map), where they differ
     same_file: bool = False  # a and b are the same files (device and inode): a trace compared with itself

@@ -7,15 +7,15 @@ import numpy as np
 
 from tracediff.diff.align import Prefixes
 from tracediff.diff.pair import Pair
-from tracediff.diff.results import RowRef, TokenMismatch, TokenView
+from tracediff.diff.results import RowRef, TextEdit, TokenMismatch, TokenView
 
 MAX_TOKENS = 128  # tokens shown per side
 
 
-def token_view(prefixes: Pair[Prefixes], mismatch: TokenMismatch | None,
-               first: RowRef | None) -> TokenView | None:
-    """The tokens of the request pair that a token mismatch names, else of the first divergence's
-    row; None when the report names neither (or the first divergence is a static tensor)."""
+def token_view(prefixes: Pair[Prefixes], mismatch: TextEdit | TokenMismatch | None,
+                first: RowRef | None) -> TokenView | None:
+    """The tokens of the request pair that a text edit or token mismatch names, else of the first
+    divergence's row; None when the report names neither (or the first divergence is a static tensor)."""
     if mismatch is not None:
         requests = Pair(mismatch.request_a, mismatch.request_b)
     elif first is not None and first.position >= 0:  # a static tensor's row has no tokens

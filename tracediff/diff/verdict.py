@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tracediff.diff.contract import ignoring_target, incomparable
+from tracediff.diff.contract import ignoring_target, incomparable, shares_tokens
 from tracediff.diff.differ import Comparison
 from tracediff.diff.pair import Pair
 from tracediff.diff.results import (
@@ -137,11 +137,7 @@ def depth_shortfalls(coverage: Coverage) -> list[str]:
         if side is not None:
             why = f"only {side}"
         else:
-            skipped: dict[str, int] = {}
-            for counts in (d.skipped_a, d.skipped_b):
-                for reason, n in counts.items():
-                    skipped[reason] = skipped.get(reason, 0) + n
-            top = max(skipped, key=lambda r: skipped[r]) if skipped else ""
+            top = _main_reason(d)
             why = DEPTH_WHY.get(top, REASON_TEXT.get(top, top) or "nothing aligned")
         if runs and runs[-1][1] == why and runs[-1][0][-1].depth == d.depth - 1:
             runs[-1][0].append(d)
@@ -156,6 +152,19 @@ def depth_shortfalls(coverage: Coverage) -> list[str]:
         else:
             lines.append(f"{span}: no row comparable ({rows}), {why}")
     return lines
+
+
+def _main_reason(d: Coverage) -> str:
+    """Why a depth both sides recorded had no row compared: the reason most of the rows of the side
+    with fewer rows were left out for (both sides' where they hold as many). The other side's extra
+    rows are those the fewer never held (a TTT unrolls every row, a server drafts from its anchors):
+    "not recorded" there never says why the rows both sides drafted were not comparable."""
+    fewer = d.skipped_a if d.rows_a < d.rows_b else d.skipped_b
+    skipped: dict[str, int] = {}
+    for side in [fewer] if d.rows_a != d.rows_b else [d.skipped_a, d.skipped_b]:
+        for reason, n in side.items():
+            skipped[reason] = skipped.get(reason, 0) + n
+    return max(skipped, key=lambda r: skipped[r]) if skipped else ""
 
 
 def depth_span(depths: list[int]) -> str:
@@ -173,24 +182,31 @@ def nothing_shared(tensors: list[TensorResult]) -> bool:
 
 
 def judge(comparison: Comparison, min_coverage: float, same_target: bool = False,
-          gaps: list[str] | None = None) -> tuple[Verdict, list[str]]:
+          gaps: list[str] | None = None, labels: tuple[str, str] = ("a", "b")) -> tuple[Verdict, list[str]]:
     """The verdict and its reasons; ``same_target``: the user declared the targets the same model
     (``--same-target``), so the target facts the contracts state never make the pair incomparable;
     ``gaps``: the lines of what a side lacks that costs the verdict (``gap_lines``), first among the
-    reasons. Partial data can prove a difference, never a match."""
+    reasons; ``labels``: how the reasons name the sides. Partial data can prove a difference, never a
+    match. Text both sides recorded that differs (``Comparison.text_edit``) is a divergence, named
+    first: the rows past it are not comparable because the sides were fed other text, not because a
+    trace is partial; where no row of one side can stand for a row of the other, it says why the
+    pair is incomparable."""
     stated = ignoring_target(comparison.contract) if same_target else comparison.contract
     reasons = incomparable(stated, comparison.plan.prefixes)
+    about_text = len(reasons) == int(not shares_tokens(comparison.plan.prefixes))  # only the tokens part them
+    edit = [comparison.text_edit.line(labels)] if comparison.text_edit is not None else []
     on_both = [t for t in comparison.tensors if t.coverage is not None]
     if not on_both and not gaps:  # with gaps: what one side lacks may be all the other holds
         reasons.append("no tensor name is in both traces (see --map)")
+        about_text = False
     elif not reasons and nothing_shared(on_both):
         reasons.append("no row of one trace corresponds to a row of the other (different tokens?)")
     if reasons:
-        return "incomparable", reasons
+        return "incomparable", (edit + reasons if about_text else reasons + edit)
     lines = list(gaps or []) + shortfalls(comparison.tensors, min_coverage) + depth_shortfalls(Coverage.total(
         [t.coverage for t in on_both if t.coverage is not None]))
-    if comparison.first_divergence is not None:
-        return "diverged", lines
+    if comparison.first_divergence is not None or edit:
+        return "diverged", edit + lines
     return ("incomplete", lines) if lines else ("match", [])
 
 
@@ -201,7 +217,8 @@ def build_report(comparison: Comparison, diagnoses: list[Diagnosis], traces: Pai
     same files."""
     gaps = side_gaps(traces, comparison.tensors, renamed or {})
     a, b = trace_info(traces.a, gaps.a), trace_info(traces.b, gaps.b)
-    verdict, reasons = judge(comparison, min_coverage, same_target, gap_lines(gaps, Pair(*side_labels(a, b))))
+    labels = side_labels(a, b)
+    verdict, reasons = judge(comparison, min_coverage, same_target, gap_lines(gaps, Pair(*labels)), labels)
     first = comparison.first_divergence
     row = None if first is None else first.first_bad
     return Report(
@@ -210,8 +227,8 @@ def build_report(comparison: Comparison, diagnoses: list[Diagnosis], traces: Pai
         coverage=Coverage.total([t.coverage for t in comparison.tensors if t.coverage is not None]),
         first_divergence=None if first is None or row is None else FirstDivergence(first.name, row),
         diagnoses=diagnoses, tensors=comparison.tensors, contract=comparison.contract,
-        token_mismatch=comparison.token_mismatch,
-        tokens=token_view(comparison.plan.prefixes, comparison.token_mismatch, row),
+        token_mismatch=comparison.token_mismatch, text_edit=comparison.text_edit,
+        tokens=token_view(comparison.plan.prefixes, comparison.text_edit or comparison.token_mismatch, row),
         renamed={b: a for b, a in (renamed or {}).items() if b != a}, same_file=same_file,
         same_target=same_target,
         shortfall=find_shortfall(comparison.tensors, comparison.plan, min_coverage,

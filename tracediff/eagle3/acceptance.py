@@ -2,6 +2,9 @@
 draft tokens (target ids) equal to the target's token there, and the expected accept length of its
 chains (the server's, on a serving trace; every row's, else). Numpy only: compare reads it.
 
+A chain is scored when every depth of it has a recorded target token (``chains.leading_hits``);
+the others (a chain reaching past the recorded text) are counted, unscored.
+
 The drafted target ids are ``draft.token_target`` where recorded, else ``draft.token`` mapped by
 the recorded ``draft.d2t`` (offsets); the target's tokens are ``target.token`` (row p: the token
 after position p). A row at position t and depth d drafted the token after t+1+d (its anchor's
@@ -24,9 +27,10 @@ class Acceptance:
 
     depth_accuracy: list[float]  # per depth, over ``depth_rows`` (NaN where none)
     depth_rows: list[int]
-    expected_accept_len: float  # 1 + the mean leading hits of the scored chains
-    chains: int
+    expected_accept_len: float  # 1 + the mean leading hits of the scored chains (NaN: none scored)
+    chains: int  # scored: every depth has a recorded target token
     scored_on: str  # "the server's chains" or "every row"
+    chains_unscored: int  # the others: some depth has no recorded target token (past the text's end)
 
 
 def recorded_acceptance(trace: Trace) -> Acceptance | None:
@@ -74,5 +78,6 @@ def recorded_acceptance(trace: Trace) -> Acceptance | None:
     correct = (h & ok).sum(axis=0)
     return Acceptance(depth_accuracy=[int(c) / int(n) if n else math.nan for c, n in zip(correct, rows)],
                       depth_rows=rows.tolist(),
-                      expected_accept_len=1 + (float(scored.mean()) if len(scored) else 0.0),
-                      chains=len(scored), scored_on="the server's chains" if anchors else "every row")
+                      expected_accept_len=1 + float(scored.mean()) if len(scored) else math.nan,
+                      chains=len(scored), scored_on="the server's chains" if anchors else "every row",
+                      chains_unscored=len(lead) - len(scored))

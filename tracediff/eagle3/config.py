@@ -1,17 +1,21 @@
 """An EAGLE-3 draft's config.json (SpecForge export format), as one typed object.
 
-Read as untrusted input: ``read_json_object`` refuses what is not one JSON object of bounded size
-and depth, ``from_dict`` what does not have the field types, and ``problems`` names the values no
-engine can build a draft from (0 attention heads divides by zero in every engine's head size).
+Read as untrusted input: ``read_json_object`` refuses what is not a regular file holding one JSON
+object of bounded size and depth, ``from_dict`` what does not have the field types, and ``problems``
+names the values no engine can build a draft from (0 attention heads divides by zero in every
+engine's head size).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tracediff.trace.reader import open_regular
 
 DEFAULT_NUM_AUX = 3
 MAX_CONFIG_BYTES = 16 << 20  # model configs are a few KB; a larger file is not one
@@ -24,10 +28,14 @@ MAX_WIDTH = 1 << 20
 
 def read_json_object(path: Path) -> dict:
     """The JSON object in ``path``. ValueError (one line) for a file too large, not UTF-8, not
-    JSON, nested deeper than ``MAX_DEPTH`` or not an object; OSError as raised."""
-    if path.stat().st_size > MAX_CONFIG_BYTES:
+    JSON, nested deeper than ``MAX_DEPTH`` or not an object; OSError as raised, ``NotRegularFile``
+    for a FIFO or a device (its size says nothing: /dev/zero reads 0 bytes and never ends). At most
+    ``MAX_CONFIG_BYTES`` + 1 bytes are read, whatever the file says its size is."""
+    with os.fdopen(open_regular(path), "rb") as f:
+        data = f.read(MAX_CONFIG_BYTES + 1)
+    if len(data) > MAX_CONFIG_BYTES:
         raise ValueError(f"over {MAX_CONFIG_BYTES >> 20} MiB: not a model config")
-    text = path.read_bytes().decode("utf-8")  # UnicodeDecodeError is a ValueError
+    text = data.decode("utf-8")  # UnicodeDecodeError is a ValueError
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -108,6 +116,7 @@ class DraftConfig:
     aux_layer_ids: tuple[int, ...] | None = None
     norm_output: bool | None = None  # None: absent (engines default it differently: readings.py)
     raw: dict = field(default_factory=dict, compare=False)
+    source: str | None = field(default=None, compare=False)  # the file it was read from, if one
 
     @property
     def num_aux(self) -> int:
@@ -127,9 +136,10 @@ class DraftConfig:
         return self.draft_vocab_size or self.vocab_size
 
     @classmethod
-    def from_dict(cls, raw: dict) -> DraftConfig:
-        """The typed config; ValueError (naming the field) for a missing or mistyped field. Values
-        are not judged here: ``problems`` does that, so doctor can report them all at once."""
+    def from_dict(cls, raw: dict, source: str | None = None) -> DraftConfig:
+        """The typed config (read from the file ``source``, if one); ValueError (naming the field) for
+        a missing or mistyped field. Values are not judged here: ``problems`` does that, so doctor
+        can report them all at once."""
         if not isinstance(raw, dict):
             raise ValueError(f"expected a JSON object, got a {type(raw).__name__}")
         eagle, rope = _object(raw, "eagle_config"), _object(raw, "rope_parameters")
@@ -157,11 +167,12 @@ class DraftConfig:
             # present, it is tested for truth by both engines (null: false); absent, each has its default
             norm_output=bool(raw["norm_output"]) if "norm_output" in raw else None,
             raw=raw,
+            source=source,
         )
 
     @classmethod
     def load(cls, path: str | Path) -> DraftConfig:
-        return cls.from_dict(read_json_object(Path(path)))
+        return cls.from_dict(read_json_object(Path(path)), source=str(path))
 
     def problems(self) -> list[str]:
         """Values no draft can be built from, one line each: sizes that are not positive, a head

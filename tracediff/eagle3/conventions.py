@@ -13,7 +13,8 @@ each layer's branch output, not the residual stream.
 
 SpecForge 0.2.0 captures training features through the same SGLang target classes: it resolves the
 ids (run override, else the draft config, else ``[1, N//2-1, N-4]``), refuses anything but three
-distinct non-negative ids below the layer count, and hands them to ``set_eagle3_layers_to_capture``.
+distinct non-negative ids (offline capture: below the layer count too), and hands them to
+``set_eagle3_layers_to_capture``.
 Trainers that read HF ``hidden_states[i+1]`` (older SpecForge, hand-written loops) mean the output
 of layer i (-1: the embeddings) whatever the family.
 """
@@ -244,6 +245,12 @@ def state_name(k: int, branch: bool = False) -> str:
     if k == 0:
         return EMBED
     return f"target.layer.{k - 1}" + (".branch" if branch else "")
+
+
+def layer_of(state: str) -> int:
+    """The layer number of a canonical target state (``target.layer.3``, ``target.layer.3.branch``:
+    3; ``target.embed``: -1)."""
+    return -1 if state == EMBED else int(state.split(".")[2])
 
 
 def label(state: str | None) -> str:
@@ -499,18 +506,21 @@ class SpecForgeIds:
     defaulted: bool = False  # no ids configured: SpecForge's own [1, N//2-1, N-4]
 
 
-def specforge_ids(ids: Sequence[int] | None, num_layers: int) -> SpecForgeIds:
-    """SpecForge 0.2.0's resolution (``resolve_eagle_capture_layers``, then the checks of offline
-    capture and of the server-capture contract)."""
+def specforge_ids(ids: Sequence[int] | None, num_layers: int, *, offline: bool = True) -> SpecForgeIds:
+    """SpecForge 0.2.0's resolution (``resolve_eagle_capture_layers``), then the checks of offline
+    capture (distinct ids below the layer count) or, ``offline=False``, those of the server-capture
+    contract that online training captures through (unique ids; an id may equal the layer count:
+    gpt-oss then captures the last layer's output before the final norm)."""
     layers = list(ids) if ids is not None else [1, num_layers // 2 - 1, num_layers - 4]
     defaulted = ids is None
     if len(layers) != 3 or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in layers):
         return SpecForgeIds(None, "resolved EAGLE capture layers must contain exactly three non-negative "
                             f"integers, got {layers!r}", defaulted)
     if len(set(layers)) != len(layers):
-        return SpecForgeIds(None, "resolved offline capture layers must be distinct non-negative integers, "
-                            f"got {layers!r}", defaulted)
-    if any(i >= num_layers for i in layers):
+        why = "resolved offline capture layers must be distinct non-negative integers, got" if offline \
+            else "resolved server capture layer ids must be unique, got"
+        return SpecForgeIds(None, f"{why} {layers!r}", defaulted)
+    if offline and any(i >= num_layers for i in layers):
         return SpecForgeIds(None, f"resolved offline capture layers exceed target model depth L: "
                             f"{layers!r}", defaulted)
     return SpecForgeIds(tuple(layers), None, defaulted)
@@ -522,12 +532,51 @@ class SpecForgeSelection:
     selection: Selection | None  # None: SpecForge refuses the ids
 
 
-def specforge_selection(architecture: str, ids: Sequence[int] | None, num_layers: int) -> SpecForgeSelection:
-    """What SpecForge 0.2.0 trains the draft on for ``ids``: its ids, through SGLang's own target class."""
-    resolved = specforge_ids(ids, num_layers)
+def specforge_selection(architecture: str, ids: Sequence[int] | None, num_layers: int, *,
+                        offline: bool = True) -> SpecForgeSelection:
+    """What SpecForge 0.2.0 trains the draft on for ``ids``: its ids, through SGLang's own target class
+    (``offline``: as ``specforge_ids`` checks them)."""
+    resolved = specforge_ids(ids, num_layers, offline=offline)
     if resolved.ids is None:
         return SpecForgeSelection(resolved, None)
     return SpecForgeSelection(resolved, sglang_selection(architecture, resolved.ids, num_layers))
+
+
+def capture_refusal(selection: Selection) -> str | None:
+    """Why ``selection.states`` is not what the aux's slots hold, one line (None: it is): SGLang's
+    setter refused the ids, ``layers_to_capture`` names a boundary the forward never reaches (a slot
+    short), or nothing is captured."""
+    ids, where = list(selection.ids or ()), f"SGLang's {selection.architecture}"
+    if selection.error is not None:
+        return f"{where} refuses ids {ids} on {selection.num_layers} layers ({selection.error})"
+    if selection.uncaptured:
+        beyond = ", ".join(str(k) for k in selection.uncaptured)
+        return (f"{where} captures {len(selection.states)} states for ids {ids} on {selection.num_layers} "
+                f"layers {labels(selection.states)}: layers_to_capture {list(selection.layers_to_capture)} "
+                f"names boundary {beyond}, which its forward never reaches")
+    if not selection.states:
+        return f"{where} captures nothing for ids {ids}"
+    return None
+
+
+READING_KEYS = ("aux_layer_convention", "aux_embed_slot", "aux_ascending")  # layer numbers -> states
+
+
+def aux_state_keys(states: Sequence[str]) -> dict[str, Any]:
+    """The contract keys that follow from the states an aux's slots hold, in slot order: one fact,
+    stated several ways. ``aux_sources`` (the states), ``aux_layer_ids_resolved`` (their layer
+    numbers, -1 the embeddings) and the reading of layer numbers that names them (``READING_KEYS``:
+    the output of layer i, in the slots' order); that reading is null where a slot holds a state no
+    layer number names under it (a layer's branch output)."""
+    from tracediff.eagle3.capture import OUTPUT_OF_LAYER, AuxSpec
+
+    layers = [layer_of(state) for state in states]
+    keys: dict[str, Any] = {"aux_sources": list(states), "aux_layer_ids_resolved": sorted(set(layers)),
+                            **dict.fromkeys(READING_KEYS)}
+    if not any(state.endswith(".branch") for state in states):
+        spec = AuxSpec(tuple(layers), convention=OUTPUT_OF_LAYER, ascending=layers == sorted(layers))
+        keys.update({key: spec.to_dict()[key] for key in READING_KEYS})
+    return keys
 
 
 def hf_states(ids: Sequence[int]) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from tracediff.eagle3.capture import default_aux_ids
-from tracediff.eagle3.checkpoint import CONFIG, WEIGHTS, read_config, read_weights
+from tracediff.eagle3.checkpoint import CONFIG, WEIGHTS, nonfinite, read_config, read_weights
 from tracediff.eagle3.config import DraftConfig, read_json_object
 from tracediff.eagle3.conventions import (
     SGLANG_TABLE,
@@ -160,6 +160,16 @@ def check_weights(ck: Checkpoint) -> list[Finding]:
                                 f"implies {list(shape)}", "config.json and the weights describe different "
                                 "drafts: export them together"))
     return findings
+
+
+def check_finite(ck: Checkpoint) -> list[Finding]:
+    """Weights holding NaN or inf, one finding each: engines serve them as they are, and what is
+    computed through them is NaN, so the draft's tokens are no prediction at all."""
+    return [Finding("error", "weights_nonfinite", f"{WEIGHTS}: {weight} holds non-finite values: engines "
+                    "serve it as it is, and every draft logit computed through it is NaN",
+                    "export the checkpoint of a step before training diverged (a NaN loss), or check the "
+                    "exporter's dtype conversion (values beyond float16's range become inf)")
+            for weight in nonfinite(ck.weights)]
 
 
 def _own_check(key: str, have: torch.Tensor, shape: tuple[int, ...]) -> bool:
@@ -538,7 +548,7 @@ def _parse_args(text: str) -> dict[str, str]:
     return args
 
 
-CHECKS = (check_config, check_weights, check_vocab, check_target_vocab, check_fc, check_aux,
+CHECKS = (check_config, check_weights, check_finite, check_vocab, check_target_vocab, check_fc, check_aux,
           check_engine_readings, check_flag_types)
 
 

@@ -37,6 +37,16 @@ class RMSNorm(nn.Module):
         return self.weight * h.to(dtype)
 
 
+class Embedding(nn.Embedding):
+    """nn.Embedding left uninitialised on the meta device (shapes only: doctor's checks, the loader's
+    before it allocates): torch's meta ``normal_`` imports torch._dynamo, which leaves a
+    ``$TMPDIR/torchinductor_$USER`` directory behind. Initialised as torch does everywhere else."""
+
+    def reset_parameters(self) -> None:
+        if not self.weight.is_meta:
+            super().reset_parameters()
+
+
 def rope_tables(positions: torch.Tensor, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin [B, 1, T, head_dim] for integer positions [B, T] (Llama default RoPE)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device).float() / head_dim))
@@ -161,7 +171,7 @@ class Eagle3Draft(nn.Module):
         self.numerics = READINGS[SGLANG].numerics(config) if numerics is None else numerics
         self.notes: tuple[str, ...] = ()  # how the loader completed the checkpoint (checkpoint.load_draft)
         h, k = config.hidden_size, config.num_aux
-        self.embed_tokens = nn.Embedding(config.vocab_size, h)
+        self.embed_tokens = Embedding(config.vocab_size, h)
         if embed_tokens is not None:
             self.embed_tokens.weight.data.copy_(embed_tokens)
         self.input_norm = RMSNorm(k * config.target_hidden, config.rms_norm_eps) if config.norm_before_fc \

@@ -9,9 +9,10 @@ fc input (``draft.fc_in``), the ids fed to the draft (``draft.input_ids``), the 
 and the draft computation (the checkpoint, and the engine's reading of its config:
 tracediff/eagle3/readings.py). Every run is scored as replay scores a trace: the server's chains
 where one side is a serving trace (both servers' where both are: the same figures in either
-order), else every row; accept length and accuracy per depth, with the
-chains each rests on. A difference counts when it exceeds twice the standard error of the
-per-chain differences between the two runs (the noise of a figure over few chains).
+order), else every row, a chain only where every depth of it has a recorded target token (the
+others are counted, unscored); accept length and accuracy per depth, with the chains each rests
+on. A difference counts when it exceeds twice the standard error of the per-chain differences
+between the two runs (the noise of a figure over few chains).
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ from tracediff.eagle3.readings import engine_choice
 from tracediff.eagle3.replay import (
     FcRows,
     RequestRows,
+    bounded,
     by_position,
     chain_depths,
     config_mismatch,
     contiguous_rows,
+    draft_depth_bound,
     request_rows,
     teacher_forced,
+    trace_depth_bound,
 )
 from tracediff.errors import InputError
 from tracediff.trace.dtypes import decode
@@ -119,7 +123,8 @@ def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: i
                                      "both")
     servers = [t for t, side in ((a, "a"), (b, "b")) if served[side]]
     # the longer chain of two servers' (either order alike); a training side's depths where none serves
-    choice = max((chain_depths(t, depths) for t in servers or [b]), key=lambda c: c.depths)
+    bounds = [*map(trace_depth_bound, (a, b)), *(draft_depth_bound(d.config) for d in drafts.values())]
+    choice = bounded(max((chain_depths(t, depths) for t in servers or [b]), key=lambda c: c.depths), bounds)
     sides = {"a": Inputs(drafts["a"], _d2t(a, drafts["a"])), "b": Inputs(drafts["b"], _d2t(b, drafts["b"]))}
     differing = [g for g in GROUPS if _differs(g, pairs, sides)]
     plan = _runnable(run_plan(differing), pairs, sides)
@@ -150,7 +155,7 @@ def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: i
         tree is None else
         "every row" if tree is None else f"every row, not the server's figure: {tree}",
         requests=len(pairs), rows=sum(len(p.a.ids) for p in pairs), differing=differing, cost=cost,
-        noise=noise,
+        noise=noise, chains_unscored=int((~common).sum()),
         runs=list(runs.values()), recorded_agreement=agreement, recorded_logits_max_diff=logits,
         unpaired=pairing.unpaired, rows_left=pairing.rows_left)
 

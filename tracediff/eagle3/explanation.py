@@ -12,7 +12,7 @@ from typing import Literal
 
 from tracediff.diff.jsonio import dumps, loads_versioned
 
-EXPLANATION_VERSION = 2  # 2: recorded_logits_max_diff, unpaired by reason, rows_left
+EXPLANATION_VERSION = 3  # 2: recorded_logits_max_diff, unpaired by reason, rows_left; 3: chains_unscored
 Side = Literal["a", "b"]
 GROUPS = ("fc_in", "input_ids", "positions", "d2t", "draft")  # the draft's input groups, swapped one by one
 GROUP_NAMES = {"fc_in": "fc input", "input_ids": "fed token ids", "positions": "positions",
@@ -28,7 +28,7 @@ class Run:
     swapped: list[str]  # groups taken from the other side
     expected_accept_len: float  # over the chains every run scores (``chains``): like compared with like
     chains: int
-    own_accept_len: float  # over the chains this run scores (a chain reaching past the text is unscored)
+    own_accept_len: float  # over the chains this run scores (every depth's target token recorded)
     own_chains: int
     depth_accuracy: list[float]
     depth_rows: list[int]
@@ -50,6 +50,7 @@ class Explanation:
     differing: list[str]  # input groups whose values differ between the sides
     cost: float  # A's accept length - B's
     noise: float  # what a difference must exceed to count (NOISE_SE standard errors)
+    chains_unscored: int  # chains left out of every run: some depth has no recorded target token
     runs: list[Run] = field(default_factory=list)
     recorded_agreement: dict[str, float | None] = field(default_factory=dict)  # side -> share of rows
     recorded_logits_max_diff: dict[str, float | None] = field(default_factory=dict)  # side -> max |diff|

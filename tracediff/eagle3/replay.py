@@ -9,7 +9,7 @@ target tokens. A fc input built from the wrong layers shows up as an accuracy co
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -20,6 +20,8 @@ from tracediff.diff.jsonio import to_plain
 from tracediff.eagle3.canonical import RowLogger
 from tracediff.eagle3.capture import AuxSpec
 from tracediff.eagle3.chains import drafted_from, leading_hits, tree_shape
+from tracediff.eagle3.checkpoint import nonfinite
+from tracediff.eagle3.config import DraftConfig
 from tracediff.eagle3.draft import DepthResult, Eagle3Draft, to_target_fn
 from tracediff.eagle3.readings import READINGS, EngineChoice, differences
 from tracediff.eagle3.selfcheck import RecordedChains, SelfCheck
@@ -55,6 +57,49 @@ def chain_depths(trace: Trace, asked: int | None = None) -> DepthChoice:
         deepest = int(drafted.max())
         return DepthChoice(deepest + 1, f"the trace's recorded draft depths 0-{deepest}")
     return DepthChoice(DEFAULT_DEPTHS, "the default: the trace records neither num_steps nor draft depths")
+
+
+class DepthBound(NamedTuple):
+    """The most draft depths one input can hold, the file that sets it, and why."""
+
+    depths: int
+    source: str
+    why: str
+
+
+def trace_depth_bound(trace: Trace) -> DepthBound | None:
+    """What a trace can score: depth d of row t is scored against the target's token at t+1+d, so
+    where the last recorded ``target.token`` of any request is at position L, no row has a label at
+    depth L or deeper (row 0's deepest is L-1): a chain of more than L depths scores nothing at the
+    rest. None where it records no target token past position 0 (replay says so itself)."""
+    if "target.token" not in trace.names():
+        return None
+    positions = trace.keys("target.token").position
+    last = int(positions.max()) if len(positions) else 0
+    if last <= 0:
+        return None
+    return DepthBound(last, trace.name, f"its requests record the target's token up to position {last} at "
+                                        "most, and depth d of row t is scored against the target's token at "
+                                        f"t+1+d: no row has one at depth {last} or deeper")
+
+
+def draft_depth_bound(config: DraftConfig) -> DepthBound:
+    """What a draft can compute: depth d of a row is rotated to its position + d, and the draft was
+    built for positions below ``max_position_embeddings`` (engines size their RoPE tables by it)."""
+    limit = config.max_position_embeddings
+    return DepthBound(limit, config.source or "the draft's config.json",
+                      f"max_position_embeddings is {limit}, and depth d of a row is rotated to its position "
+                      "+ d: a deeper chain leaves the positions the draft was built for")
+
+
+def bounded(choice: DepthChoice, bounds: Iterable[DepthBound | None]) -> DepthChoice:
+    """``choice`` where no bound is below it; else ``InputError`` naming the file of the tightest
+    bound (checked before anything is sized by the depths: 10**9 of them would not fit in memory)."""
+    tightest = min((b for b in bounds if b is not None), key=lambda b: b.depths, default=None)
+    if tightest is not None and choice.depths > tightest.depths:
+        raise InputError(tightest.source, f"a chain of {choice.depths} draft depths ({choice.reason}) is "
+                                          f"deeper than the {tightest.depths} it can hold: {tightest.why}")
+    return choice
 
 
 @dataclass(frozen=True)
@@ -113,7 +158,7 @@ class ReplayReport:
     """What a replay measured. ``expected_accept_len`` is scored on ``scored_on``: on a serving trace
     the chains the server drafted (each request's rows it drafted from, the ones its trace holds
     draft depths >= 1 at), else every row (a training trace: TTT drafts from every row). A chain is
-    scored when the target's tokens are recorded up to its first miss (or its last depth);
+    scored when every depth of it has a recorded target token (``chains.leading_hits``);
     ``chains_unscored``: the others (a chain reaching past the recorded text). ``every_row_accept_len``
     is the same figure teacher-forced from every row, prompt rows included (``every_row_chains``)."""
 
@@ -293,13 +338,14 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     loaded under that reading). A trace where no row can be scored (no draft row whose next
     position holds a target token) is an ``InputError``, never a figure over 0 rows. ``progress(done,
     total)`` hears the rows replayed."""
-    choice = chain_depths(trace, depths)
+    choice = bounded(chain_depths(trace, depths), (trace_depth_bound(trace), draft_depth_bound(draft.config)))
     depths = choice.depths
     to_target = to_target_fn(draft, d2t_reading)
     tree = tree_shape(trace)
     correct = [0] * depths
     total = [0] * depths
-    leading: list[int] = []  # every row's chain
+    leading: list[int] = []  # every row's chain, scored
+    unscored = 0  # every row's chains left unscored
     chained: list[int] = []  # the chains the server drafted
     verify_rows = trace.rows("verify.accept_len") if "verify.accept_len" in trace.names() else None
     verify = by_position(verify_rows) if verify_rows is not None else {}
@@ -340,6 +386,7 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
                 _log_depth(rec, req, fc_in, result, ids, n - depth, depth, to_target)
         lead = leading_hits(hits, valid)
         leading += lead[lead >= 0].tolist()
+        unscored += int((lead < 0).sum())
         drafted = np.isin(req.positions[:n], sorted(anchors.get(req.request, ())))
         chained += lead[drafted].tolist()
         at = verify.get(req.request, {})
@@ -382,7 +429,7 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
         report.verified_chains = len(verified)
         report.verified_accept_len = 1 + float(np.mean(verified)) if verified else None
     else:
-        report.chains = len(leading)
+        report.chains, report.chains_unscored = len(leading), unscored
         report.expected_accept_len = report.every_row_accept_len
     return report
 
@@ -400,8 +447,13 @@ def config_mismatch(draft: Eagle3Draft, trace: Trace) -> str | None:
 
 
 def _suspect(draft: Eagle3Draft, engine: EngineChoice, trace: Trace) -> str | None:
-    """A departure's likely cause: the checkpoint's config is not the one the trace's producer
-    stated (its contract's ``draft_config``), else a key another engine reads differently."""
+    """A departure's likely cause: weights holding NaN or inf (no engine computes a draft from
+    them), else the checkpoint's config is not the one the trace's producer stated (its contract's
+    ``draft_config``), else a key another engine reads differently."""
+    broken = nonfinite(draft.state_dict())
+    if broken:
+        return (f"the draft's weights hold non-finite values: {'; '.join(broken)}: the draft computes NaN "
+                "through them, whatever the engine's reading (tracediff doctor names them)")
     mismatch = config_mismatch(draft, trace)
     if mismatch:
         return f"the checkpoint's config.json is not the one the trace's producer ran: {mismatch}"

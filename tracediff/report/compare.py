@@ -26,6 +26,7 @@ from tracediff.diff.results import (
     TraceInfo,
     side_labels,
 )
+from tracediff.eagle3.chains import UNSCORED
 from tracediff.report.text import code, md, safe
 
 SHOWN = ("max_rel", "cosine", "argmax_agree", "kl", "equal")
@@ -153,8 +154,9 @@ def headline(report: Report) -> str:
     text = f"{report.verdict} ({c.aligned} rows compared{pct}{'; ' + depths if depths else ''})"
     if first is not None and report.verdict != "incomparable":
         text += f": first diverging tensor {safe(first.name)} ({where(first.row)})"
-    elif report.verdict == "incomplete" and (report.a.gaps or report.b.gaps):  # a side lacks data: first
-        text = f"incomplete: {safe(report.reasons[0])} ({text[len('incomplete ('):]}"
+    elif report.reasons and (report.verdict == "incomplete" and (report.a.gaps or report.b.gaps)  # lacking
+                             or report.text_edit is not None and report.verdict != "incomplete"):  # texts
+        text = f"{report.verdict}: {safe(report.reasons[0])} ({text[len(report.verdict) + 2:]}"
     elif report.reasons:
         text += f": {safe(report.reasons[0])}"
     return text
@@ -259,8 +261,13 @@ def acceptance_lines(report: Report) -> list[str]:
             per_depth = " / ".join("-" if math.isnan(v) else f"{v:.2f}" for v in acc.depth_accuracy)
             over = f"{acc.chains} rows" if acc.scored_on == "every row" else \
                 f"{acc.chains} of the server's chains"
-            out.append(f"{side}'s recorded drafts would be accepted {acc.expected_accept_len:.2f} tokens per "
-                       f"verify (over {over}; accuracy per depth {per_depth})")
+            over += f"; {acc.chains_unscored} more unscored: {UNSCORED}" if acc.chains_unscored else ""
+            if acc.chains:
+                out.append(f"{side}'s recorded drafts would be accepted {acc.expected_accept_len:.2f} tokens "
+                           f"per verify (over {over}; accuracy per depth {per_depth})")
+            else:  # never a figure over no chain
+                out.append(f"{side}'s recorded drafts: no chain scorable (over {over}; accuracy per depth "
+                           f"{per_depth})")
     return out
 
 

@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tracediff.eagle3.chains import UNSCORED
 from tracediff.eagle3.explanation import GROUP_NAMES, Explanation
 from tracediff.report.text import safe
 
@@ -35,7 +36,9 @@ def header_lines(ex: Explanation) -> list[str]:
                                                      ex.rows_left.items()) + ")"
                if any(ex.rows_left.values()) else "")
             + "; scored on "
-            f"{ex.scored_on}; chain of {ex.depths} (from {ex.depths_from}); "
+            f"{ex.scored_on}"
+            + (f" ({ex.chains_unscored} more unscored: {UNSCORED})" if ex.chains_unscored else "")
+            + f"; chain of {ex.depths} (from {ex.depths_from}); "
             + ("too few chains to estimate the noise" if math.isinf(ex.noise) else
                f"noise {ex.noise:.2f} tokens per verify"),
             f"inputs that differ: {differing}",

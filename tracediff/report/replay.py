@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from tracediff.eagle3.chains import UNSCORED
 from tracediff.eagle3.replay import RECORDED, ReplayReport
 from tracediff.report.text import safe
 
@@ -28,7 +29,7 @@ def render_replay(console: Console, report: ReplayReport) -> None:
     on = f"{report.chains} of the server's chains" if report.scored_on == "the server's chains" \
         else f"a chain from each of {report.chains} rows"
     if report.chains_unscored:
-        on += f"; {report.chains_unscored} more reach past the recorded text, unscored"
+        on += f"; {report.chains_unscored} more unscored: {UNSCORED}"
     line = f"expected accept length (tokens per verify, chain of {len(report.depth_accuracy)}, from " \
            f"{safe(report.depths_from)}): [bold]{report.expected_accept_len:.2f}[/bold] ({on})"
     if report.verified_accept_len is not None:

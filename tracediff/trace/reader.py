@@ -133,22 +133,43 @@ def _crc_pool() -> ThreadPoolExecutor:
     return _CRC_POOL
 
 
-def detect_format(path: Path) -> str:
-    """The format's name ('h5', 'arrow') by the file's magic bytes, whatever its extension."""
+class NotRegularFile(OSError):
+    """A FIFO, socket or device where a file is read: a read would block, or never end."""
+
+
+def open_regular(path: str | Path) -> int:
+    """A read-only descriptor of the regular file ``path``, opened without blocking: a FIFO (or a
+    device) named as an input must be refused, not waited on. IsADirectoryError for a directory,
+    ``NotRegularFile`` for the rest that is not a regular file, OSError as raised (a link loop)."""
+    import errno
     import os
     import stat
 
-    try:  # without blocking: a FIFO (or a device) named as a trace must be refused, not waited on
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if not stat.S_ISREG(mode):
+            raise NotRegularFile("not a regular file (a FIFO, socket or device)")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def detect_format(path: Path) -> str:
+    """The format's name ('h5', 'arrow') by the file's magic bytes, whatever its extension."""
+    import os
+
+    try:
+        fd = open_regular(path)
         try:
-            mode = os.fstat(fd).st_mode
-            if stat.S_ISDIR(mode):
-                raise IsADirectoryError(path)
-            if not stat.S_ISREG(mode):
-                raise TraceError(path, "not a regular file (a FIFO, socket or device), not a trace file")
             head = os.read(fd, MAGIC_BYTES)
         finally:
             os.close(fd)
+    except NotRegularFile as exc:
+        raise TraceError(path, f"{exc}, not a trace file") from None
     except FileNotFoundError:
         raise TraceError(path, "no such file") from None
     except IsADirectoryError:

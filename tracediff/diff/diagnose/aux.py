@@ -6,10 +6,12 @@ tried as a norm of each (norms.py: RMSNorm or LayerNorm with a recorded, unit or
 since real bugs feed a normed state: the last layer after the final norm (HF's
 ``hidden_states[-1]``), fc_norm on one side only. Such a slot is named ``norm(target.layer.i)``.
 
-NaN/Inf carried on from a state is that state's data: a slot equals a state when both are
-non-finite at the same elements and their finite elements agree. A slot that equals no state and
-holds NaN/Inf is matched on its finite rows; without any, it is left out of the comparison: its
-difference is the non-finite values' (``nan_inf``), not the wiring's.
+Slots are matched only on the sampled rows where the input and every candidate state are finite
+on both sides: a NaN spreads through attention to other positions of later layers, and all-NaN rows
+would equal any all-NaN state. One such row decides equality and a recorded or unit-weight norm (they
+hold or fail row by row); a slot none of them names is called unknown only on MIN_ROWS rows (what a
+fitted weight needs) when NaN/Inf took rows away. With fewer, the slots are not matched and an
+``info`` says so (``nan_inf``: the NaN/Inf are the difference to explain, not the wiring).
 
 What a producer measured a slot to hold (``aux_slot_states`` in its contract: SGLang's recorder
 matches every slot once, against the residual stream and each layer's branch output) names the slot
@@ -27,7 +29,16 @@ import numpy as np
 
 from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.diagnose.evidence import values as evidence_values
-from tracediff.diff.diagnose.norms import FINAL_NORMS, LAYER, RMS, Affine, NormFit, norm_fit, recorded_weights
+from tracediff.diff.diagnose.norms import (
+    FINAL_NORMS,
+    LAYER,
+    MIN_ROWS,
+    RMS,
+    Affine,
+    NormFit,
+    norm_fit,
+    recorded_weights,
+)
 from tracediff.diff.findings import (
     CaptureQuirkEvidence,
     Diagnosis,
@@ -35,6 +46,7 @@ from tracediff.diff.findings import (
     Side,
     SlotNormEvidence,
     SlotsEvidence,
+    SlotsUnmatchedEvidence,
 )
 from tracediff.diff.metrics import float_metrics
 from tracediff.diff.pair import Pair
@@ -57,7 +69,6 @@ class Slot:
 
     source: str | None = None
     norm: NormFit | None = None
-    non_finite: bool = False  # equals no state, and no sampled row of it is finite
 
     @property
     def name(self) -> str | None:
@@ -66,39 +77,46 @@ class Slot:
 
     @property
     def label(self) -> str:
-        """For people: ``layer 5``, ``RMSNorm(layer 5)``, ``embed``, ``?``, ``NaN/Inf``."""
+        """For people: ``layer 5``, ``RMSNorm(layer 5)``, ``embed``, ``?``."""
         if self.source is None:
-            return "NaN/Inf" if self.non_finite else "?"
+            return "?"
         state = label(self.source)
         return f"{NORM_LABELS[self.norm.norm]}({state})" if self.norm else state
 
 
-def slot_sources(trace: Trace, keys: RowKeys, picked: np.ndarray, known: dict[str, RowKeys],
-                 weights: dict[str, Affine] | None = None) -> list[Slot]:
-    """For each slot of the concatenated rows ``picked``, the target state (embed or layer output)
-    of the same trace at the same (request, position) that it equals, else the one it is a norm of
-    (``weights``: recorded norm weights to try first); [] when the slots cannot be cut."""
-    values = evidence_values(trace, keys, picked)
-    candidates = _states_at(trace, keys, picked, known)
+@dataclass(frozen=True)
+class Sampled:
+    """One side's sampled rows of a concatenated input (``values``, [rows, K*H]) and every target
+    state of that side at the same (request, position), by name ([rows, H] each)."""
+
+    values: np.ndarray
+    states: dict[str, np.ndarray]
+
+    @classmethod
+    def of(cls, trace: Trace, keys: RowKeys, picked: np.ndarray, known: dict[str, RowKeys]) -> Sampled:
+        return cls(evidence_values(trace, keys, picked), _states_at(trace, keys, picked, known))
+
+    @property
+    def finite(self) -> np.ndarray:
+        """Per row: the input and every state hold no NaN/Inf there."""
+        rows = (self.values, *self.states.values())
+        return np.logical_and.reduce([np.isfinite(r).all(axis=1) for r in rows])
+
+    def rows(self, kept: np.ndarray) -> Sampled:
+        """The rows ``kept`` (bool per row)."""
+        return Sampled(self.values[kept], {name: state[kept] for name, state in self.states.items()})
+
+
+def slot_sources(sampled: Sampled, weights: dict[str, Affine] | None = None) -> list[Slot]:
+    """For each slot of the concatenated rows, the target state (embed or layer output) of the same
+    trace at the same (request, position) that it equals, else the one it is a norm of (``weights``:
+    recorded norm weights to try first); [] when the slots cannot be cut. The rows must be finite."""
+    values, candidates = sampled.values, sampled.states
     widths = {c.shape[1] for c in candidates.values()}
     if len(widths) != 1 or values.shape[1] % (width := widths.pop()):
         return []
     slots = (values[:, k * width : (k + 1) * width] for k in range(values.shape[1] // width))
-    return [_source(slot, candidates, weights or {}) for slot in slots]
-
-
-def _source(slot: np.ndarray, candidates: dict[str, np.ndarray], weights: dict[str, Affine]) -> Slot:
-    """The state a slot holds: equal to it, else a norm of it; a slot holding NaN/Inf that equals
-    no state is judged on its finite rows (a non-finite Slot when it has none)."""
-    found = _equal(slot, candidates)
-    if found is not None:
-        return found
-    finite = np.isfinite(slot).all(axis=1)
-    if finite.all():
-        return _normed(slot, candidates, weights)
-    if not finite.any():
-        return Slot(non_finite=True)
-    return _source(slot[finite], {name: state[finite] for name, state in candidates.items()}, weights)
+    return [_equal(slot, candidates) or _normed(slot, candidates, weights or {}) for slot in slots]
 
 
 def _states_at(trace: Trace, keys: RowKeys, picked: np.ndarray,
@@ -126,14 +144,8 @@ def _equal(slot: np.ndarray, candidates: dict[str, np.ndarray]) -> Slot | None:
 
 
 def _holds(slot: np.ndarray, state: np.ndarray) -> bool:
-    """``slot`` is ``state``: non-finite at the same elements with the same values (a NaN carried
-    on is the same data), the finite elements within SAME."""
-    finite = np.isfinite(slot)
-    if not np.array_equal(finite, np.isfinite(state)) \
-            or not np.array_equal(slot[~finite], state[~finite], equal_nan=True):
-        return False
-    metrics = float_metrics(np.where(finite, state, 0.0), np.where(finite, slot, 0.0))
-    return bool((metrics["max_rel"] < SAME).all())
+    """``slot`` is ``state``: every element within SAME."""
+    return bool((float_metrics(state, slot)["max_rel"] < SAME).all())
 
 
 def _normed(slot: np.ndarray, candidates: dict[str, np.ndarray], weights: dict[str, Affine]) -> Slot:
@@ -156,17 +168,23 @@ def aux_slots(ctx: Context) -> list[Diagnosis]:
     plan = comparison.plan
     tensor = ctx.tensor(name)
     picked = ctx.sample(name)
+    sampled = Pair(Sampled.of(traces.a, tensor.keys.a, picked.a, plan.keys.a),
+                   Sampled.of(traces.b, tensor.keys.b, picked.b, plan.keys.b))
+    finite = sampled.a.finite & sampled.b.finite
+    if not finite.any():
+        return [_unmatched(name, finite, 1)]
     weights = traces.map(recorded_weights)  # the same model's norms: either side's record will do
     weights = Pair({**weights.b, **weights.a}, {**weights.a, **weights.b})
-    slots = Pair(slot_sources(traces.a, tensor.keys.a, picked.a, plan.keys.a, weights.a),
-                 slot_sources(traces.b, tensor.keys.b, picked.b, plan.keys.b, weights.b))
+    slots = sampled.map(lambda s: s.rows(finite)).zip(weights).starmap(slot_sources)
     if name == "target.aux":
         slots = Pair(_measured(traces.a, slots.a), _measured(traces.b, slots.b))
-    slots = _finite_slots(slots)
+    enough = min(MIN_ROWS, len(finite))  # all the rows sampled, when fewer and every one finite
+    if finite.sum() < enough and any(slot.source is None for slot in [*slots.a, *slots.b]):
+        return [_unmatched(name, finite, enough)]
     if not slots.a or not slots.b or slots.a == slots.b:
         return []
     held = slots.map(lambda s: [slot.name for slot in s])
-    evidence = SlotsEvidence(tensor=name, slots_a=held.a, slots_b=held.b, rows_checked=len(picked.a))
+    evidence = SlotsEvidence(tensor=name, slots_a=held.a, slots_b=held.b, rows_checked=int(finite.sum()))
     last = max((layer_number(n) for n in {*plan.keys.a, *plan.keys.b} if n.startswith("target.layer.")),
                 default=None)
     side = Pair(_described(traces.a, ctx.labels.a), _described(traces.b, ctx.labels.b))
@@ -210,14 +228,14 @@ def _ids(trace: Trace) -> str:
     return " for no ids (the default)" if ids is None else f" for ids {list(ids)}"
 
 
-def _finite_slots(slots: Pair[list[Slot]]) -> Pair[list[Slot]]:
-    """The slots with those non-finite on either side marked so on both: what they hold is the
-    NaN/Inf's to explain (``nan_inf``), and they never make the sides' wiring differ."""
-    if len(slots.a) != len(slots.b):
-        return slots
-    unknown = [a.non_finite or b.non_finite for a, b in zip(slots.a, slots.b)]
-    return slots.map(lambda s: [Slot(non_finite=True) if hidden else slot
-                                for slot, hidden in zip(s, unknown)])
+def _unmatched(name: str, finite: np.ndarray, needed: int) -> Diagnosis:
+    """Too few of the sampled rows are finite to match the slots on: said, not guessed."""
+    kept = int(finite.sum())
+    message = (f"{name}: too few finite rows to match slots ({kept}): of the {len(finite)} failing rows "
+               f"sampled, {kept} are finite in {name} and in every target state on both sides, {needed} "
+               "needed; the wiring is not judged")
+    return Diagnosis("nan_inf", message, SlotsUnmatchedEvidence(
+        tensor=name, rows_checked=len(finite), rows_finite=kept, rows_needed=needed), severity="info")
 
 
 def _layer_change(name: str, slots: Pair[list[Slot]], side: Pair[str], evidence: SlotsEvidence,
@@ -230,7 +248,7 @@ def _layer_change(name: str, slots: Pair[list[Slot]], side: Pair[str], evidence:
     fed = f"{side.b} fed {said.b}, {side.a} fed {said.a}"
     if ids.a or ids.b:  # a side whose contract names its family: said with its id convention
         fed = f"{side.b} fed {said.b}{ids.b}; {side.a} fed {said.a}{ids.a}"
-    unknown = slots.map(lambda s: any(slot.source is None and not slot.non_finite for slot in s))
+    unknown = slots.map(lambda s: any(slot.source is None for slot in s))
     if not unknown.a and not unknown.b:
         layers = sources.map(lambda s: [layer_number(n) for n in s if n is not None])
         shift = {b - a for a, b in zip(layers.a, layers.b)}

@@ -1,8 +1,9 @@
 """Config differences as causes: the contract keys whose difference can change the first diverging
 tensor (``CAUSES`` in tracediff/diff/contract.py), best first by the error profile they leave
 (a rope difference leaves row 0 untouched and an error growing with position; a norm epsilon an
-error from the first row on), then the differing keys that cannot explain it, as such. Keys whose
-effect is precision only are left to the ``precision`` diagnosis."""
+error from the first row on), then the differing keys that cannot explain it, as such: aux ids and
+their reading where both sides state the same ``aux_sources`` among them. Keys whose effect is
+precision only are left to the ``precision`` diagnosis."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracediff.diff.contract import UNKNOWN, cause_of, is_target_fact
+from tracediff.diff.contract import UNKNOWN, cause_of, is_target_fact, moot
 from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.findings import ConfigBystandersEvidence, ConfigCauseEvidence, Diagnosis
-from tracediff.diff.results import ContractEntry, Profile
+from tracediff.diff.results import ContractDiff, ContractEntry, Profile
 
 GROWS = "grows_with_position"
 FROM_0 = "from_position_0"
@@ -36,13 +37,14 @@ def config_causes(ctx: Context) -> list[Diagnosis]:
         return []
     observed = error_profile(first.profile)
     candidates, bystanders, unknown = [], [], []
-    for entry in comparison.contract.differing:
+    diff = comparison.contract
+    for entry in diff.differing:
         cause = cause_of(entry.key)
         if is_target_fact(entry.key) or cause.effect == "precision":
             continue  # the verdict's and the precision diagnosis's to judge
         if cause is UNKNOWN:
             unknown.append(entry.key)
-        elif cause.changes(entry.key, first.name):
+        elif cause.changes(entry.key, first.name) and not moot(entry.key, diff):
             fits = None if not cause.profile or not observed else cause.profile == observed
             candidates.append(Candidate(entry, cause.effect, fits))
         else:
@@ -57,7 +59,7 @@ def config_causes(ctx: Context) -> list[Diagnosis]:
              for same in by_effect.values()]
     if bystanders or unknown:
         found.append(Diagnosis(
-            "config", _bystanders_text(first.name, bystanders, unknown),
+            "config", _bystanders_text(first.name, bystanders, unknown, diff),
             ConfigBystandersEvidence(first.name, bystanders, unknown), severity="info"))
     return found
 
@@ -78,11 +80,14 @@ def _diagnosis(tensor: str, c: Candidate, observed: str, also: list[str]) -> Dia
     return Diagnosis("config", text, evidence, severity="warning" if c.fits is False else "error")
 
 
-def _bystanders_text(tensor: str, bystanders: list[str], unknown: list[str]) -> str:
+def _bystanders_text(tensor: str, bystanders: list[str], unknown: list[str], diff: ContractDiff) -> str:
+    def why(key: str) -> str:
+        return cause_of(key).effect + (": both sides feed the same states" if moot(key, diff) else "")
+
     parts = []
     if bystanders:
         parts.append(f"contract differences that cannot explain {tensor}: "
-                     + ", ".join(f"{k} ({cause_of(k).effect})" for k in bystanders))
+                     + ", ".join(f"{k} ({why(k)})" for k in bystanders))
     if unknown:
         parts.append("differing keys whose effect tracediff does not know: " + ", ".join(unknown))
     return "; ".join(parts)

@@ -1,6 +1,9 @@
 """Token mismatch: the sides' token sequences differ at some position (another chat template, a
 different prompt). Rows past that position are not aligned; a draft row just before it embeds the
-differing token, so when the first divergence is that row, the differing token is the cause."""
+differing token, so when the first divergence is that row, the differing token is the cause.
+
+Where both sides recorded one text that differs by an edit (``Comparison.text_edit``), the edit is
+the finding itself (an error): the sides were fed other text."""
 
 from __future__ import annotations
 
@@ -17,6 +20,14 @@ def token_mismatch(ctx: Context) -> list[Diagnosis]:
     if m is None:
         return []
     labels = ctx.labels
+    edit = comparison.text_edit
+    if edit is not None:  # the same text on both sides but for an edit: the verdict's own cause
+        evidence = TokenMismatchEvidence(edit.request_a, edit.request_b, edit.position, edit.token_a,
+                                         edit.token_b, requests_differing=edit.requests,
+                                         linked_to_first_divergence=True)
+        said = edit.line((labels.a, labels.b))
+        return [Diagnosis("token_mismatch", f"the sides were fed other text: {said}", evidence,
+                          severity="error")]
     first = comparison.first_divergence
     name = first.name if first is not None else ""
     row = first.first_bad if first is not None and name.startswith("draft.") else None  # a draft row

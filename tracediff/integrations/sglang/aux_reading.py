@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tracediff.eagle3.capture import OUTPUT_OF_LAYER, AuxSpec
-from tracediff.eagle3.conventions import EMBED, labels, sglang_selection
+from tracediff.eagle3.conventions import capture_refusal, labels, layer_of, sglang_selection
 
 
 @dataclass(frozen=True)
@@ -47,19 +47,10 @@ def sglang_aux(ids: Sequence[int], target: TargetShape) -> AuxSpec:
         selection = sglang_selection(target.architecture, list(ids), target.num_layers)
     except LookupError as exc:
         raise ValueError(str(exc)) from None
-    if selection.error is not None:
-        raise ValueError(f"SGLang's {target.architecture} refuses ids {list(ids)} on {target.num_layers} "
-                         f"layers ({selection.error})")
-    if selection.uncaptured:
-        beyond = ", ".join(str(k) for k in selection.uncaptured)
-        raise ValueError(f"SGLang's {target.architecture} captures {len(selection.states)} states for ids "
-                         f"{list(ids)} on {target.num_layers} layers {labels(selection.states)}: "
-                         f"layers_to_capture {list(selection.layers_to_capture)} names boundary {beyond}, "
-                         "which its forward never reaches")
-    if not selection.states:
-        raise ValueError(f"SGLang's {target.architecture} captures nothing for ids {list(ids)}")
+    refusal = capture_refusal(selection)
+    if refusal is not None:
+        raise ValueError(refusal)
     if any(state.endswith(".branch") for state in selection.states):
         raise ValueError(f"SGLang's {target.architecture} feeds layer branch outputs "
                          f"{labels(selection.states)}, which a trace does not record")
-    layers = tuple(-1 if state == EMBED else int(state.rsplit(".", 1)[1]) for state in selection.states)
-    return AuxSpec(layers, convention=OUTPUT_OF_LAYER)
+    return AuxSpec(tuple(layer_of(state) for state in selection.states), convention=OUTPUT_OF_LAYER)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tracediff.eagle3.conventions import READING_KEYS, aux_state_keys, layer_of
 from tracediff.integrations.sglang.contract import draft_contract, server_contract, tp_ranks
 from tracediff.integrations.sglang.guard import (
     SUPPORTED_SGLANG,
@@ -448,22 +449,17 @@ class Installation:
         return values
 
 
-MEASURED = ("aux_slot_states", "aux_capture_layers", "aux_sources", "aux_layer_ids_resolved")
+MEASURED = ("aux_slot_states", "aux_capture_layers", "aux_sources", "aux_layer_ids_resolved", *READING_KEYS)
 
 
 def measured_contract(states: list[str | None]) -> dict[str, Any]:
     """What the aux was measured to hold (``aux_slot_states``); where every slot is a known state,
-    the boundaries that captured and the states in SGLang's reading follow from it
-    (``layers_to_capture`` may name a boundary the forward never reaches: llama's k = L)."""
-    from tracediff.eagle3.capture import OUTPUT_OF_LAYER, AuxSpec
-
+    the boundaries that captured them (``layers_to_capture`` may name one the forward never
+    reaches: llama's k = L) and what follows from the states (``aux_state_keys``)."""
     values: dict[str, Any] = {"aux_slot_states": states}
     if states and all(state is not None for state in states):
-        layers = [-1 if s == "target.embed" else int(str(s).split(".")[2]) for s in states]
-        spec = AuxSpec(tuple(layers), convention=OUTPUT_OF_LAYER, ascending=True).to_dict()
-        del spec["aux_layer_ids"]  # the configured ids stay as the draft config gave them
-        values.update(spec, aux_capture_layers=[i + 1 for i in layers], aux_sources=states,
-                      aux_layer_ids_resolved=sorted(set(layers)))
+        known = [str(state) for state in states]
+        values.update(aux_state_keys(known), aux_capture_layers=[layer_of(s) + 1 for s in known])
     return values
 
 

@@ -268,13 +268,13 @@ def install(recorder: Recorder, eagle3_model: Any, *, sample_ids: Callable[[int,
     for ``target_num_layers``. ``admit(request, tokens)`` decides once per sample whether it is
     recorded (the launcher's --requests / --match-prefix). Raises ``SpecForgeUnsupported`` (one
     line) when this SpecForge lacks an internal the recorder needs. ``target``: the target model
-    the features come from (HF or SGLang): the contract then identifies it, and the ids are read
-    as its family's capture reads them (contract.aux_spec)."""
+    the features come from, which the contract then identifies: SGLang's class (as SpecForge 0.2.0
+    captures: the ids are read as that family's capture reads them) or an HF model (its
+    ``hidden_states[i+1]``: the output of layer i); see contract.read_ids."""
     model = check_supported(eagle3_model)
     identity = target_identity(target) if target is not None else {}
-    stated = identity.get("target_config") or {}
-    layers = target_num_layers or stated.get("num_hidden_layers")
-    aux = aux_spec(model.draft_model.config, aux_layer_ids, layers, stated.get("architecture"))
+    layers = target_num_layers or (identity.get("target_config") or {}).get("num_hidden_layers")
+    aux = aux_spec(model.draft_model.config, aux_layer_ids, layers, target)
     recording = Recording(recorder, model, sample_ids, aux, admit)
     recorder.attach_producer(PRODUCER, ATTACHED)
     if identity:
