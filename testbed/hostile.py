@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -103,6 +102,7 @@ def with_num_steps(source: Path, path: Path, num_steps: int) -> Path:
 
 # the console entry point (.venv/bin/tracediff's) in this interpreter, wherever the package is installed
 ENTRY = (sys.executable, "-c", "from tracediff.entry import main; main()")
+CAPPED = Path(__file__).with_name("capped_exec.py")  # sets the cap, then becomes the program
 SHOWN = 150  # characters of a stderr line kept
 SUITE_ONLY = ("TORCHDYNAMO_DISABLE",)  # tests/conftest.py's, not a user's: a run gets the user's environment
 
@@ -131,33 +131,29 @@ def run_capped(args: list[str], work: Path, limit: float = 60.0, cap: int = 4 <<
                program: Sequence[str] = ENTRY) -> Capped:
     """``tracediff ARGS`` (``program``) as its own process, in a fresh empty $TMPDIR under ``work``,
     killed after ``limit`` seconds, its address space capped at ``cap`` bytes (a run that would take
-    the machine's memory fails instead)."""
+    the machine's memory fails instead); its peak RSS as ``capped_exec.py`` measured it (0 when
+    killed)."""
     tmp = Path(tempfile.mkdtemp(prefix="tmp.", dir=work))
-
-    def capped() -> None:
-        resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
-
+    peak = tmp.parent / f"{tmp.name}.peak"
     env = {**{k: v for k, v in os.environ.items() if k not in SUITE_ONLY}, "TMPDIR": str(tmp),
            "COLUMNS": "200", "PYTHONPATH": os.environ.get("PYTHONPATH", str(REPO))}
     with tempfile.TemporaryFile(dir=work) as err:
         start = time.monotonic()
-        child = subprocess.Popen([*program, *args], stdout=subprocess.DEVNULL, stderr=err,
-                                 stdin=subprocess.DEVNULL, env=env, preexec_fn=capped)
+        child = subprocess.Popen([sys.executable, str(CAPPED), str(cap), str(peak), *program, *args],
+                                 stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL, env=env,
+                                 start_new_session=True)  # its own group: a kill reaches the program too
         code: int | str = "timeout"
-        while True:
-            pid, status, usage = os.wait4(child.pid, os.WNOHANG)
-            if pid:
-                code = os.waitstatus_to_exitcode(status)
-                break
-            if time.monotonic() - start > limit:
-                os.kill(child.pid, signal.SIGKILL)  # the child this run started
-                _, _, usage = os.wait4(child.pid, 0)
-                break
-            time.sleep(0.02)
-        child.returncode = -9 if code == "timeout" else int(code)  # reaped here: Popen must not wait again
+        try:
+            child.wait(timeout=limit)
+            code = child.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(child.pid, signal.SIGKILL)  # the group this run started
+            child.wait()
         seconds = time.monotonic() - start
         err.seek(0)
         lines = err.read().decode("utf-8", "replace").splitlines()
     left = sorted(p.name for p in tmp.iterdir())
     shutil.rmtree(tmp, ignore_errors=True)
-    return Capped(code, round(seconds, 2), round(usage.ru_maxrss / 1024, 1), lines, left)
+    kib = int(peak.read_text()) if peak.exists() else 0
+    peak.unlink(missing_ok=True)
+    return Capped(code, round(seconds, 2), round(kib / 1024, 1), lines, left)

@@ -161,3 +161,51 @@ def test_doctor_leaves_nothing_in_tmpdir(tmp_path) -> None:
     done = run_capped(["doctor", "--draft", str(SAMPLE_DRAFT), "--target", str(TARGET)], tmp_path, limit=90)
     assert done.exit == 1, done.first_line  # the sample draft's known errors
     assert done.tmp_left == []
+
+
+def _rewritten(draft: Path, **tensors) -> None:
+    """model.safetensors with ``tensors`` (name -> tensor) replacing or adding its own."""
+    weights = draft / "model.safetensors"
+    save_file({**load_file(weights), **tensors}, weights)
+
+
+@pytest.mark.parametrize(("key", "kind", "stored"), [
+    ("fc.weight", "int32", "I32"), ("d2t", "float32", "F32"), ("lm_head.weight", "int8", "I8"),
+    ("fc.weight", "bool", "BOOL")])
+def test_a_tensor_stored_in_a_type_it_cannot_be_is_refused(tmp_path, key, kind, stored) -> None:
+    """From an adversarial review: integer weights were read as numbers (a figure at exit 0); a float
+    d2t as offsets. Each is one error line naming the file, the tensor and its type."""
+    import torch
+
+    draft = tmp_path / "draft"
+    shutil.copytree(SAMPLE_DRAFT, draft)
+    _rewritten(draft, **{key: load_file(draft / "model.safetensors")[key].to(getattr(torch, kind))})
+    done = cli("replay", str(SERVING), "--draft", str(draft), *LOADS)
+    one_error_line(done, str(draft / "model.safetensors"), f"{key} is stored as {stored}: expected")
+
+
+@pytest.mark.parametrize(("shift", "outside"), [(10**6, 768), (-5, 3)])
+def test_a_vocab_map_outside_the_targets_vocab_is_refused(tmp_path, shift, outside) -> None:
+    draft = tmp_path / "draft"
+    shutil.copytree(SAMPLE_DRAFT, draft)
+    d2t = load_file(draft / "model.safetensors")["d2t"]
+    _rewritten(draft, d2t=d2t + shift)
+    done = cli("replay", str(SERVING), "--draft", str(draft), *LOADS)
+    line = one_error_line(done, str(draft / "model.safetensors"),
+                          f"d2t maps {outside} draft ids outside the target's vocab [0, 1024): draft id 0 ")
+    assert line.endswith(f"-> {int(d2t[0]) + shift}")
+
+
+def test_an_activation_replay_does_not_compute_is_refused_and_rope_scaling_is_said(tmp_path) -> None:
+    """gelu was computed as silu (the same figure at exit 0); a rope_scaling was left out in silence."""
+    draft = tmp_path / "draft"
+    shutil.copytree(SAMPLE_DRAFT, draft)
+    config_edit(hidden_act="gelu")(draft)
+    refused = cli("replay", str(SERVING), "--draft", str(draft), *LOADS)
+    one_error_line(refused, str(draft / "config.json"), 'hidden_act is "gelu": replay computes the draft')
+    config_edit(hidden_act="silu", rope_scaling={"rope_type": "linear", "factor": 4.0})(draft)
+    done = cli("replay", str(SERVING), "--draft", str(draft), *LOADS, "--json")
+    assert done.returncode == 0, done.stderr
+    said = 'config.json sets rope_scaling {"rope_type": "linear", "factor": 4.0}'
+    notes = json.loads(done.stdout)["engine_notes"]
+    assert f"{said}: replay rotates by rope_theta alone, without it" in notes

@@ -152,7 +152,10 @@ def contract_diff(traces: Pair[Trace]) -> ContractDiff:
 
 
 def _walk(a: dict, b: dict, prefix: str) -> Iterator[tuple[ContractEntry, str]]:
-    """(entry, "a" | "b" | "both") for every key that differs, depth first in sorted key order."""
+    """(entry, "a" | "b" | "both") for every key that differs, depth first in sorted key order. A
+    key stated as null states nothing (a reading that does not apply, a fact not known): it is no
+    difference from any value, and no key a side states."""
+    a, b = ({k: v for k, v in side.items() if v is not None} for side in (a, b))
     for key in sorted(a.keys() | b.keys(), key=str):
         name = f"{prefix}{key}"
         if key not in b:

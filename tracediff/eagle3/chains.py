@@ -25,7 +25,7 @@ def drafted_from(trace: Trace) -> dict[str, set[int]]:
     if not names and trace.speculative_args.get("num_steps") == 1:
         # a one-step server's chains are its verifies (verify.accept_len rows, at each anchor), else
         # the tokens draft_forward returned (draft.token_target: SGLang records them at the anchors)
-        recorded = [n for n in ("verify.accept_len", "draft.token_target") if n in trace.names()]
+        recorded: list[str] = [n for n in ("verify.accept_len", "draft.token_target") if n in trace.names()]
         names, depth = recorded[:1], 0
     for name in names:
         try:

@@ -92,6 +92,40 @@ def weight_shapes(path: str | Path) -> dict[str, tuple[int, ...]]:
         return {canonical_key(key): tuple(f.get_slice(key).get_shape()) for key in f.keys()}
 
 
+def weight_dtypes(path: str | Path) -> dict[str, str]:
+    """Each tensor's dtype in model.safetensors as its header states it ("F32", "I64", "BOOL", ...)."""
+    with _weights(Path(path)) as f:
+        return {canonical_key(key): str(f.get_slice(key).get_dtype()) for key in f.keys()}
+
+
+# what each kind of tensor may be stored as: weights in a float type, d2t in an integer type (offsets),
+# t2d as booleans (or 0/1 integers, as some exporters write them)
+FLOATS = {"F16", "BF16", "F32", "F64"}
+INTEGERS = {"I8", "I16", "I32", "I64", "U8", "U16", "U32", "U64"}
+STORED_AS = {"d2t": INTEGERS, "t2d": {"BOOL"} | INTEGERS}
+
+
+def check_dtypes(path: Path, dtypes: Mapping[str, str], used: Collection[str]) -> None:
+    """``CheckpointError`` for the first tensor the draft uses that is stored in a type it cannot be
+    (an integer weight is no weight: read as numbers it computes garbage, whatever the engine)."""
+    for key in sorted(k for k in dtypes if k in used):
+        allowed = STORED_AS.get(key, FLOATS)
+        if dtypes[key] not in allowed:
+            raise CheckpointError(path / WEIGHTS, f"{key} is stored as {dtypes[key]}: expected "
+                                                  f"{' or '.join(sorted(allowed))}")
+
+
+def check_vocab_map(path: Path, d2t: torch.Tensor, vocab_size: int) -> None:
+    """``CheckpointError`` where d2t (offsets) maps a draft id outside the target's vocab: such a
+    draft drafts ids no target has (doctor's ``d2t_out_of_range`` says the same)."""
+    ids = torch.arange(len(d2t), dtype=torch.int64) + d2t.to(torch.int64)
+    outside = torch.nonzero((ids < 0) | (ids >= vocab_size)).reshape(-1)
+    if len(outside):
+        first = int(outside[0])
+        raise CheckpointError(path / WEIGHTS, f"d2t maps {len(outside)} draft ids outside the target's vocab "
+                                              f"[0, {vocab_size}): draft id {first} -> {int(ids[first])}")
+
+
 def read_weights(path: str | Path, keys: Collection[str] | None = None) -> dict[str, torch.Tensor]:
     """The tensors of model.safetensors (only those of ``keys`` when given), keys normalised to the
     SpecForge export names."""
@@ -207,8 +241,10 @@ def load_draft(path: str | Path, target_embed: torch.Tensor | None = None,
     if missing:
         raise CheckpointError(path / WEIGHTS, f"missing weights: {', '.join(missing)}")
     _check_shapes(path, {key: tuple(want.shape) for key, want in expected.items()}, shapes, set(taken))
+    check_dtypes(path, weight_dtypes(path), set(expected) - set(taken) - set(unit))
     model.load_state_dict(_state(path, expected, taken, unit, head, config), assign=True)
-    model.notes = tuple(notes)
+    check_vocab_map(path, model.d2t, config.vocab_size)
+    model.notes = tuple(notes + config.uncomputed())
     return model.to(dtype).eval()
 
 

@@ -170,6 +170,17 @@ class DraftConfig:
             source=source,
         )
 
+    def uncomputed(self) -> list[str]:
+        """What config.json sets that the draft here does not compute, one note each: a rotary
+        scaling (replay rotates by rope_theta alone), so its figures may differ from an engine that
+        applies it (the self-check says whether they do)."""
+        scaling = self.raw.get("rope_scaling")
+        kind = _object(self.raw, "rope_parameters").get("rope_type") if isinstance(
+            self.raw.get("rope_parameters"), dict) else None
+        said = [f"rope_scaling {json.dumps(scaling)}"] if scaling not in (None, {}) else []
+        said += [f"rope_parameters.rope_type {json.dumps(kind)}"] if kind not in (None, "default") else []
+        return [f"config.json sets {what}: replay rotates by rope_theta alone, without it" for what in said]
+
     @classmethod
     def load(cls, path: str | Path) -> DraftConfig:
         return cls.from_dict(read_json_object(Path(path)), source=str(path))
@@ -187,6 +198,10 @@ class DraftConfig:
                if value is not None and value <= 0]
         out += [f"{key} is {value}: larger than any model's (at most {MAX_SIZE.get(key, MAX_WIDTH)})"
                 for key, value in sizes.items() if value is not None and value > MAX_SIZE.get(key, MAX_WIDTH)]
+        act = self.raw.get("hidden_act", "silu")
+        if act != "silu":  # SGLang 0.5.23 builds its Llama draft MLP for SiLU only (a ValueError else)
+            out.append(f"hidden_act is {json.dumps(act)}: replay computes the draft's MLP with silu only "
+                       f"(SGLang's Llama draft refuses any other)")
         if self.aux_layer_ids is not None and len(self.aux_layer_ids) > 1024:
             out.append(f"{len(self.aux_layer_ids)} aux layer ids: more than any model has layers")
         if out:
