@@ -16,7 +16,7 @@ import tracediff as td  # noqa: E402
 from tests.conftest import cli  # noqa: E402
 from tracediff.integrations.sglang.importer import import_sglang_dump  # noqa: E402
 from tracediff.integrations.specforge.importer import import_specforge_ckpt  # noqa: E402
-from tracediff.report.text import safe  # noqa: E402
+from tracediff.text import safe  # noqa: E402
 
 # Names that act on a terminal when printed raw: clear the screen and set its title (ESC, BEL), a C1
 # CSI, DEL, a newline (a forged second line). (A name that is not UTF-8, a lone surrogate in Python,

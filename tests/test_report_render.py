@@ -47,7 +47,7 @@ def test_trace_text_cannot_break_the_markdown(tmp_path) -> None:
 
 
 def test_trace_text_in_markdown_prose_never_mentions_anyone(tmp_path) -> None:
-    from tracediff.report.text import md
+    from tracediff.text import md
 
     assert md("ask @octocat") == "ask @\u2060octocat"  # renders as "@octocat", links to nobody
     x = np.random.default_rng(0).standard_normal((3, 8)).astype(np.float32)

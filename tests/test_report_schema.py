@@ -9,8 +9,8 @@ import typing
 from tests.conftest import REPO
 from tracediff.diff import findings, results
 from tracediff.diff.findings import VARIANTS, Diagnosis, evidence_table
-from tracediff.diff.jsonio import from_plain, to_plain
 from tracediff.eagle3.acceptance import Acceptance
+from tracediff.jsonio import from_plain, to_plain
 from tracediff.trace.completeness import Gap, GapKind
 
 DOC = (REPO / "docs" / "REPORT.md").read_text()

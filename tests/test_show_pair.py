@@ -11,9 +11,9 @@ import pytest
 
 import tracediff as td
 from tests.conftest import REPO, cli
-from tracediff.diff.jsonio import to_plain
 from tracediff.diff.rowview import row_view
 from tracediff.errors import InputError
+from tracediff.jsonio import to_plain
 
 SAMPLE = REPO / "traces" / "eagle3"
 TRAINING, BUG = SAMPLE / "training.h5", SAMPLE / "serving_aux_bug.h5"

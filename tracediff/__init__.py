@@ -9,7 +9,7 @@ import logging
 
 from tracediff.errors import InputError, TraceError
 from tracediff.lazy import lazy
-from tracediff.report.text import DataOnly
+from tracediff.text import DataOnly
 from tracediff.version import __version__
 
 # the subpackage first, then its name unbound: ``tracediff.record`` is the function (``__getattr__``)

@@ -18,7 +18,7 @@ from rich.text import Text
 from tracediff.errors import InputError, did_you_mean
 from tracediff.integrations.producer import Importer
 from tracediff.integrations.registry import PRODUCERS
-from tracediff.report.text import safe
+from tracediff.text import safe
 
 AUX_READERS = {p.name: p.reads_aux for p in PRODUCERS if p.reads_aux}  # replay --aux-convention NAME
 
@@ -96,7 +96,7 @@ def force_option(what: str = "the output") -> Any:
 
 def wrote(paths: Any) -> Text:
     """``wrote A, B``: the file names as data (no markup, control characters as escapes)."""
-    from tracediff.report.text import safe
+    from tracediff.text import safe
 
     return Text(f"wrote {', '.join(safe(p) for p in paths)}")
 
@@ -177,8 +177,8 @@ def show_pair(a: Path, b: Path, name: str | None, name_b: str | None, request: s
               request_b: str | None, position: int | None, depth: int | None, step: int | None,
               step_b: int | None, top: int | None, as_json: bool) -> None:
     """``show A B --name X``: the row on both sides (``row_view``), rendered or as JSON."""
-    from tracediff.diff.jsonio import to_plain
     from tracediff.diff.rowview import row_view
+    from tracediff.jsonio import to_plain
     from tracediff.report.show import render_row_view
 
     if name is None:
@@ -246,7 +246,7 @@ def slice_command(
     """Write a smaller, valid trace: the records and rows a selection keeps, with the run metadata,
     contract, static records of the kept names and the kept requests' whole token sequences. Names
     and requests the trace does not hold are named in a note."""
-    from tracediff.report.text import safe
+    from tracediff.text import safe
     from tracediff.trace.slice import Selection, parse_list, parse_spans, slice_trace
 
     spans = {}
@@ -308,7 +308,7 @@ def bundle_command(
     a budget too small for the smallest bundle (the error says how many bytes it takes)."""
     from tracediff.bundle.budget import human, parse_size
     from tracediff.bundle.build import make_bundle
-    from tracediff.report.text import safe
+    from tracediff.text import safe
 
     try:
         size = parse_size(budget)
@@ -627,7 +627,7 @@ def compare(
 
         guarded(html, lambda: write_html(report, html, force=force))
     from tracediff.report.compare import render, to_markdown
-    from tracediff.report.text import safe
+    from tracediff.text import safe
 
     emit(as_json, markdown, report.to_json, lambda: to_markdown(report), lambda: render(console, report))
     if report.verdict == "incomparable":
@@ -720,7 +720,7 @@ def record_command(
     results = []
     guarded(out, lambda: results.append(run_launch(config, argv, PRODUCERS, force=force)))
     result = results[0]
-    from tracediff.report.text import safe
+    from tracediff.text import safe
 
     for f in result.files:
         state = "" if f.closed else (" (not closed: its process was killed, ended with os._exit, or its "

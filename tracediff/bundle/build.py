@@ -32,11 +32,11 @@ from tracediff.bundle.stats import trace_stats
 from tracediff.bundle.trim import Attached, attach, levels
 from tracediff.bundle.verify import Difference, Verification, differences
 from tracediff.diff.api import compare
-from tracediff.diff.jsonio import to_plain
 from tracediff.diff.results import Report
 from tracediff.diff.verdict import MIN_COVERAGE
 from tracediff.eagle3.explanation import Explanation
 from tracediff.errors import InputError
+from tracediff.jsonio import to_plain
 from tracediff.trace.output import check_output, staged_directory, staged_output
 from tracediff.trace.reader import Trace, detect_format, open_trace
 from tracediff.trace.slice import Selection, planned_bytes, slice_trace

@@ -25,7 +25,7 @@ from tracediff.bundle.verify import short_depths, short_tensors
 from tracediff.diff.results import Report
 from tracediff.eagle3.explanation import Explanation
 from tracediff.report.compare import cell, to_markdown, where
-from tracediff.report.text import code, md, safe
+from tracediff.text import code, md, safe
 from tracediff.trace.slice import SlicePart
 
 ENVIRONMENT = ("source", "target model", "torch", "transformers", "sglang", "specforge", "tracediff",

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tracediff.diff.findings import Diagnosis
-from tracediff.diff.jsonio import dumps, loads_versioned
 from tracediff.eagle3.acceptance import Acceptance
+from tracediff.jsonio import dumps, loads_versioned
 from tracediff.trace.completeness import Gap
 
 REPORT_VERSION = 7  # 7: acceptance.chains_unscored, text_edit

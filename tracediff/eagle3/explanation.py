@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from tracediff.diff.jsonio import dumps, loads_versioned
+from tracediff.jsonio import dumps, loads_versioned
 
 EXPLANATION_VERSION = 3  # 2: recorded_logits_max_diff, unpaired by reason, rows_left; 3: chains_unscored
 Side = Literal["a", "b"]

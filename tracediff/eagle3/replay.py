@@ -16,7 +16,6 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from tracediff.diff.jsonio import to_plain
 from tracediff.eagle3.canonical import RowLogger
 from tracediff.eagle3.capture import AuxSpec
 from tracediff.eagle3.chains import drafted_from, leading_hits, tree_shape
@@ -27,6 +26,7 @@ from tracediff.eagle3.readings import READINGS, EngineChoice, differences
 from tracediff.eagle3.selfcheck import RecordedChains, SelfCheck
 from tracediff.errors import InputError
 from tracediff.integrations.draft_summary import draft_config_summary
+from tracediff.jsonio import to_plain
 from tracediff.record.recorder import Recorder
 from tracediff.trace.dtypes import decode
 from tracediff.trace.reader import RowKeys, TensorRows, Trace
@@ -189,7 +189,7 @@ class ReplayReport:
     server_num_steps: int | None = None  # the chain the server drafted (its speculative num_steps), if stated
 
     def to_dict(self) -> dict:
-        """Strict JSON as every report of tracediff writes it (``diff/jsonio.py``): an accuracy over 0
+        """Strict JSON as every report of tracediff writes it (``jsonio.py``): an accuracy over 0
         rows is the string "NaN"."""
         return to_plain(self)
 

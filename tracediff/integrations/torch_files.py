@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import IO, Any, ParamSpec, TypeVar
 
 from tracediff.errors import InputError
-from tracediff.report.text import safe
+from tracediff.text import safe
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -23,7 +23,7 @@ R = TypeVar("R")
 
 def names_as_data(run: Callable[P, R]) -> Callable[P, R]:
     """``run`` with the file and the problem of any ``InputError`` it raises shown as data
-    (``report.text.safe``): a dump file named with terminal escapes, C1 controls or a lone surrogate
+    (``tracediff.text.safe``): a dump file named with terminal escapes, C1 controls or a lone surrogate
     prints them as escapes in the error line, and never clears or retitles the user's terminal."""
 
     @functools.wraps(run)

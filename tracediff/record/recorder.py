@@ -410,7 +410,7 @@ class Recorder(QueueAccounting, WriterThread):
         if not (self.host and self.say_gaps):
             return
         try:
-            from tracediff.report.text import safe
+            from tracediff.text import safe
             from tracediff.trace.completeness import completeness, summary
 
             with self._cv:  # the trace as its writer closed it (calls racing the close came later)

@@ -27,7 +27,7 @@ from tracediff.diff.results import (
     side_labels,
 )
 from tracediff.eagle3.chains import UNSCORED
-from tracediff.report.text import code, md, safe
+from tracediff.text import code, md, safe
 
 SHOWN = ("max_rel", "cosine", "argmax_agree", "kl", "equal")
 NO_EXPLANATION = "no known explanation holds"

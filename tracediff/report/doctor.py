@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tracediff.eagle3.vocab import Finding
-from tracediff.report.text import safe
+from tracediff.text import safe
 
 STYLE = {"error": "bold red", "warning": "yellow", "info": "dim"}
 

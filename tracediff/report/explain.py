@@ -12,7 +12,7 @@ from rich.text import Text
 
 from tracediff.eagle3.chains import UNSCORED
 from tracediff.eagle3.explanation import GROUP_NAMES, Explanation
-from tracediff.report.text import safe
+from tracediff.text import safe
 
 
 def accuracy_text(values: Sequence[float]) -> str:

@@ -8,7 +8,7 @@ from rich.text import Text
 
 from tracediff.eagle3.chains import UNSCORED
 from tracediff.eagle3.replay import RECORDED, ReplayReport
-from tracediff.report.text import safe
+from tracediff.text import safe
 
 
 def render_replay(console: Console, report: ReplayReport) -> None:

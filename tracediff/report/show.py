@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tracediff.report.text import safe
+from tracediff.text import safe
 from tracediff.trace.summary import TensorStats, TraceSummary
 
 if TYPE_CHECKING:  # show itself never loads compare's modules; a row view (--step) brings its own

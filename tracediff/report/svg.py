@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 from tracediff.diff.results import FirstDivergence, Report
-from tracediff.report.text import safe
+from tracediff.text import safe
 
 LOG_LOW, LOG_PASS_HIGH, LOG_FAIL_LOW = -8.0, 0.0, -4.0  # log10 rel_l2 bounds of the two ramps
 PASS_RAMP = ((0xEE, 0xF6, 0xF3), (0x3E, 0x9C, 0x88))  # within tolerance: pale to teal

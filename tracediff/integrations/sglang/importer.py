@@ -42,7 +42,7 @@ from tracediff.integrations.importing import RECORDER_OPTIONS, check_written
 from tracediff.integrations.torch_files import load_tensors, names_as_data
 from tracediff.record.host import tag_of_tensor
 from tracediff.record.recorder import Recorder
-from tracediff.report.text import safe
+from tracediff.text import safe
 from tracediff.trace.output import check_outputs, staged_outputs
 from tracediff.trace.storage import unwritable_suffix
 

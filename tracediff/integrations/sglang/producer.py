@@ -55,7 +55,7 @@ def import_dump(
 ) -> list[str]:
     """SGLang's own dumper files into a serving trace (loaded with torch.load(weights_only=True))."""
     from tracediff.integrations.sglang.importer import import_sglang_dump
-    from tracediff.report.text import safe
+    from tracediff.text import safe
 
     result = import_sglang_dump(source, out, force=force)
     lines = [f"wrote {', '.join(map(safe, result.paths))}: {result.records} records from {result.files} "

@@ -21,7 +21,7 @@ from tracediff.errors import InputError
 from tracediff.integrations.importing import RECORDER_OPTIONS, check_written
 from tracediff.integrations.torch_files import load_tensors, names_as_data, refusal
 from tracediff.record.recorder import Recorder
-from tracediff.report.text import safe
+from tracediff.text import safe
 from tracediff.trace.output import check_output, staged_output
 from tracediff.trace.storage import unwritable_suffix
 

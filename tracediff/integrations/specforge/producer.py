@@ -44,7 +44,7 @@ def import_features(
 ) -> list[str]:
     """SpecForge's offline hidden states into a training trace (loaded with torch.load(weights_only=True))."""
     from tracediff.integrations.specforge.importer import ids, import_specforge_ckpt
-    from tracediff.report.text import safe
+    from tracediff.text import safe
 
     try:
         layers = ids(aux_layer_ids) if aux_layer_ids is not None else None
