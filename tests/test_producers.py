@@ -43,7 +43,7 @@ TOY = Producer(name="toy", plugin=__name__, claims=lambda config, command: "toy-
 
 
 def test_every_producer_folder_is_one_registry_line() -> None:
-    assert FOLDERS == ["sglang", "specforge", "torch_watch"]
+    assert FOLDERS == ["sglang", "specforge", "torch_watch", "vllm"]
     for folder in FOLDERS:
         producer = importlib.import_module(f"tracediff.integrations.{folder}.producer").PRODUCER
         assert producer in PRODUCERS and producer.plugin.startswith(f"tracediff.integrations.{folder}.")

@@ -717,6 +717,9 @@ def record_command(
                           exclude=tuple(exclude), every=every, requests=requests, match_prefix=prefix,
                           eager_only=eager_only, queue_bytes=queue, on_full=on_full)
     config = replace(config, plugins=plugins_for(config, argv, plugin, PRODUCERS))
+    for producer in PRODUCERS:
+        if producer.plugin in config.plugins and (note := producer.advise(config, argv)):
+            print(f"tracediff: note: {note}", file=sys.stderr)
     results = []
     guarded(out, lambda: results.append(run_launch(config, argv, PRODUCERS, force=force)))
     result = results[0]

@@ -13,7 +13,7 @@ from tracediff.eagle3.acceptance import Acceptance
 from tracediff.jsonio import dumps, loads_versioned
 from tracediff.trace.completeness import Gap
 
-REPORT_VERSION = 7  # 7: acceptance.chains_unscored, text_edit
+REPORT_VERSION = 8  # 7: acceptance.chains_unscored, text_edit; 8: acceptance.server_verifies/accept_len
 
 Verdict = Literal["match", "diverged", "incomplete", "incomparable"]
 EXIT_CODES: dict[str, int] = {"match": 0, "diverged": 1, "incomparable": 2, "incomplete": 3}

@@ -31,6 +31,11 @@ class Acceptance:
     chains: int  # scored: every depth has a recorded target token
     scored_on: str  # "the server's chains" or "every row"
     chains_unscored: int  # the others: some depth has no recorded target token (past the text's end)
+    # the server's own verifies, where it recorded every outcome (``verify.accept_len``): 1 + accepted /
+    # verifies, the figure its own counters give (vLLM's /metrics); it also counts the verifies of
+    # chains reaching past the text, which the figure above cannot score
+    server_verifies: int = 0
+    server_accept_len: float | None = None
 
 
 def recorded_acceptance(trace: Trace) -> Acceptance | None:
@@ -69,6 +74,8 @@ def recorded_acceptance(trace: Trace) -> Acceptance | None:
             valid[key][d] = True
     if not hits:
         return None
+    verified = trace.rows("verify.accept_len").numpy().reshape(-1) if "verify.accept_len" in names \
+        else np.zeros(0)
     h, ok = np.stack(list(hits.values())), np.stack(list(valid.values()))
     rows = ok.sum(axis=0)
     if not rows.any():
@@ -80,4 +87,5 @@ def recorded_acceptance(trace: Trace) -> Acceptance | None:
                       depth_rows=rows.tolist(),
                       expected_accept_len=1 + float(scored.mean()) if len(scored) else math.nan,
                       chains=len(scored), scored_on="the server's chains" if anchors else "every row",
-                      chains_unscored=len(lead) - len(scored))
+                      chains_unscored=len(lead) - len(scored), server_verifies=len(verified),
+                      server_accept_len=1 + float(verified.mean()) if len(verified) else None)

@@ -39,6 +39,7 @@ class Producer:
     claims: Callable[[LaunchConfig, Sequence[str]], bool]  # whether its plugin is needed for this run
     refuse: Callable[[LaunchConfig, Sequence[str]], str | None] = never  # why the run would be pointless
     silent_hint: str | None = None  # a likely cause when a run with its plugin wrote no file
+    advise: Callable[[LaunchConfig, Sequence[str]], str | None] = never  # a note printed at start
     importers: tuple[Importer, ...] = ()
     # replay --aux-convention NAME: (contract, target config or None, a draft's aux ids) -> the AuxSpec
     # this producer feeds for those ids on that target; None when neither names the target's family

@@ -10,11 +10,13 @@ from tracediff.integrations.producer import Producer
 from tracediff.integrations.sglang.producer import PRODUCER as SGLANG
 from tracediff.integrations.specforge.producer import PRODUCER as SPECFORGE
 from tracediff.integrations.torch_watch.producer import PRODUCER as TORCH_WATCH
+from tracediff.integrations.vllm.producer import PRODUCER as VLLM
 
 PRODUCERS: tuple[Producer, ...] = (
     TORCH_WATCH,
     SGLANG,
     SPECFORGE,
+    VLLM,
 )
 
 __all__ = ["PRODUCERS"]

@@ -262,12 +262,15 @@ def acceptance_lines(report: Report) -> list[str]:
             over = f"{acc.chains} rows" if acc.scored_on == "every row" else \
                 f"{acc.chains} of the server's chains"
             over += f"; {acc.chains_unscored} more unscored: {UNSCORED}" if acc.chains_unscored else ""
+            server = "" if acc.server_accept_len is None else \
+                f"; the server's own verifies accepted {acc.server_accept_len:.4f} ({acc.server_verifies} " \
+                "verifies)"
             if acc.chains:
                 out.append(f"{side}'s recorded drafts would be accepted {acc.expected_accept_len:.2f} tokens "
-                           f"per verify (over {over}; accuracy per depth {per_depth})")
+                           f"per verify (over {over}; accuracy per depth {per_depth}){server}")
             else:  # never a figure over no chain
                 out.append(f"{side}'s recorded drafts: no chain scorable (over {over}; accuracy per depth "
-                           f"{per_depth})")
+                           f"{per_depth}){server}")
     return out
 
 

@@ -6,7 +6,7 @@ scheduler side calls ``batch_context(reqs)`` once per batch so that every row is
 called by the launcher plugin's scheduler patch and by the CPU harness (testbed/sglang_cpu.py).
 
 Modules: ``guard`` (the version guard), ``keys`` (row keys), ``models`` (where each family keeps what
-is read), ``hooks`` (the hooks ``install`` attaches), ``probe`` (what each aux slot holds), ``contract``
+is read), ``hooks`` (the hooks ``install`` attaches; ``..slot_probe``: what each aux slot holds), ``contract``
 (what the trace states about the run), ``plugin`` (the launcher's start-up plugin), ``importer``
 (``tracediff import sglang-dump``), ``producer`` (what the launcher and the CLI know of SGLang).
 
@@ -27,7 +27,7 @@ Where each tensor comes from (SGLang 0.5.23):
 - ``target.aux``: ``LogitsProcessorOutput.hidden_states`` of the target (what the draft is handed).
   The contract states the boundaries SGLang resolved (``layers_to_capture``, or the per-layer flags
   where the family sets them: ``aux_capture_layers``) and what each slot was measured to hold at the
-  first forward (``aux_slot_states``, probe.py): a layer's branch output is named as such.
+  first forward (``aux_slot_states``, ..slot_probe.py): a layer's branch output is named as such.
 - draft depth 0 (draft extend) and depth d >= 1 (``EagleDraftWorker.draft_forward``, topk = 1): a
   depth-0 row at position t is fed x[t+1] and keyed (rid, t, x[t]); chain rows carry the key of the
   request's last depth-0 row (its anchor); ``draft.input_ids`` holds what was fed.

@@ -21,7 +21,7 @@ from tracediff.integrations.sglang.guard import (
 )
 from tracediff.integrations.sglang.keys import IDLE_BATCHES, Request, Rows, reference
 from tracediff.integrations.sglang.models import BOUNDARY, TargetLayout, target_layout
-from tracediff.integrations.sglang.probe import SlotProbe
+from tracediff.integrations.slot_probe import SlotProbe
 from tracediff.integrations.target_summary import target_identity
 from tracediff.record.host import is_torch_tensor
 from tracediff.record.launch import RequestGate

@@ -1,4 +1,4 @@
-"""What each slot of SGLang's packed aux really holds, measured once in the serving process.
+"""What each slot of an engine's packed aux really holds, measured once in the serving process (SGLang, vLLM).
 
 While a capture is pending, the hooks keep the last row of every target state of one forward (the
 stream entering each layer, each layer's branch output); the aux's last row, cut into slots of the
