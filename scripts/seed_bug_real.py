@@ -23,7 +23,6 @@ with SGLang's ids: it believes it trains on layers [1, 3, 5] and feeds the outpu
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -34,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # testbed/ and tra
 
 import tracediff as td  # noqa: E402
 from testbed import sglang_cpu  # noqa: E402
-from testbed.sglang_cpu import CpuServer, Features, tiny_checkpoint  # noqa: E402
+from testbed.sglang_cpu import CpuServer, tiny_checkpoint  # noqa: E402
+from testbed.specforge_step import train_step  # noqa: E402
 from tracediff.diff.results import Report  # noqa: E402
 
 PROMPTS = [[5, 17, 42, 99, 3, 250, 7, 301, 12], [60, 61, 9, 400, 33, 8, 150]]
@@ -72,41 +72,12 @@ def serve(workdir: Path, case: Case, out: Path) -> list[list[int]]:
     return [prompt + output for prompt, output in zip(PROMPTS, served)]
 
 
-def capture(workdir: Path, case: Case, texts: Sequence[Sequence[int]], rec: td.Recorder) -> list[Features]:
-    """Training features from SGLang's real target code, as SpecForge's capture backend gets them."""
-    target_dir, target_weights, _, _ = tiny_checkpoint(workdir, aux_ids=case.training_ids)
-    server = CpuServer(target_dir, target_weights, recorder=rec)
-    try:
-        return server.capture([list(text) for text in texts], case.captured_ids)
-    finally:
-        server.close()
-
-
 def train(workdir: Path, case: Case, texts: Sequence[Sequence[int]], out: Path) -> dict:
     """Capture, then one real SpecForge training step on the features; returns SpecForge's metrics."""
-    import torch
-    from specforge.algorithms.eagle3.model import OnlineEagle3Model
-
-    from testbed.specforge_cpu import CpuTrainer, build_draft, collate
-    from tracediff.integrations import specforge
-
-    # The capture pass's own logits (its LogitsProcessor's last row) are not training data: SpecForge
-    # keeps the hidden states and computes the target's tokens itself (recorded as target.token).
-    with td.record(out, source="training", exclude=["target.logits"]) as rec:
-        features = capture(workdir, case, texts, rec)
-        _, target_weights, draft_dir, draft_weights = tiny_checkpoint(workdir, aux_ids=case.training_ids)
-        config = json.loads((Path(draft_dir) / "config.json").read_text())
-        embed = target_weights["model.embed_tokens.weight"]
-        draft = build_draft(config, weights={**draft_weights, "embed_tokens.weight": embed})
-        model = OnlineEagle3Model(draft, length=TTT_LENGTH)
-        samples = [{"input_ids": torch.tensor(f.input_ids), "loss_mask": torch.ones(len(f.input_ids),
-                                                                                     dtype=torch.long),
-                    "aux_hidden_state": f.aux[None], "hidden_state": f.last_hidden[None]} for f in features]
-        batch = collate(samples, sample_ids=[f"sample{i}" for i in range(len(samples))])
-        handle = specforge.install(rec, model, aux_layer_ids=case.training_ids)
-        metrics = CpuTrainer(model, target_weights["lm_head.weight"]).step(batch)
-        handle.remove()
-    return metrics
+    target_dir, target_weights, draft_dir, draft_weights = tiny_checkpoint(workdir, aux_ids=case.training_ids)
+    return train_step(texts, target_dir, target_weights, draft_dir, draft_weights,
+                      training_ids=case.training_ids, captured_ids=case.captured_ids,
+                      out=out, length=TTT_LENGTH)
 
 
 def run_case(case: Case, out_dir: Path) -> Report:

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import cli
-from tracediff.integrations.sglang.aux_reading import TargetShape, sglang_aux, target_shape
+from tracediff.integrations.sglang.aux_reading import sglang_aux
+from tracediff.integrations.target_summary import TargetShape, target_shape
 
 SAMPLES = Path(__file__).resolve().parents[1] / "traces" / "eagle3"
 

@@ -208,7 +208,7 @@ def test_docs_replay_names_every_field_of_the_json() -> None:
 
 @pytest.mark.parametrize(("extra", "said"), [
     (("--d2t", "ids"), "error: --d2t: unknown d2t reading 'ids': offset or direct"),
-    (("--engine", "vllm"), "error: --engine: unknown engine 'vllm': one of sglang, specforge"),
+    (("--engine", "trtllm"), "error: --engine: unknown engine 'trtllm': one of sglang, specforge, vllm"),
     (("--aux", "embed,1,99"), "the trace holds no target.layer.99 (the fc input --aux rebuilds needs them)"),
 ])
 def test_bad_options_are_one_error_line(extra, said) -> None:

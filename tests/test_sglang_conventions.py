@@ -168,6 +168,10 @@ def test_integrations_doc_has_the_family_table() -> None:
         "tracediff.eagle3.conventions.family_table()")
     for family in cv.TESTED_HERE:
         assert f"| {family} | yes" in table.group(1)
+    engines = re.search(r"<!-- engine-table[^>]*-->\n(.*?)<!-- /engine-table -->", doc, re.S)
+    assert engines is not None and engines.group(1).strip() == cv.engine_table(), (
+        "docs/INTEGRATIONS.md's engine table (SGLang, vLLM, SpecForge, HF readers by family) is stale; paste "
+        "tracediff.eagle3.conventions.engine_table()")
 
 
 def test_tested_here_names_exactly_the_families_the_test_bed_runs() -> None:

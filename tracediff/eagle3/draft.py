@@ -3,8 +3,8 @@
 One midlayer: ``cat([input_layernorm(embed), hidden_norm(h)])`` -> attention (+ residual h) ->
 post_attention_layernorm -> MLP (+ residual); ``norm`` -> ``lm_head`` gives draft logits, and the
 pre-norm output is the hidden fed to the next depth. fc runs at depth 0 only. Where engines read
-the config differently (``norm_output``, ``norm_before_fc``, RoPE: tracediff/eagle3/readings.py),
-the draft computes as its ``Numerics`` say.
+the config differently (``norm_output``, ``norm_before_fc``, ``norm_before_residual``, RoPE:
+tracediff/eagle3/readings.py), the draft computes as its ``Numerics`` say.
 
 Attention at depth d follows SpecForge's TTT: a query at row t sees the depth-0 keys of rows
 <= t (causal) plus the keys of its own row at depths 1..d (its draft chain), with RoPE at
@@ -130,9 +130,10 @@ class MLP(nn.Module):
 
 
 class MidLayer(nn.Module):
-    def __init__(self, config: DraftConfig, theta: float) -> None:
+    def __init__(self, config: DraftConfig, theta: float, norm_before_residual: bool = False) -> None:
         super().__init__()
         eps = config.rms_norm_eps
+        self.norm_before_residual = norm_before_residual  # vLLM: the attention's residual is hidden_norm(h)
         self.hidden_norm = RMSNorm(config.hidden_size, eps)
         self.input_layernorm = RMSNorm(config.hidden_size, eps)
         self.self_attn = Attention(config, theta)
@@ -141,8 +142,10 @@ class MidLayer(nn.Module):
 
     def forward(self, embed: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, cache: DraftKV,
                 depth: int, visible: torch.Tensor) -> torch.Tensor:
-        x = torch.cat([self.input_layernorm(embed), self.hidden_norm(hidden)], dim=-1)
-        hidden = hidden + self.self_attn(x, positions, cache, depth, visible)
+        normed = self.hidden_norm(hidden)
+        x = torch.cat([self.input_layernorm(embed), normed], dim=-1)
+        residual = normed if self.norm_before_residual else hidden
+        hidden = residual + self.self_attn(x, positions, cache, depth, visible)
         return hidden + self.mlp(self.post_attention_layernorm(hidden))
 
 
@@ -179,7 +182,7 @@ class Eagle3Draft(nn.Module):
         self.fc_norm = nn.ModuleList(RMSNorm(config.target_hidden, config.rms_norm_eps) for _ in range(k)) \
             if config.fc_norm or self.numerics.fc_norm else None
         self.fc = nn.Linear(k * config.target_hidden, h, bias=False)
-        self.midlayer = MidLayer(config, self.numerics.rope_theta)
+        self.midlayer = MidLayer(config, self.numerics.rope_theta, self.numerics.norm_before_residual)
         self.norm = RMSNorm(h, config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab, dtype=torch.int64))

@@ -22,6 +22,25 @@ draft classes on the same weights):
   whole lm_head when the config names no ``draft_vocab_size``; SpecForge always uses the
   checkpoint's (``draft_vocab_size`` defaults to the vocab size).
 - ``d2t``: offsets in both (``target = draft + d2t[draft]``; SGLang's ``hot_token_id``).
+
+vLLM 0.32 (``vllm/model_executor/models/llama_eagle3.py``, ``v1/spec_decode/llm_base_proposer.py``;
+kept true by a test that runs vLLM's own engine on the same weights):
+
+- ``norm_output`` as SGLang: absent means false; logits always from the final norm (the proposer
+  samples ``compute_logits`` of the normed state); true hands the normed state to the next depth.
+- ``norm_before_residual`` (only vLLM reads it): true feeds the attention's residual the normed
+  hidden state (``hidden_norm(h)``) instead of ``h``. A plain config without the key is false; a
+  speculators-format config (``speculators_model_type: eagle3``) defaults it to true
+  (``vllm/transformers_utils/configs/speculators/algos.py``; ``speculators_config`` flattens one).
+- ``norm_before_fc`` (``eagle_config`` first, then top level) and ``fc_norm`` (top level; not
+  ``use_aux_norm``): both applied in ``combine_hidden_states``.
+- RoPE: the config's ``rope_parameters`` (transformers 5), as the other two.
+- Embedding: the checkpoint's ``embed_tokens`` when it has one (shared with the target only where
+  it is bit for bit the target's); without one, the target's.
+- lm_head: the checkpoint's, sized ``draft_vocab_size`` (absent: the vocab size); the target's only
+  when the checkpoint has none. ``tie_word_embeddings`` is not read.
+- ``d2t``: offsets (``compute_logits`` scatters the draft logits to ``arange + d2t`` and leaves the
+  rest of the target vocab at -inf); ``t2d`` is not read.
 """
 
 from __future__ import annotations
@@ -35,6 +54,8 @@ from tracediff.eagle3.vocab import OFFSET
 
 SGLANG = "sglang"
 SPECFORGE = "specforge"
+VLLM = "vllm"
+NAMES = {SGLANG: "SGLang", SPECFORGE: "SpecForge", VLLM: "vLLM"}
 DRAFT, TARGET, EMBEDDING = "draft", "target", "embedding"  # where an embedding / lm_head comes from
 
 
@@ -52,10 +73,11 @@ class Reading:
     embeds_with_target: bool  # the target's embedding when the hidden sizes agree
     lm_head_from_target_without_draft_vocab: bool
     ties_lm_head_to_embedding: bool  # honours tie_word_embeddings
+    reads_norm_before_residual: bool = False  # vLLM: the config's norm_before_residual (absent: false)
 
     @property
     def label(self) -> str:
-        return f"{'SGLang' if self.engine == SGLANG else 'SpecForge'} {self.version}"
+        return f"{NAMES[self.engine]} {self.version}"
 
     def numerics(self, config: DraftConfig) -> Numerics:
         raw = config.raw
@@ -74,6 +96,8 @@ class Reading:
             embedding=TARGET if self.embeds_with_target and shares_embedding else DRAFT,
             lm_head=head,
             d2t_reading=OFFSET,
+            norm_before_residual=self.reads_norm_before_residual and bool(raw.get("norm_before_residual",
+                                                                                 False)),
         )
 
 
@@ -88,12 +112,14 @@ class Numerics(NamedTuple):
     embedding: str  # DRAFT (the checkpoint's, else the target's) or TARGET (the target's when given)
     lm_head: str  # DRAFT, TARGET (the target's whole lm_head) or EMBEDDING (tied)
     d2t_reading: str
+    norm_before_residual: bool = False  # the attention's residual is hidden_norm(h), not h
 
     @property
     def forward(self) -> tuple:
         """What the draft's forward computes differently (embedding and lm_head are weights the loader
         places; d2t is the vocab map's)."""
-        return self.next_hidden_normed, self.logits_normed, self.norm_before_fc, self.fc_norm, self.rope_theta
+        return (self.next_hidden_normed, self.logits_normed, self.norm_before_fc, self.fc_norm,
+                self.rope_theta, self.norm_before_residual)
 
 
 READINGS: dict[str, Reading] = {
@@ -106,6 +132,11 @@ READINGS: dict[str, Reading] = {
                        norm_output_false_skips_logits_norm=True, reads_norm_before_fc=False,
                        fc_norm_keys=("fc_norm",), embeds_with_target=False,
                        lm_head_from_target_without_draft_vocab=False, ties_lm_head_to_embedding=False),
+    VLLM: Reading(VLLM, "0.32", norm_output_default=False, norm_output_true_normalises_next_hidden=True,
+                  norm_output_false_skips_logits_norm=False, reads_norm_before_fc=True,
+                  fc_norm_keys=("fc_norm",), embeds_with_target=False,
+                  lm_head_from_target_without_draft_vocab=False, ties_lm_head_to_embedding=False,
+                  reads_norm_before_residual=True),
 }
 
 # What each Numerics value means, in words (``differences`` quotes them).
@@ -121,6 +152,8 @@ PHRASES: dict[str, dict[object, str]] = {
                   DRAFT: "embeds with the checkpoint's embedding"},
     "lm_head": {DRAFT: "uses the checkpoint's lm_head", TARGET: "uses the target's whole lm_head",
                 EMBEDDING: "ties lm_head to the embedding"},
+    "norm_before_residual": {True: "adds the attention output to the normed hidden state (hidden_norm)",
+                             False: "adds the attention output to the un-normed hidden state"},
 }
 # What to do when the engines part on a config key: make the config say one computation.
 FIXES = {
@@ -135,15 +168,17 @@ FIXES = {
     "draft_vocab_size": "set draft_vocab_size in config.json (SGLang then uses the checkpoint's lm_head)",
     "tie_word_embeddings": "set tie_word_embeddings false (SGLang ties lm_head to the embedding; SpecForge "
                            "trains the checkpoint's lm_head)",
+    "norm_before_residual": "only vLLM reads norm_before_residual (a speculators-format config defaults it "
+                            "to true): keep it only for a draft trained that way, and serve it on vLLM",
 }
 # The config keys the readings read (a side's stated draft config must agree on them for a
 # difference of engines, not of configs, to be the cause).
 READ_KEYS = ("norm_output", "norm_before_fc", "fc_norm", "use_aux_norm", "tie_word_embeddings",
-             "draft_vocab_size")
+             "draft_vocab_size", "norm_before_residual")
 KEYS = {"next_hidden_normed": "norm_output", "logits_normed": "norm_output",
         "norm_before_fc": "norm_before_fc",
         "fc_norm": "fc_norm", "embedding": "embed_tokens.weight", "lm_head": "draft_vocab_size",
-        "rope_theta": "rope_theta", "d2t_reading": "d2t"}
+        "rope_theta": "rope_theta", "d2t_reading": "d2t", "norm_before_residual": "norm_before_residual"}
 
 
 class ReadingDifference(NamedTuple):
@@ -186,6 +221,34 @@ def _stated(raw: dict, key: str) -> str:
     return "absent" if where is None else json.dumps(where[key])
 
 
+SPECULATORS_ARCHITECTURES = {"llama": "Eagle3LlamaForCausalLM", "qwen3": "Eagle3Qwen3ForCausalLM"}
+
+
+def speculators_config(raw: dict) -> dict:
+    """A speculators-format EAGLE-3 config.json (``speculators_model_type`` "eagle3", the layer's
+    config under ``transformer_layer_config``) as the flat config vLLM 0.32 builds from it
+    (``SpeculatorsConfig``, ``update_eagle3``): its defaults written out, ``norm_before_residual``
+    true among them, and the aux ids at the top level (where only vLLM reads them). Any other config
+    is returned as given. ValueError for a layer config of a model type vLLM has no EAGLE-3 draft of."""
+    if not isinstance(raw, dict) or raw.get("speculators_model_type") != "eagle3":
+        return raw
+    layer = raw.get("transformer_layer_config")
+    flat = dict(layer) if isinstance(layer, dict) else {}
+    flat["draft_vocab_size"] = raw.get("draft_vocab_size")
+    if raw.get("target_hidden_size") is not None:
+        flat["target_hidden_size"] = raw["target_hidden_size"]
+    for key, default in (("norm_before_residual", True), ("norm_before_fc", False), ("fc_norm", False),
+                         ("norm_output", False)):
+        flat[key] = raw.get(key, default)
+    model_type = flat.get("model_type", "llama")
+    if model_type not in SPECULATORS_ARCHITECTURES:
+        raise ValueError(f"model_type {model_type!r}: vLLM 0.32 has no EAGLE-3 draft of it")
+    flat["architectures"] = [SPECULATORS_ARCHITECTURES[model_type]]
+    if raw.get("eagle_aux_hidden_state_layer_ids"):
+        flat["eagle_aux_hidden_state_layer_ids"] = raw["eagle_aux_hidden_state_layer_ids"]
+    return flat
+
+
 class EngineChoice(NamedTuple):
     """The reading a replay computes the draft with, and why that one."""
 
@@ -195,8 +258,9 @@ class EngineChoice(NamedTuple):
 
 def engine_choice(produced_by: str | None, asked: str | None = None) -> EngineChoice:
     """``asked`` (``--engine``); else the engine that produced the trace (``Trace.engine``: a
-    serving trace is computed as SGLang computes it, a SpecForge training trace as SpecForge
-    does); else SpecForge's reading (a trace that names no engine: the trainer's reading)."""
+    serving trace is computed as SGLang computes it, one whose contract says ``draft_engine``
+    "vllm" as vLLM does, a SpecForge training trace as SpecForge does); else SpecForge's reading (a
+    trace that names no engine: the trainer's reading)."""
     if asked is not None:
         if asked not in READINGS:
             raise ValueError(f"unknown engine {asked!r}: one of {', '.join(READINGS)}")

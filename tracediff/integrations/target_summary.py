@@ -6,12 +6,13 @@ architecture and sizes (``target_config``) and a fingerprint of the input embedd
 The fingerprint is the SHA-256 of the embedding's first ``EMBED_ROWS`` rows rounded to bfloat16:
 the same for one checkpoint loaded in float32 or bfloat16 (both round the same way), or in float16
 from a 16-bit checkpoint (which rounds back exactly); a few hundred KB to hash whatever the
-vocabulary."""
+vocabulary. ``target_shape``: the class and layer count an engine's reading of aux ids depends on."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 KEYS = ("model_type", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -80,3 +81,28 @@ def _starts_at_row_0(embed: Any) -> bool:
     shard = getattr(embed, "shard_indices", None)
     start = getattr(shard, "org_vocab_start_index", getattr(embed, "vocab_start_index", 0))
     return start == 0
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    """What an engine's reading of aux ids depends on: the served class and its layer count."""
+
+    architecture: str
+    num_layers: int
+
+
+def target_shape(contract: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> TargetShape | None:
+    """The target's architecture and layer count: from a trace's contract (the class an engine served,
+    or the target config a producer stated), else from a checkpoint's config.json; None if neither."""
+    stated = contract.get("target_config") or {}
+    model_class = contract.get("target_model_class")
+    architecture = model_class.rsplit(".", 1)[-1] if isinstance(model_class, str) \
+        else stated.get("architecture")
+    layers = contract.get("target_num_layers") or stated.get("num_hidden_layers")
+    if (architecture is None or layers is None) and config is not None:
+        text = config.get("text_config") or config
+        architecture = architecture or (config.get("architectures") or [None])[0]
+        layers = layers or text.get("num_hidden_layers")
+    if not isinstance(architecture, str) or not isinstance(layers, int):
+        return None
+    return TargetShape(architecture, layers)

@@ -50,7 +50,19 @@ from tracediff.diff.findings import (
 )
 from tracediff.diff.metrics import float_metrics
 from tracediff.diff.pair import Pair
-from tracediff.eagle3.conventions import FAMILIES, RULES, Capture, label, labels, target_for
+from tracediff.eagle3.conventions import (
+    FAMILIES,
+    RULES,
+    SGLANG_TABLE,
+    SPECFORGE,
+    VLLM,
+    VLLM_LABEL,
+    VLLM_RULE,
+    Capture,
+    label,
+    labels,
+    target_for,
+)
 from tracediff.trace.reader import RowKeys, Trace
 
 CONCATENATED = ("target.aux", "draft.fc_in")
@@ -188,7 +200,11 @@ def aux_slots(ctx: Context) -> list[Diagnosis]:
     last = max((layer_number(n) for n in {*plan.keys.a, *plan.keys.b} if n.startswith("target.layer.")),
                 default=None)
     side = Pair(_described(traces.a, ctx.labels.a), _described(traces.b, ctx.labels.b))
-    return [*_layer_change(name, slots, side, evidence, traces.map(_ids)),
+    ruled: Pair[str] | Pair[_Ruled] = side
+    ids = traces.map(_ids)
+    if VLLM in (traces.a.engine, traces.b.engine):  # the engines' id rules say why the slots differ
+        ruled, ids = Pair(_ruled(traces.a, ctx.labels.a), _ruled(traces.b, ctx.labels.b)), Pair("", "")
+    return [*_layer_change(name, slots, ruled, evidence, ids, b_first=traces.a.engine != VLLM),
             *(_norm_change(name, *change, side, evidence, last) for change in _norm_only(slots))]
 
 
@@ -203,11 +219,78 @@ def _measured(trace: Trace, slots: list[Slot]) -> list[Slot]:
 
 def _described(trace: Trace, side: str) -> str:
     """``serving (deepseek_v2: +1 only when the first id is 1)``: the side, with its family's id
-    convention where its contract names the family."""
+    convention where its contract names the family (vLLM's: the ids as given, in every family)."""
+    if trace.engine == VLLM:
+        return f"{side} ({_vllm_label(trace.contract)}: ids {VLLM_RULE})"
     capture = _capture(trace.contract)
     if capture is None:
         return side
     return f"{side} ({trace.contract['target_family']}: {RULES[capture.rule]})"
+
+
+def _vllm_label(contract: dict) -> str:
+    """``vLLM 0.32``, or the release the contract names where it is another."""
+    version = contract.get("vllm_version")
+    return VLLM_LABEL if not isinstance(version, str) or version.startswith("0.32") else f"vLLM {version}"
+
+
+@dataclass(frozen=True)
+class _Ruled:
+    """How a side says what it fed, where one side is vLLM's: its engine's id rule, and its ids."""
+
+    text: str  # ``serving: vLLM 0.32 feeds ids [1, 4, 6] as given:`` / ``training (SpecForge ...) fed``
+    ids: tuple[int, ...] | None
+    vllm: bool
+
+    def fed(self, said: str, other_ids: tuple[int, ...] | None) -> str:
+        if self.vllm:
+            return f"{self.text} {said}"
+        ids = "" if self.ids == other_ids or self.ids is None else f" for ids {list(self.ids)}"
+        return f"{self.text} {said}{ids}"
+
+
+def _ruled(trace: Trace, side: str) -> _Ruled:
+    """A side in the words of its engine's id rule (``_Ruled``)."""
+    contract = trace.contract
+    given = contract.get("aux_layer_ids")
+    ids = tuple(given) if isinstance(given, list) and all(isinstance(i, int) for i in given) else None
+    if trace.engine == VLLM:
+        return _Ruled(f"{side}: {_vllm_label(contract)} feeds {_vllm_asked(contract, ids)}:", ids, True)
+    return _Ruled(f"{side}{_rule_of(trace)} fed", ids, False)
+
+
+def _vllm_asked(contract: dict, ids: tuple[int, ...] | None) -> str:
+    """``ids [1, 4, 6] as given``: the ids the server's target captured for (its
+    ``aux_hidden_state_layers``), said against the draft config's where they are not those."""
+    found = contract.get("aux_hidden_state_layers")
+    used = sorted({int(k) for k in found}) if isinstance(found, list) and all(
+        isinstance(k, int) for k in found) else None
+    if used is None or (ids and sorted(set(ids)) == used):
+        return f"ids {list(ids)} {VLLM_RULE}" if ids else "no ids (the default [2, L//2, L-3])"
+    if not ids:
+        return f"no ids: the default {used} {VLLM_RULE}"
+    return (f"ids {used} {VLLM_RULE} (its aux_hidden_state_layers, not the draft config's ids {list(ids)}: "
+            "vLLM's V2 model runner reads no eagle_config ids)")
+
+
+def _rule_of(trace: Trace) -> str:
+    """`` (SpecForge 0.2.0, through SGLang: ids + 1)`` / `` (SGLang 0.5.23, llama: ids + 1)``: the id
+    rule a side's engine applied, as its contract says it; "" where it says none."""
+    contract = trace.contract
+    reading = contract.get("aux_layer_reading")
+    capture = _capture(contract)
+    if isinstance(reading, str) and "through sglang's " in reading:
+        found = target_for(reading.split("through sglang's ", 1)[1].split(":")[0].strip())
+        capture = found.capture if found is not None else capture
+    rule = "" if capture is None else f": {RULES[capture.rule]}"
+    if trace.engine == "specforge":
+        if isinstance(reading, str) and reading.startswith("output of layer i"):
+            return f" (SpecForge {SPECFORGE}, HF hidden_states[i+1]: the output of layer i)"
+        return f" (SpecForge {SPECFORGE}, through SGLang{rule})"
+    if trace.engine == "sglang":
+        family = contract.get("target_family")
+        return f" (SGLang {SGLANG_TABLE}{f', {family}' if family else ''}{rule})"
+    return f" ({contract['target_family']}{rule})" if capture is not None else ""
 
 
 def _capture(contract: dict) -> Capture | None:
@@ -238,16 +321,24 @@ def _unmatched(name: str, finite: np.ndarray, needed: int) -> Diagnosis:
         tensor=name, rows_checked=len(finite), rows_finite=kept, rows_needed=needed), severity="info")
 
 
-def _layer_change(name: str, slots: Pair[list[Slot]], side: Pair[str], evidence: SlotsEvidence,
-                  ids: Pair[str]) -> list[Diagnosis]:
-    """aux_layer_set / aux_order / layer_offset from the slots' source states (a norm aside)."""
+def _layer_change(name: str, slots: Pair[list[Slot]], side: Pair[str] | Pair[_Ruled], evidence: SlotsEvidence,
+                  ids: Pair[str], b_first: bool = True) -> list[Diagnosis]:
+    """aux_layer_set / aux_order / layer_offset from the slots' source states (a norm aside). Where
+    a side is vLLM's (``side`` holds ``_Ruled``), each side is said with its engine's id rule, vLLM's
+    first (``b_first``: b's)."""
     sources = slots.map(lambda s: [slot.source for slot in s])
     if sources.a == sources.b or _branch_only(sources):
         return []
     said = slots.map(lambda s: "[" + ", ".join(slot.label for slot in s) + "]")
-    fed = f"{side.b} fed {said.b}, {side.a} fed {said.a}"
-    if ids.a or ids.b:  # a side whose contract names its family: said with its id convention
+    if isinstance(side.a, _Ruled) and isinstance(side.b, _Ruled):
+        a, b = side.a, side.b
+        first, then = (b.fed(said.b, a.ids), a.fed(said.a, b.ids)) if b_first else \
+            (a.fed(said.a, b.ids), b.fed(said.b, a.ids))
+        fed = f"{first}; {then}"
+    elif ids.a or ids.b:  # a side whose contract names its family: said with its id convention
         fed = f"{side.b} fed {said.b}{ids.b}; {side.a} fed {said.a}{ids.a}"
+    else:
+        fed = f"{side.b} fed {said.b}, {side.a} fed {said.a}"
     unknown = slots.map(lambda s: any(slot.source is None for slot in s))
     if not unknown.a and not unknown.b:
         layers = sources.map(lambda s: [layer_number(n) for n in s if n is not None])

@@ -74,7 +74,8 @@ def import_dump(
 def reads_aux(contract: Mapping[str, Any], config: Mapping[str, Any] | None, ids: Sequence[int]) -> Any:
     """A draft's aux ids as SGLang feeds them on the target the contract (or its config) names;
     None when neither says the target's architecture and layer count. ValueError for bad ids."""
-    from tracediff.integrations.sglang.aux_reading import sglang_aux, target_shape
+    from tracediff.integrations.sglang.aux_reading import sglang_aux
+    from tracediff.integrations.target_summary import target_shape
 
     shape = target_shape(contract, config)
     return None if shape is None else sglang_aux(ids, shape)

@@ -453,6 +453,10 @@ def install(recorder: Recorder, runner: Any, *, requests: int | None = None,
     if any(inst.runner is runner for inst in _ACTIVE):
         raise ValueError("this runner is already recorded: remove() the earlier installation first")
     check_runner(runner)
+    if getattr(runner, "use_async_scheduling", False):
+        raise ValueError("vLLM runs with async scheduling: a step's tokens are committed after the next "
+                         "step starts, so rows cannot be keyed by their text; serve with "
+                         "--no-async-scheduling to record")
     version = vllm_version()
     if not supported(version):
         logger.warning("tracediff: vllm %s is not a version tracediff was tested with (%s); its internals "

@@ -7,8 +7,8 @@ entry point and the launcher's start-up) and hooks.py.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tracediff.integrations.producer import Producer, modules_run
 
@@ -40,9 +40,16 @@ def advise(config: LaunchConfig, command: Sequence[str]) -> str | None:
     return SHUTDOWN if runs_vllm(command) and not given else None
 
 
+def reads_aux(contract: Mapping[str, Any], config: Mapping[str, Any] | None, ids: Sequence[int]) -> Any:
+    """A draft's aux ids as vLLM 0.32 feeds them on the target the contract (or its config) names."""
+    from tracediff.integrations.vllm.aux_reading import reads_aux as vllm_reads
+
+    return vllm_reads(contract, config, ids)
+
+
 PRODUCER = Producer(
     name="vllm", plugin="tracediff.integrations.vllm.plugin", claims=claims,
     silent_hint="the vLLM server loaded no model runner in a recorded process (is tracediff installed in "
                 "the server's Python?)",
-    advise=advise,
+    reads_aux=reads_aux, advise=advise,
 )
