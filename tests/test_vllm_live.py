@@ -86,11 +86,11 @@ def test_the_recorded_tokens_are_the_text_the_client_received(runs: dict[str, Ru
 
 
 def test_the_recorded_verifies_are_the_servers_own_counters(runs: dict[str, Run]) -> None:
-    run = runs["a"]
+    run = runs["exported"]  # the ids its weights were trained on: drafts are accepted
     trace = open_trace(run.trace)
     accepted = trace.rows("verify.accept_len").numpy().reshape(-1)
     drafts = run.metrics["vllm:spec_decode_num_drafts"]
-    assert len(accepted) == drafts > 0
+    assert len(accepted) == drafts > 0 and accepted.sum() > 0
     assert int(accepted.sum()) == run.metrics["vllm:spec_decode_num_accepted_tokens"]
     assert 1 + accepted.sum() / len(accepted) == pytest.approx(
         1 + run.metrics["vllm:spec_decode_num_accepted_tokens"] / drafts, abs=1e-12)
@@ -106,7 +106,10 @@ def test_a_run_stopped_with_ctrl_c_leaves_a_complete_trace(runs: dict[str, Run])
 
 def test_a_killed_server_leaves_a_trace_compare_reads(runs: dict[str, Run]) -> None:
     killed = runs["killed"]
-    assert killed.exit_code != 0 and not open_trace(killed.trace).complete
+    trace = open_trace(killed.trace)
+    assert killed.exit_code != 0 and not trace.complete
+    # what the run was is stated when it opened, so it survives the kill
+    assert trace.contract["draft_engine"] == "vllm" and trace.contract["aux_layer_ids"] == [1, 3, 5]
     report = compare(runs["a"].trace, killed.trace)
     assert report.verdict == "incomplete", report.verdict
     assert any("closed" in reason for reason in report.reasons), report.reasons
@@ -156,3 +159,46 @@ def test_ids_that_feed_specforges_states_in_vllm_raise_no_aux_diagnosis(
     assert not [d for d in report.diagnoses if d.kind in AUX_KINDS], [d.kind for d in report.diagnoses]
     fc = [t for t in report.tensors if t.name in ("target.aux", "draft.fc_in")]
     assert fc and all(t.status == "match" for t in fc), [(t.name, t.status) for t in fc]
+
+
+def test_explain_puts_the_difference_on_the_fc_input(runs: dict[str, Run], training: Path,
+                                                       models: tuple[Path, Path, Path]) -> None:
+    """The draft replayed on each side's inputs (vLLM's side computed as vLLM computes it), and with
+    the fc inputs swapped: the fc input is the one input that differs, and swapping it moves the
+    whole difference. (The sample's draft weights were trained on the states vLLM feeds here, so the
+    training side is the one that loses accepted tokens.)"""
+    from tracediff.eagle3.explain import explain
+
+    target, _, exported = models
+    result = explain(training, runs["exported"].trace, exported, target=target)
+    assert result.differing == ["fc_in"]
+    by_name = {run.name: run.expected_accept_len for run in result.runs}
+    assert abs(result.cost) > result.noise
+    assert by_name["A with B's fc input"] == pytest.approx(by_name["B's inputs"])
+    assert by_name["B with A's fc input"] == pytest.approx(by_name["A's inputs"])
+    assert result.recorded_agreement["b"] == 1.0  # replay reproduces vLLM's own drafts
+
+
+def test_replay_reproduces_the_servers_verifies_on_every_chain_it_scores(
+        runs: dict[str, Run], models: tuple[Path, Path, Path]) -> None:
+    """Replay computes the draft as vLLM does (the trace says draft_engine vllm) on the recorded fc
+    input: over the chains it scores its figure is the server's own verify there, exactly; the chains
+    it cannot score are the last verifies of each request, whose chain reaches past the client's text
+    (the server's counter counts them: the trace's own verify rows give that figure exactly)."""
+    from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
+    from tracediff.eagle3.readings import engine_choice
+    from tracediff.eagle3.replay import replay
+
+    target, _, draft_dir = models
+    run = runs["exported"]  # the ids its weights were trained on: drafts are accepted
+    with open_trace(run.trace) as trace:
+        choice = engine_choice(trace.engine)
+        assert choice.reading.engine == "vllm"
+        draft = load_draft(draft_dir, target_embedding(target), reading=choice.reading,
+                           target_head=target_tensor(target, "lm_head"))
+        report = replay(trace, draft, engine=choice)
+    assert report.scored_on == "the server's chains" and report.chains > 0
+    assert report.verified_chains == report.chains
+    assert report.verified_accept_len == pytest.approx(report.expected_accept_len, abs=1e-12)
+    assert report.expected_accept_len > 1.2
+    assert report.chains + report.chains_unscored >= run.metrics["vllm:spec_decode_num_drafts"]

@@ -41,7 +41,9 @@ class _Plugin:
         rec = None
         try:
             rank, world = _rank()
-            rec = self.factory(rank, world, source="serving")
+            # the run's facts in the opening metadata too: a worker SIGKILLed before its close (vLLM's
+            # default shutdown) leaves a trace that still states its engine, config and aux ids
+            rec = self.factory(rank, world, source="serving", meta=_opening_facts(runner))
             if not rec.active:
                 return
             version = vllm_version()
@@ -118,6 +120,17 @@ def register() -> None:
     except Exception as exc:
         logger.warning("tracediff: the vLLM plugin did not start (%s: %s); nothing is recorded",
                        type(exc).__name__, exc)
+
+
+def _opening_facts(runner: Any) -> dict[str, Any]:
+    """``facts.run_facts`` of the runner, or {} where a changed internal keeps them from being read
+    (``install`` then says which)."""
+    try:
+        from tracediff.integrations.vllm.facts import run_facts
+
+        return run_facts(runner)
+    except Exception:
+        return {}
 
 
 def _close_first(factory: RecorderFactory) -> None:
