@@ -1,5 +1,5 @@
 """One real SpecForge 0.2.0 training step on texts, recorded: the training side of a training-vs-serving
-compare on CPU (scripts/seed_bug_real.py, tests/test_vllm_specforge.py).
+compare on CPU (scripts/seed_bug_real.py, tests/test_vllm_live.py).
 
 SpecForge gets its features the way its SGLang capture backend does: SGLang's real target code after
 ``set_eagle3_layers_to_capture(captured_ids)`` (recorded through the SGLang integration), then one

@@ -276,8 +276,9 @@ def test_the_sample_draft_on_its_6_layer_target_names_sglang_s_crash() -> None:
     assert out.returncode == 1
     (problem,) = [f for f in json.loads(out.stdout) if f["code"] == "aux_out_of_range"]
     assert problem["message"] == (
-        "id 5 selects the input of layer 6, which this 6-layer llama target never captures "
-        "(layers_to_capture [2, 4, 6]): 2 of the 3 slots the draft's fc takes; the draft's fc raises "
+        "id 5 selects the input of layer 6, which this 6-layer llama target never captures in SGLang "
+        "0.5.23 (and SpecForge 0.2.0, through it; layers_to_capture [2, 4, 6]): 2 of the 3 slots the "
+        "draft's fc takes; the draft's fc raises "
         "'RuntimeError: mat1 and mat2 shapes cannot be multiplied (Tx128 and 192x64)' at the first prefill "
         "(llama_eagle3.py, LlamaModel.forward)")
     text = cli("doctor", "--draft", str(REPO / "traces/eagle3/draft"), "--target",

@@ -445,7 +445,8 @@ def check_family(ck: Checkpoint, target: Target) -> list[Finding]:
     elif served.uncaptured:
         named = ", ".join(_named_by(ids, served, k) for k in served.uncaptured)
         findings.append(Finding("error", "aux_out_of_range", f"{named}, which this {layers}-layer "
-                                f"{target.family.name} target never captures (layers_to_capture "
+                                f"{target.family.name} target never captures in SGLang {SGLANG_TABLE} (and "
+                                f"SpecForge {SPECFORGE}, through it; layers_to_capture "
                                 f"{list(served.layers_to_capture)}): {short}",
                                 f"use ids the target can supply (below {layers - 1} for "
                                 f"{target.family.name})"))

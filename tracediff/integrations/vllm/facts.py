@@ -99,16 +99,16 @@ def speculative_facts(spec: Any) -> dict[str, Any]:
 
 def draft_facts(draft: Any, spec: Any) -> dict[str, Any]:
     """The draft as vLLM built it: its config, its vocab map (``draft_id_to_target_id``: offsets),
-    whether the fc norms its config asks for exist."""
+    and that the fc norms its config asks for are applied."""
     import torch
 
     config = getattr(draft, "config", None)
-    body = getattr(draft, "model", None)
     values: dict[str, Any] = {
         "draft_engine": PRODUCER, "draft_input_shift": 1, "d2t_reading": "offset",
         "draft_class": f"{type(draft).__module__}.{type(draft).__qualname__}",
-        "fc_norms_applied": getattr(body, "input_norm", None) is not None
-        or getattr(body, "fc_norm", None) is not None,
+        # as in every producer's contract: whether the engine applies the fc norms the checkpoint asks
+        # for (vLLM 0.32's combine_hidden_states applies norm_before_fc's input_norm and each fc_norm)
+        "fc_norms_applied": True,
     }
     if config is not None:
         values["draft_config"] = draft_config_summary(config)

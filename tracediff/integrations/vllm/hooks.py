@@ -161,13 +161,18 @@ class Installation:
         owner.__dict__[attr] = wrapper
         self._restore.append(lambda: owner.__dict__.pop(attr, None))
 
-    def keep(self, name: str, tensor: Any, rows: str, depth: int = 0, count: int | None = None) -> None:
+    def keep(self, name: str, tensor: Any, rows: str, depth: int = 0, count: int | None = None,
+             buffer: bool = False) -> None:
+        """Hold ``tensor`` (its first ``count`` rows) until the step's end. Model outputs are new
+        tensors every forward and are held as they are; a view of one of vLLM's persistent input
+        buffers (``buffer``: the draft's token ids and positions, rewritten at every draft step) is
+        copied."""
         if tensor is None or not self.wants(name):
             return
         t = tensor.detach()
         if count is not None:
             t = t[:count]
-        self.kept.append(Kept(name, t.clone(), rows, depth))
+        self.kept.append(Kept(name, t.clone() if buffer else t, rows, depth))
 
     # -- the step ---------------------------------------------------------------------------------
 
@@ -371,7 +376,7 @@ class Installation:
         if fc_in is None or fc_in.shape[0] < n or result.shape[0] < n:
             self._warn("fc rows", "the draft's fc ran over other rows than the target: not recorded")
             return
-        self.keep("draft.fc_in", fc_in, TARGET, count=n)
+        self.keep("draft.fc_in", fc_in, TARGET, count=n, buffer=True)
         self.keep("draft.fc_out", result, TARGET, count=n)
 
     def draft_forward(self, module: Any, args: tuple, kwargs: dict, out: Any) -> None:
@@ -392,13 +397,13 @@ class Installation:
                 return
             rows.draft_position = positions[:n].detach().cpu().numpy().astype(np.int64)
             rows.draft_fed = ids[:n].detach().cpu().numpy().astype(np.int64)
-            self.keep("draft.input_ids", ids, DRAFT0, count=n)
-            self.keep("draft.positions", positions, DRAFT0, count=n)
+            self.keep("draft.input_ids", ids, DRAFT0, count=n, buffer=True)
+            self.keep("draft.positions", positions, DRAFT0, count=n, buffer=True)
             self.keep("draft.hidden", prenorm, DRAFT0, count=n)
             return
         b = len(rows.requests)
-        self.keep("draft.input_ids", ids, ANCHOR, depth, count=b)
-        self.keep("draft.positions", positions, ANCHOR, depth, count=b)
+        self.keep("draft.input_ids", ids, ANCHOR, depth, count=b, buffer=True)
+        self.keep("draft.positions", positions, ANCHOR, depth, count=b, buffer=True)
         self.keep("draft.hidden", prenorm, ANCHOR, depth, count=b)
 
     def draft_logits(self, module: Any, args: tuple, out: Any) -> None:
