@@ -18,6 +18,7 @@ import pytest
 from testbed import vllm_live
 from testbed.vllm_models import with_aux_ids, write_padded
 from tracediff.diff.api import compare
+from tracediff.eagle3.acceptance import recorded_acceptance
 from tracediff.trace.reader import open_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess,
@@ -93,6 +94,10 @@ def test_the_recorded_verifies_are_the_servers_own_counters(runs: dict[str, Run]
     assert len(accepted) == drafts > 0 and accepted.sum() > 0
     assert int(accepted.sum()) == run.metrics["vllm:spec_decode_num_accepted_tokens"]
     assert 1 + accepted.sum() / len(accepted) == pytest.approx(
+        1 + run.metrics["vllm:spec_decode_num_accepted_tokens"] / drafts, abs=1e-12)
+    acceptance = recorded_acceptance(trace)  # what compare's acceptance line prints
+    assert acceptance is not None and acceptance.server_verifies == drafts
+    assert acceptance.server_accept_len == pytest.approx(
         1 + run.metrics["vllm:spec_decode_num_accepted_tokens"] / drafts, abs=1e-12)
 
 

@@ -263,8 +263,8 @@ def acceptance_lines(report: Report) -> list[str]:
                 f"{acc.chains} of the server's chains"
             over += f"; {acc.chains_unscored} more unscored: {UNSCORED}" if acc.chains_unscored else ""
             server = "" if acc.server_accept_len is None else \
-                f"; the server's own verifies accepted {acc.server_accept_len:.4f} ({acc.server_verifies} " \
-                "verifies)"
+                f"; the {acc.server_verifies} verifies it recorded (the server's own outcomes) accepted " \
+                f"{acc.server_accept_len:.4f}"
             if acc.chains:
                 out.append(f"{side}'s recorded drafts would be accepted {acc.expected_accept_len:.2f} tokens "
                            f"per verify (over {over}; accuracy per depth {per_depth}){server}")

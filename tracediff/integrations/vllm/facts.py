@@ -12,7 +12,7 @@ import hashlib
 from typing import Any
 
 from tracediff.integrations.draft_summary import draft_config_summary
-from tracediff.integrations.target_summary import target_identity
+from tracediff.integrations.target_summary import target_config_summary, target_identity
 from tracediff.integrations.vllm.guard import vllm_version
 
 PRODUCER = "vllm"  # as the trace's ``producers`` and ``draft_engine`` name it
@@ -63,9 +63,7 @@ def run_facts(runner: Any) -> dict[str, Any]:
         **target_identity(runner.model),
     }
     hf = getattr(model_config, "hf_config", None)
-    if hf is not None:  # vLLM's model has no HF config attribute of its own
-        from tracediff.integrations.target_summary import target_config_summary
-
+    if "target_config" not in values and hf is not None:  # a model class without a ``config`` of its own
         values["target_config"] = target_config_summary(hf, runner.model)
     body = getattr(runner.model, "model", None)
     layers = getattr(body, "aux_hidden_state_layers", None)

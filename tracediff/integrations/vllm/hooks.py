@@ -135,6 +135,8 @@ class Installation:
         for undo in reversed(self._restore):
             undo()
         self._handles, self._restore, self.kept = [], [], []
+        if self in _ACTIVE:  # the runner may be recorded again
+            _ACTIVE.remove(self)
 
     def _post(self, module: Any, where: str, fn: Callable[..., None], kwargs: bool = False) -> None:
         self._handles.append(module.register_forward_hook(self._guard(where, fn), with_kwargs=kwargs))
@@ -255,9 +257,9 @@ class Installation:
             for k, layer in enumerate(layers):
                 self._post(layer, f"target.layer.{k}", self.layer_output(k))
         self._wrap(model, "compute_logits", after=self.target_logits)
-        if self.runner.__dict__.get("rejection_sampler") is not None or \
-                getattr(self.runner, "rejection_sampler", None) is not None:
-            self._post(self.runner.rejection_sampler, "verify", self.verified)
+        sampler = getattr(self.runner, "rejection_sampler", None)
+        if sampler is not None:
+            self._post(sampler, "verify", self.verified)
 
     def layer_input(self, module: Any, args: tuple) -> None:
         if self.in_step and len(args) >= 2:
