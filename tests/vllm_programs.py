@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from testbed import vllm_live
+
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = REPO / ".venv-vllm" / "bin" / "python"
 PROGRAMS = REPO / "tests" / "programs"
@@ -30,12 +32,7 @@ def run_program(name: str, *args: str, scratch: Path, timeout: float = 600) -> s
     """``tests/programs/NAME`` under vLLM's interpreter, offline, its side files (zmq sockets, caches)
     under ``scratch``; fails the test, with the program's output, when it exits non-zero."""
     python = vllm_python()
-    for folder in ("tmp", "cache"):
-        (scratch / folder).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TMPDIR": str(scratch / "tmp"),
-           "VLLM_CACHE_ROOT": str(scratch / "cache" / "vllm"), "HF_HOME": str(scratch / "cache" / "hf"),
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1",
-           "DO_NOT_TRACK": "1", "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    env = {**vllm_live.environment(scratch), "PYTHONPATH": str(REPO), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     done = subprocess.run([str(python), str(PROGRAMS / name), *args], env=env, cwd=REPO, capture_output=True,
                           text=True, timeout=timeout)
     if done.returncode != 0:

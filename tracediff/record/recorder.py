@@ -157,6 +157,7 @@ class Recorder(QueueAccounting, WriterThread):
         self._token_limit = queue_bytes // 16
         self._record_limit = queue_bytes - self._token_limit
         self.token_calls_dropped = 0  # calls whose keys were not learned: the book's queue was full
+        self._names_ok: set[str] = set()  # names a keyed log call checked already
         self._last_learned: tuple | None = None  # (token_ids, positions, request, mask, step) last learned
         self._strict_layouts: dict[str, tuple] = {}  # host side, strict mode only
         self._layouts: dict[str, tuple] = {}  # writer side: (static, dtype, row shape) first seen per name
@@ -224,13 +225,19 @@ class Recorder(QueueAccounting, WriterThread):
 
     def log(self, name: str, tensor: Any, *, step: int | None = None, request: Any = None,
             positions: Any = None, token_ids: Any = None, depth: int | None = None,
-            attention_mask: Any = None) -> None:
+            attention_mask: Any = None, keys: LogRowKeys | None = None) -> None:
         """Record a per-token tensor. Omitted keys come from the current context; ``attention_mask``
-        (shaped like token_ids, 0 = padding) gives padded rows position -1."""
+        (shaped like token_ids, 0 = padding) gives padded rows position -1. ``keys`` (from
+        ``row_keys``) instead of token_ids / positions / request / attention_mask: rows keyed once
+        for every tensor cut along them."""
         if not self._active:
             self._drop_inactive(name)
             return
         try:
+            if keys is not None:
+                self._log_keyed(name, tensor, step, depth, keys,
+                                (request, positions, token_ids, attention_mask))
+                return
             self._log(name, tensor, step, request, positions, token_ids, depth, attention_mask)
         except BAD_CALL as exc:
             if self.strict:
@@ -240,6 +247,28 @@ class Recorder(QueueAccounting, WriterThread):
             if self.strict:
                 raise
             self._fail(f"log({name!r})", exc)
+
+    def row_keys(self, token_ids: Any, *, step: int | None = None, request: Any = None,
+                 positions: Any = None, attention_mask: Any = None) -> LogRowKeys:
+        """Row keys checked once, for several ``log(name, tensor, keys=...)`` calls whose tensors share
+        their rows (an integration logging a dozen tensors of one forward): each of those calls then
+        costs the host no key work. Keys that do not check out are returned refused: every record
+        cut along them is dropped and counted (strict mode raises here)."""
+        step = self._ctx.step if step is None else step
+        try:
+            keys = resolve_keys(step, token_ids, positions, request, attention_mask)
+        except BAD_CALL as exc:
+            if self.strict:
+                raise
+            self._warn_bad_call("row_keys", exc)
+            return _refused_keys(f"invalid row_keys call: {type(exc).__name__}")
+        if not _valid_requests(keys):
+            if self.strict:
+                raise ValueError(f"request id {request!r} is not valid Unicode (a lone surrogate)")
+            why = "a request id that is not valid Unicode"
+            self._warn_refused("records cut along these row keys", why)
+            return replace(keys, refused=f"unrecordable: {why}")
+        return keys
 
     def log_static(self, name: str, tensor: Any, *, step: int | None = None, once: bool = False) -> None:
         """Record a tensor without a token axis (a weight, d2t, a config tensor); with ``once``, only
@@ -472,6 +501,42 @@ class Recorder(QueueAccounting, WriterThread):
             return
         self._submit(name, tensor, step, ctx.depth if depth is None else depth, keys, mask)
 
+    def _log_keyed(self, name: str, tensor: Any, step: int | None, depth: int | None, keys: LogRowKeys,
+                   given: tuple) -> None:
+        """``log`` with keys from ``row_keys``: only what is this tensor's own is checked."""
+        if given != (None, None, None, None):
+            raise ValueError("log takes keys= or request / positions / token_ids / attention_mask, not both")
+        if name not in self._names_ok:  # a name is checked once
+            if not valid_text(name):
+                self._refuse_text(name, "a name")
+                return
+            _check_name(name)
+            self._names_ok.add(name)
+        if depth is not None and depth < 0:
+            raise ValueError(f"depth must be >= 0 (0: rows fed by the target), got {depth}")
+        if keys.refused is not None:  # warned about by row_keys
+            self._drop(clean_text(name), keys.refused)
+            return
+        step = self._ctx.step if step is None else step
+        if not (self.filter.keep_name(name) and self.filter.keep_step(step)):
+            if not keys.learned:  # filtered out: its keys still teach the token table
+                self._learn(keys, None)
+            return
+        tensor = self._array(name, tensor)
+        if tensor is None:
+            return
+        if tuple(tensor.shape[: keys.lead_ndim]) != keys.lead_shape:
+            raise ValueError(f"tensor leading dims {tuple(tensor.shape)} do not match its keys' rows "
+                             f"{keys.lead_shape}")
+        if self.strict:
+            self._check_layout(name, (False, tag_of_tensor(tensor), tuple(tensor.shape[keys.lead_ndim:])))
+        if not keys.learned:
+            self._learn(keys, None)
+        mask = None if self.filter.requests is None else self.filter.row_mask(keys.requests())
+        if mask is not None and not mask.any():
+            return
+        self._submit(name, tensor, step, self._ctx.depth if depth is None else depth, keys, mask)
+
     def _learn(self, keys: LogRowKeys, seen: tuple | None, declared: bool = False) -> None:
         """Hand row keys to the token book: queued for the writer thread, or at once in strict mode
         (where a conflict must raise in the caller)."""
@@ -479,6 +544,7 @@ class Recorder(QueueAccounting, WriterThread):
             self._book.learn(*keys.expand(), declared=declared, strict=True)
         elif not self._queue_keys(keys, declared):
             return
+        keys.learned = True
         if seen is not None:
             self._last_learned = seen
 
@@ -519,7 +585,8 @@ class Recorder(QueueAccounting, WriterThread):
             self._drop(name, STOPPED)  # this record and every later one: counted, never written
             return
         key_bytes = 0 if keys is None else keys.n_rows * ROW_BYTES + keys.id_bytes()
-        cost = host_bytes(tensor) + RECORD_OVERHEAD + key_bytes
+        held = host_bytes(tensor) if getattr(tensor, "is_cuda", False) else nbytes
+        cost = held + RECORD_OVERHEAD + key_bytes
         refused = self._reserve(cost)
         if refused is not None:
             self._drop(name, refused)
@@ -567,6 +634,9 @@ class Recorder(QueueAccounting, WriterThread):
     def _refuse(self, name: str, why: str) -> None:
         """A tensor no trace can hold: dropped and counted; the first one is warned about."""
         self._drop(name, f"unrecordable: {why}")
+        self._warn_refused(name, why)
+
+    def _warn_refused(self, name: str, why: str) -> None:
         if not self._warned_refused:
             self._warned_refused = True
             logger.warning("tracediff: %s not recorded to %s: a trace cannot hold a tensor with %s "
@@ -640,7 +710,8 @@ def _check_name(name: str) -> None:
 
 def _valid_requests(keys: LogRowKeys) -> bool:
     """Whether every request id of a call is valid Unicode (one per call or batch row: cheap)."""
-    return all(valid_text(r) for r in keys.request_ids)
+    ids = keys.request_ids
+    return all(valid_text(r) for r in (set(ids.tolist()) if len(ids) > 8 else ids))
 
 
 def record(path: str | Path, **options: Any) -> Recorder:
@@ -657,6 +728,13 @@ def _context_fields(fields: dict) -> dict:
     if "token_ids" in fields:
         return {"positions": None, "attention_mask": None, **fields}
     return fields
+
+
+def _refused_keys(why: str) -> LogRowKeys:
+    """Keys no record may be cut along (``row_keys`` given arguments that do not make keys)."""
+    empty = np.zeros(0, dtype=np.int64)
+    return LogRowKeys(n_rows=0, lead_ndim=1, batch=1, request_ids=np.zeros(0, dtype=object), position=None,
+                      token_id=empty, refused=why)
 
 
 def _same_keys(seen: tuple, last: tuple | None) -> bool:

@@ -42,6 +42,8 @@ class LogRowKeys:
     position: np.ndarray | HostCopy | None  # None: 0..T-1 along the token axis
     token_id: np.ndarray | HostCopy
     mask: np.ndarray | HostCopy | None = None  # attention mask, 0 = padding
+    refused: str | None = None  # why records cut along these keys are refused (``Recorder.row_keys``)
+    learned: bool = False  # taught to the token book already (keys shared by several records)
     _expanded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     _id_bytes: int = field(default=-1, repr=False)  # id_bytes, once computed (the queue and the cost ask)
 
@@ -50,6 +52,11 @@ class LogRowKeys:
         if self._id_bytes < 0:
             self._id_bytes = sum(56 + len(r) for r in self.request_ids)
         return self._id_bytes
+
+    @property
+    def lead_shape(self) -> tuple[int, ...]:
+        """The leading dims a tensor cut along these keys has: ``[T]`` or ``[B, T]``."""
+        return (self.n_rows,) if self.lead_ndim == 1 else (self.batch, self.n_rows // self.batch)
 
     def requests(self) -> np.ndarray:
         """One request id per row."""
@@ -149,7 +156,11 @@ def _request_ids(request: Any, step: int, batch: int, n_rows: int) -> np.ndarray
         return np.array([str(request)], dtype=object)
     if isinstance(request, (bytes, bytearray, memoryview)):
         raise TypeError(f"a request id is text (str), not {type(request).__name__}")
-    ids = np.array([_one_id(r) for r in request], dtype=object)
+    given = request.tolist() if isinstance(request, np.ndarray) else list(request)
+    try:  # one id per request, not per row
+        ids = np.array([*map({r: _one_id(r) for r in set(given)}.__getitem__, given)], dtype=object)
+    except TypeError:  # an unhashable id: read row by row (its str() is the id)
+        ids = np.array([_one_id(r) for r in given], dtype=object)
     if len(ids) not in (batch, n_rows):
         raise ValueError(f"{len(ids)} request ids for {batch} batch rows and {n_rows} rows")
     return ids

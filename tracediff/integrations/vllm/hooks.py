@@ -44,14 +44,15 @@ from tracediff.integrations.vllm.steps import (
     LOGITS,
     TARGET,
     VERIFY,
+    ClientText,
     StepRows,
     anchors_of,
-    client_text,
 )
 from tracediff.record.launch import RequestGate
 
 if TYPE_CHECKING:
     from tracediff.record.recorder import Recorder
+    from tracediff.record.rowkeys import LogRowKeys
 
 logger = logging.getLogger("tracediff")
 
@@ -60,6 +61,13 @@ TARGET_ATTACHED = ("target.aux", "target.final_hidden", "target.token")
 LAYERS_ATTACHED = ("target.embed", "target.layer.*")
 DRAFT_ATTACHED = ("draft.fc_in", "draft.input_ids", "draft.positions", "draft.hidden", "draft.token_target",
                   "verify.accept_len")
+ALSO_RECORDED = ("target.logits", "target.token", "draft.fc_out", "draft.logits", "draft.token", "draft.d2t")
+
+
+def recordable(runner: Any) -> list[str]:
+    """Every name the hooks may record on this runner (its layers counted)."""
+    layers = [f"target.layer.{k}" for k in range(len(runner.model.model.layers))]
+    return [*TARGET_ATTACHED, *DRAFT_ATTACHED, *ALSO_RECORDED, "target.embed", *layers]
 
 
 @dataclass
@@ -86,6 +94,7 @@ class Installation:
         self.depth = -1  # the draft forward running now (-1: none this step)
         self.last_anchor: dict[str, tuple[int, int]] = {}
         self.declared: dict[str, int] = {}
+        self.text_of: dict[str, tuple[Any, ClientText]] = {}  # per request: vLLM's state, its text
         self.admitted: dict[str, bool] = {}
         self.stopped: str | None = None
         self.eager = True
@@ -188,6 +197,13 @@ class Installation:
         self.layer_states = {}
         spec = getattr(scheduler_output, "scheduled_spec_decode_tokens", None) or {}
         self.spec_drafts = {str(r): len(ids) for r, ids in spec.items() if ids}
+        for name in getattr(scheduler_output, "finished_req_ids", None) or ():
+            self.forget(str(name))
+
+    def forget(self, name: str) -> None:
+        """A finished request: what is held for it goes (a server runs for months of requests)."""
+        for held in (self.text_of, self.declared, self.admitted, self.last_anchor):
+            held.pop(name, None)
 
     def end_step(self, result: Any, *args: Any, **kwargs: Any) -> None:
         """The step's tokens are committed: key and log what the hooks kept."""
@@ -199,6 +215,8 @@ class Installation:
             return
         text = self.texts(rows.requests)
         keys = rows.resolve(text, self.last_anchor)
+        # per row set: its keys, checked once, and the index of its kept rows (None: the first n)
+        checked: dict[str, tuple[LogRowKeys, Any]] = {}
         for item in kept:
             found = keys.get(item.rows)
             if found is None:
@@ -207,12 +225,14 @@ class Installation:
                 continue
             if not len(found.index):
                 continue
+            if item.rows not in checked:
+                checked[item.rows] = (self.rec.row_keys(found.token, positions=found.position,
+                                                        request=found.request, step=self.step),
+                                      None if _all_rows(found.index) else _index(found.index))
+            row_keys, index = checked[item.rows]
             tensor = item.tensor
-            if len(found.index) != tensor.shape[0]:
-                import torch
-
-                tensor = tensor[torch.as_tensor(found.index, device=tensor.device)]
-            self.rec.log(item.name, tensor, step=self.step, depth=item.depth, **found.kwargs())
+            tensor = tensor[: len(found.index)] if index is None else tensor[index.to(tensor.device)]
+            self.rec.log(item.name, tensor, step=self.step, depth=item.depth, keys=row_keys)
         if ANCHOR in keys:
             drafted = [r for r in rows.requests if r in text]
             self.last_anchor = {**{r: a for r, a in self.last_anchor.items() if r not in drafted},
@@ -222,27 +242,38 @@ class Installation:
         """Each recorded request's committed tokens as its client receives them; new tokens are
         declared to the recorder (its token table)."""
         out: dict[str, np.ndarray] = {}
-        max_len = getattr(self.runner.vllm_config.model_config, "max_model_len", None)
         for name in batch:
             state = self.runner.requests.get(name)
             if state is None:
                 continue
-            prompt = list(getattr(state, "prompt_token_ids", None) or [])
-            if name not in self.admitted:
-                self.admitted[name] = self.gate.admit(name, prompt[: len(self.gate.prefix or ())])
-            if not self.admitted[name]:
+            text = self.client_text(name, state)
+            if text is None:
                 continue
-            params = getattr(state, "sampling_params", None)
-            tokens = client_text(prompt, list(state.output_token_ids),
-                                 max_tokens=getattr(params, "max_tokens", None),
-                                 eos=getattr(params, "eos_token_id", None),
-                                 stop_ids=getattr(params, "stop_token_ids", None), max_model_len=max_len)
-            out[name] = tokens
+            out[name] = tokens = text.extend(state.output_token_ids)
             done = self.declared.get(name, 0)
             if len(tokens) > done:
                 self.rec.request_tokens(name, tokens[done:], start=done)
                 self.declared[name] = len(tokens)
         return out
+
+    def client_text(self, name: str, state: Any) -> ClientText | None:
+        """The request's text as it grows (None: a request the gate does not record), made anew
+        when vLLM holds a new state for it (a preempted request resumed)."""
+        held = self.text_of.get(name)
+        if held is not None and held[0] is state:
+            return held[1]
+        prompt = list(getattr(state, "prompt_token_ids", None) or [])
+        if name not in self.admitted:
+            self.admitted[name] = self.gate.admit(name, prompt[: len(self.gate.prefix or ())])
+        if not self.admitted[name]:
+            return None
+        params = getattr(state, "sampling_params", None)
+        text = ClientText(prompt, max_tokens=getattr(params, "max_tokens", None),
+                          eos=getattr(params, "eos_token_id", None),
+                          stop_ids=getattr(params, "stop_token_ids", None),
+                          max_model_len=getattr(self.runner.vllm_config.model_config, "max_model_len", None))
+        self.text_of[name] = (state, text)
+        return text
 
     # -- target -----------------------------------------------------------------------------------
 
@@ -262,12 +293,17 @@ class Installation:
             self._post(sampler, "verify", self.verified)
 
     def layer_input(self, module: Any, args: tuple) -> None:
-        if self.in_step and len(args) >= 2:
+        if self.in_step and len(args) >= 2 and (self.probe.wanted or self.wants("target.embed")):
             self.layer_states[-1] = args[1]
 
     def layer_output(self, k: int) -> Callable[..., None]:
+        """The stream after layer k, kept while it is recorded or the aux slots are still measured
+        (a filtered-out layer then costs its hook's call only)."""
+        name = f"target.layer.{k}"
+
         def hook(module: Any, args: tuple, out: Any) -> None:
-            if self.in_step and isinstance(out, tuple) and len(out) == 2:
+            if self.in_step and isinstance(out, tuple) and len(out) == 2 and \
+                    (self.probe.wanted or self.wants(name)):
                 hidden, residual = out
                 self.layer_states[k] = hidden if residual is None else hidden + residual
 
@@ -440,6 +476,18 @@ class Installation:
         return values
 
 
+def _all_rows(index: np.ndarray) -> bool:
+    """Whether a row set keeps every row of its tensors, in order (no gather needed)."""
+    return bool(index[0] == 0 and index[-1] == len(index) - 1 and (len(index) < 3 or
+                                                                   (np.diff(index) == 1).all()))
+
+
+def _index(index: np.ndarray) -> Any:
+    import torch
+
+    return torch.from_numpy(np.ascontiguousarray(index, dtype=np.int64))
+
+
 def _logits_rows(starts: np.ndarray, drafts: list[int]) -> np.ndarray:
     """The target rows vLLM computes logits at: each request's last 1 + (its drafts) rows."""
     ends = starts[1:]
@@ -470,6 +518,13 @@ def install(recorder: Recorder, runner: Any, *, requests: int | None = None,
                        "checked out, recording anyway", version, ", ".join(SUPPORTED_VLLM))
     gate = RequestGate(requests, None if match_prefix is None else tuple(int(t) for t in match_prefix))
     inst = Installation(recorder, runner, gate)
+    if not any(recorder.filter.keep_name(name) for name in recordable(runner)):
+        logger.warning("tracediff: the names / exclude given leave none of the tensors vLLM's hooks record "
+                       "(target.*, draft.*, verify.accept_len): nothing is attached, the trace holds the "
+                       "run's facts only")
+        recorder.update_contract(**run_facts(runner))
+        _ACTIVE.append(inst)
+        return inst
     try:
         inst.attach_step()
         inst.attach_target()

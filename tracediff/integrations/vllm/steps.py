@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -40,9 +39,6 @@ class Keys:
     def none(cls) -> Keys:
         empty = np.zeros(0, dtype=np.int64)
         return cls(empty, np.zeros(0, dtype=object), empty, empty)
-
-    def kwargs(self) -> dict[str, Any]:
-        return dict(request=self.request, positions=self.position, token_ids=self.token)
 
 
 @dataclass
@@ -70,7 +66,8 @@ class StepRows:
         (position, token) of the chain drafted last step (the one this step verified)."""
         owner = self.owner
         request = np.asarray(self.requests, dtype=object)[owner] if len(owner) else np.zeros(0, dtype=object)
-        token, target_ok = _text_at(request, self.position, text)
+        texts = BatchText.of(self.requests, text)
+        token, target_ok = texts.at(owner, self.position)
         target_ok &= token == self.fed
         out = {TARGET: _rows(target_ok, np.arange(len(target_ok)), request, token, self.position)}
         if self.logits_rows is not None:
@@ -78,7 +75,7 @@ class StepRows:
         draft_ok = None
         if self.draft_position is not None and self.draft_fed is not None and \
                 np.array_equal(self.draft_position, self.position):
-            following, has_next = _text_at(request, self.position + 1, text)
+            following, has_next = texts.at(owner, self.position + 1)
             draft_ok = target_ok & has_next & (following == self.draft_fed)
             out[DRAFT0] = _rows(draft_ok, np.arange(len(draft_ok)), request, token, self.position)
         if self.anchors is not None and draft_ok is not None and len(self.anchors) == len(self.requests):
@@ -99,20 +96,32 @@ def anchors_of(keys: Keys, requests: Sequence[str]) -> dict[str, tuple[int, int]
     return {r: picked[r] for r in requests if r in picked}
 
 
-def _text_at(request: np.ndarray, position: np.ndarray, text: Mapping[str, np.ndarray]
-             ) -> tuple[np.ndarray, np.ndarray]:
-    """Per row, the request's committed token at ``position`` and whether there is one."""
-    token = np.full(len(position), -1, dtype=np.int64)
-    ok = np.zeros(len(position), dtype=bool)
-    for name in set(request.tolist()):
-        tokens = text.get(name)
-        if tokens is None:
-            continue
-        rows = request == name
-        inside = rows & (position >= 0) & (position < len(tokens))
-        token[inside] = tokens[position[inside]]
-        ok |= inside
-    return token, ok
+@dataclass(frozen=True)
+class BatchText:
+    """The committed texts of a step's batch laid end to end, so that every row's token is read in
+    a few array operations, not one pass per request."""
+
+    flat: np.ndarray
+    start: np.ndarray  # per batch request: where its text begins in ``flat``
+    length: np.ndarray  # per batch request: its length (0: no text, a request not recorded)
+
+    @classmethod
+    def of(cls, requests: Sequence[str], text: Mapping[str, np.ndarray]) -> BatchText:
+        parts = [text.get(r, _NO_TEXT) for r in requests]
+        length = np.fromiter((len(p) for p in parts), dtype=np.int64, count=len(parts))
+        start = np.cumsum(length) - length
+        return cls(np.concatenate(parts) if parts else _NO_TEXT, start, length)
+
+    def at(self, owner: np.ndarray, position: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per row (of batch request ``owner``), its request's token at ``position`` and whether
+        there is one."""
+        ok = (position >= 0) & (position < self.length[owner])
+        token = np.full(len(position), -1, dtype=np.int64)
+        token[ok] = self.flat[self.start[owner[ok]] + position[ok]]
+        return token, ok
+
+
+_NO_TEXT = np.zeros(0, dtype=np.int64)
 
 
 def _holds(tokens: np.ndarray | None, position: int, token: int) -> bool:
@@ -130,19 +139,46 @@ def _rows(ok: np.ndarray, rows: np.ndarray, request: np.ndarray, token: np.ndarr
     return Keys(at, request[src], position[src], token[src])
 
 
+class ClientText:
+    """A request's tokens as its client receives them, grown step by step: the worker's output cut
+    where vLLM 0.32's scheduler stops the request (``check_stop``: an EOS or stop token id, kept;
+    ``max_tokens``; the model length). The worker keeps every token its verify accepted, also past
+    that end. Each ``extend`` reads only the output tokens it has not seen (the worker's output
+    list only grows), so a step costs the new tokens, not the whole text."""
+
+    def __init__(self, prompt: Sequence[int], *, max_tokens: int | None, eos: int | None,
+                 stop_ids: Sequence[int] | None, max_model_len: int | None) -> None:
+        self.prompt = np.asarray([int(t) for t in prompt], dtype=np.int64)
+        self.max_tokens, self.eos, self.max_model_len = max_tokens, eos, max_model_len
+        self.stops = frozenset(int(t) for t in (stop_ids or ()))
+        self.kept: list[int] = []
+        self.read = 0  # output tokens seen
+        self.ended = False
+        self.tokens = self.prompt
+
+    def extend(self, output: Sequence[int]) -> np.ndarray:
+        """The text after the worker's ``output`` (the same list as before, grown)."""
+        if self.ended or len(output) <= self.read:
+            return self.tokens
+        grown = len(self.kept)
+        for tok in output[self.read:]:
+            self.read += 1
+            self.kept.append(int(tok))
+            if self._stops_after(int(tok)):
+                self.ended = True
+                break
+        if len(self.kept) > grown:
+            self.tokens = np.concatenate([self.prompt, np.asarray(self.kept, dtype=np.int64)])
+        return self.tokens
+
+    def _stops_after(self, tok: int) -> bool:
+        return (self.eos is not None and tok == self.eos) or tok in self.stops or \
+            (self.max_tokens is not None and len(self.kept) >= self.max_tokens) or \
+            (self.max_model_len is not None and len(self.prompt) + len(self.kept) >= self.max_model_len)
+
+
 def client_text(prompt: Sequence[int], output: Sequence[int], *, max_tokens: int | None,
                 eos: int | None, stop_ids: Sequence[int] | None, max_model_len: int | None) -> np.ndarray:
-    """A request's tokens as its client receives them: the worker's output cut where vLLM 0.32's
-    scheduler stops the request (``check_stop``: an EOS or stop token id, kept; ``max_tokens``; the
-    model length). The worker keeps every token its verify accepted, also past that end."""
-    kept: list[int] = []
-    stops = set(int(t) for t in (stop_ids or ()))
-    for tok in output:
-        kept.append(int(tok))
-        if (eos is not None and int(tok) == eos) or int(tok) in stops:
-            break
-        if max_tokens is not None and len(kept) >= max_tokens:
-            break
-        if max_model_len is not None and len(prompt) + len(kept) >= max_model_len:
-            break
-    return np.asarray([*map(int, prompt), *kept], dtype=np.int64)
+    """A request's tokens as its client receives them, at once (``ClientText``)."""
+    return ClientText(prompt, max_tokens=max_tokens, eos=eos, stop_ids=stop_ids,
+                      max_model_len=max_model_len).extend(output)
