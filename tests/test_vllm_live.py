@@ -36,10 +36,15 @@ class Run:
     exit_code: int
 
 
+# vLLM's other process layout: the worker inside the engine core process (as a single-GPU deployment
+# may run it), one process fewer to start and stop
+ONE_PROCESS = ("--distributed-executor-backend", "uni")
+
+
 def serve(work: Path, draft: Path, target: Path, name: str, stop: int = signal.SIGINT,
-          batch: list[list[int]] | None = None) -> Run:
+          batch: list[list[int]] | None = None, extra: tuple[str, ...] = ()) -> Run:
     out = work / f"{name}.h5"
-    server = vllm_live.start(work, target, draft, out=out)
+    server = vllm_live.start(work, target, draft, out=out, extra=extra)
     try:
         server.wait_ready()
         traffic = vllm_live.drive(server.url, vllm_live.prompts() if batch is None else batch)
@@ -65,12 +70,15 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
 
 @pytest.fixture(scope="module")
 def runs(models: tuple[Path, Path, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
-    """Two runs of the same traffic stopped with Ctrl-C, with the ids vLLM reads as SpecForge's states;
-    the training config's ids exported as is (vLLM feeds other states); one run killed (SIGKILL)."""
+    """Two runs of the same traffic stopped with Ctrl-C, with the ids vLLM reads as SpecForge's states,
+    in vLLM's two process layouts (a: the default, a worker process of its own; b: the worker in the
+    engine core); the training config's ids exported as is (vLLM feeds other states); one run killed
+    (SIGKILL)."""
     work = tmp_path_factory.mktemp("vllm-live")
     target, same_states, exported = models
-    return {"a": serve(work, same_states, target, "a"), "b": serve(work, same_states, target, "b"),
-            "exported": serve(work, exported, target, "exported"),
+    return {"a": serve(work, same_states, target, "a"),
+            "b": serve(work, same_states, target, "b", extra=ONE_PROCESS),
+            "exported": serve(work, exported, target, "exported", extra=ONE_PROCESS),
             "killed": serve(work, same_states, target, "killed", stop=signal.SIGKILL,
                             batch=vllm_live.prompts()[:2])}
 
@@ -120,7 +128,9 @@ def test_a_killed_server_leaves_a_trace_compare_reads(runs: dict[str, Run]) -> N
     assert any("closed" in reason for reason in report.reasons), report.reasons
 
 
-def test_two_runs_of_the_same_traffic_match(runs: dict[str, Run]) -> None:
+def test_two_runs_of_the_same_traffic_match_whichever_process_layout_served_them(
+        runs: dict[str, Run]) -> None:
+    assert open_trace(runs["b"].trace).complete
     report = compare(runs["a"].trace, runs["b"].trace)
     assert report.verdict == "match", report.verdict
 
