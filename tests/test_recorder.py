@@ -537,3 +537,14 @@ def test_strict_mode_raises_keyed_misuse_in_the_caller(tmp_path) -> None:
         keys = rec.row_keys(np.arange(3))
         with pytest.raises(ValueError, match="do not match its keys' rows"):
             rec.log("rows.wrong", step_tensor(0, (4, 2)), keys=keys)
+
+
+def test_row_keys_teach_every_recorder_they_are_logged_to(tmp_path) -> None:
+    first, second = tmp_path / "first.arrow", tmp_path / "second.arrow"
+    with td.record(first) as a, td.record(second) as b:
+        keys = a.row_keys(np.array([3, 4]), request="r")
+        a.log("h", step_tensor(0, (2, 2)), keys=keys)
+        b.log("h", step_tensor(0, (2, 2)), keys=keys)
+    for path in (first, second):
+        with td.open_trace(path) as trace:
+            assert trace.request_tokens().sequence("r")[1].tolist() == [3, 4], path

@@ -519,7 +519,7 @@ class Recorder(QueueAccounting, WriterThread):
             return
         step = self._ctx.step if step is None else step
         if not (self.filter.keep_name(name) and self.filter.keep_step(step)):
-            if not keys.learned:  # filtered out: its keys still teach the token table
+            if keys.learned_by != id(self):  # filtered out: its keys still teach the token table
                 self._learn(keys, None)
             return
         tensor = self._array(name, tensor)
@@ -530,7 +530,7 @@ class Recorder(QueueAccounting, WriterThread):
                              f"{keys.lead_shape}")
         if self.strict:
             self._check_layout(name, (False, tag_of_tensor(tensor), tuple(tensor.shape[keys.lead_ndim:])))
-        if not keys.learned:
+        if keys.learned_by != id(self):
             self._learn(keys, None)
         mask = None if self.filter.requests is None else self.filter.row_mask(keys.requests())
         if mask is not None and not mask.any():
@@ -544,7 +544,7 @@ class Recorder(QueueAccounting, WriterThread):
             self._book.learn(*keys.expand(), declared=declared, strict=True)
         elif not self._queue_keys(keys, declared):
             return
-        keys.learned = True
+        keys.learned_by = id(self)
         if seen is not None:
             self._last_learned = seen
 

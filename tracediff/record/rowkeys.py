@@ -43,7 +43,7 @@ class LogRowKeys:
     token_id: np.ndarray | HostCopy
     mask: np.ndarray | HostCopy | None = None  # attention mask, 0 = padding
     refused: str | None = None  # why records cut along these keys are refused (``Recorder.row_keys``)
-    learned: bool = False  # taught to the token book already (keys shared by several records)
+    learned_by: int = 0  # id() of the recorder whose token book knows them (keys shared by several records)
     _expanded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     _id_bytes: int = field(default=-1, repr=False)  # id_bytes, once computed (the queue and the cost ask)
 
