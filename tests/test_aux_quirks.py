@@ -179,7 +179,7 @@ def served_and_trained(tmp_path, family: str, calls: list, trained_ids: list[int
     if sglang_missing():
         pytest.skip(sglang_missing())
     from testbed.sglang_families import family_bed
-    from tracediff.integrations.draft_summary import draft_config_summary
+    from tracediff.eagle3.draft_summary import draft_config_summary
     from tracediff.integrations.sglang import install
 
     bed = family_bed(family)

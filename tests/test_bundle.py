@@ -23,7 +23,6 @@ from typer.testing import CliRunner
 
 import tracediff as td
 from tests.conftest import REPO
-from tracediff.bundle.budget import human
 from tracediff.bundle.build import make_bundle
 from tracediff.bundle.markdown import CUTS, LIMIT, compose
 from tracediff.bundle.select import ladder
@@ -34,6 +33,7 @@ from tracediff.diff.findings import reproduction
 from tracediff.diff.results import Report
 from tracediff.errors import InputError
 from tracediff.report.html import render_html
+from tracediff.sizes import human
 from tracediff.trace.slice import Selection, Span, slice_trace
 
 SAMPLE = REPO / "traces" / "eagle3"
@@ -617,7 +617,7 @@ def test_slices_that_do_not_reproduce_and_cannot_widen_say_so(tmp_path) -> None:
 
 
 def test_a_budget_is_read_exactly_as_written() -> None:
-    from tracediff.bundle.budget import parse_size
+    from tracediff.sizes import parse_size
 
     assert parse_size("1.5MB") == 1_500_000 and parse_size(".5k") == 500 and parse_size("2MiB") == 2 << 20
     assert parse_size("1" + "0" * 23 + "GB") == 10**32  # a long number, not a float's rounding of it

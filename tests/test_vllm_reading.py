@@ -247,7 +247,7 @@ def test_compare_names_norm_before_residual_between_a_vllm_and_a_specforge_draft
     vLLM producer writes it) against a SpecForge training trace: equal fc inputs, other draft hidden
     states: the engine_reading diagnosis names the key only vLLM reads."""
     import tracediff as td
-    from tracediff.integrations.draft_summary import draft_config_summary
+    from tracediff.eagle3.draft_summary import draft_config_summary
 
     rng = np.random.default_rng(0)
     tokens = [3, 17, 250, 9, 88, 41]

@@ -15,6 +15,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from tracediff.eagle3.names import DRAFT_FC_IN, TARGET_TOKEN
 from tracediff.errors import InputError, did_you_mean
 from tracediff.integrations.producer import Importer
 from tracediff.integrations.registry import PRODUCERS
@@ -306,8 +307,8 @@ def bundle_command(
 
     Exit 0 when written (report.md says whether the slices reproduce the compare), 2 for bad input or
     a budget too small for the smallest bundle (the error says how many bytes it takes)."""
-    from tracediff.bundle.budget import human, parse_size
     from tracediff.bundle.build import make_bundle
+    from tracediff.sizes import human, parse_size
     from tracediff.text import safe
 
     try:
@@ -413,10 +414,10 @@ def replay(
     need_torch()
     from tracediff.eagle3.capture import parse_aux
     from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
+    from tracediff.eagle3.draft_summary import draft_config_summary
     from tracediff.eagle3.readings import READINGS, engine_choice
     from tracediff.eagle3.replay import replay as run_replay
     from tracediff.eagle3.vocab import DIRECT, OFFSET
-    from tracediff.integrations.draft_summary import draft_config_summary
     from tracediff.record.recorder import record
     from tracediff.report.progress import progress_bar
     from tracediff.report.replay import render_replay
@@ -451,9 +452,9 @@ def replay(
             model = load_draft(draft, target_embed=target_embedding(target) if target else None,
                                reading=chosen.reading,
                                target_head=target_tensor(target, "lm_head") if target else None)
-            missing = {"target.token"} - set(opened.names())
-            if missing or (spec is None and "draft.fc_in" not in opened.names()):
-                need = "target.token" if missing else "draft.fc_in (or pass --aux)"
+            missing = {TARGET_TOKEN} - set(opened.names())
+            if missing or (spec is None and DRAFT_FC_IN not in opened.names()):
+                need = TARGET_TOKEN if missing else "draft.fc_in (or pass --aux)"
                 fail(trace, f"replay needs recorded {need}")
             contract = {"draft": str(draft), "aux": spec.to_dict() if spec else "recorded draft.fc_in",
                         "d2t_reading": d2t, "replayed_trace": str(trace),
@@ -707,7 +708,7 @@ def record_command(
         fail("--on-full", f"expected drop or block, got {on_full!r}")
     queue = None
     if queue_bytes is not None:
-        from tracediff.bundle.budget import parse_size
+        from tracediff.sizes import parse_size
 
         try:
             queue = parse_size(queue_bytes)

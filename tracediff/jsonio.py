@@ -12,6 +12,7 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Union
 
 T = TypeVar("T")
@@ -20,18 +21,28 @@ T = TypeVar("T")
 NON_FINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 
-def to_plain(value: Any) -> Any:
+def to_plain(value: Any, unknown: Callable[[Any], Any] | None = None) -> Any:
     """A dataclass tree as JSON-ready dicts and lists (field order kept); NaN and infinities as the
-    strings "NaN", "Infinity", "-Infinity", so that the JSON is strict (any parser reads it)."""
+    strings "NaN", "Infinity", "-Infinity", so that the JSON is strict (any parser reads it). A value
+    of no JSON type is kept as it is, or given to ``unknown`` (``str``: what a contract states of an
+    engine's object it cannot hold as JSON)."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: to_plain(getattr(value, f.name), unknown) for f in dataclasses.fields(value)}
     if isinstance(value, (list, tuple)):
-        return [to_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): to_plain(v) for k, v in value.items()}
+        return [to_plain(v, unknown) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): to_plain(v, unknown) for k, v in value.items()}
     if isinstance(value, float) and not math.isfinite(value):
         return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
-    return value
+    if unknown is None or value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    return unknown(value)
+
+
+def stated(value: Any) -> Any:
+    """A value as a trace's contract states it: JSON-ready (``to_plain``), what JSON cannot hold as
+    its ``str()`` (an engine's enum, path or config object)."""
+    return to_plain(value, unknown=str)
 
 
 def from_plain(cls: type[T], data: Any) -> T:

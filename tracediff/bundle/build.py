@@ -23,7 +23,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from tracediff.bundle.budget import file_sizes, human, kilo, write_zip
+from tracediff.bundle.budget import file_sizes, kilo, write_zip
 from tracediff.bundle.contents import Bundle, BundleSide
 from tracediff.bundle.fingerprint import fingerprint
 from tracediff.bundle.markdown import explanation_section, least_compare, render
@@ -37,6 +37,7 @@ from tracediff.diff.verdict import MIN_COVERAGE
 from tracediff.eagle3.explanation import Explanation
 from tracediff.errors import InputError
 from tracediff.jsonio import to_plain
+from tracediff.sizes import human
 from tracediff.trace.output import check_output, staged_directory, staged_output
 from tracediff.trace.reader import Trace, detect_format, open_trace
 from tracediff.trace.slice import Selection, planned_bytes, slice_trace

@@ -17,7 +17,6 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from tracediff.bundle.budget import human
 from tracediff.bundle.contents import Bundle, BundleSide
 from tracediff.bundle.fingerprint import NOT_RECORDED
 from tracediff.bundle.select import Focus
@@ -25,6 +24,7 @@ from tracediff.bundle.verify import short_depths, short_tensors
 from tracediff.diff.results import Report
 from tracediff.eagle3.explanation import Explanation
 from tracediff.report.compare import cell, to_markdown, where
+from tracediff.sizes import human
 from tracediff.text import code, md, safe
 from tracediff.trace.slice import SlicePart
 

@@ -13,6 +13,7 @@ import re
 from dataclasses import dataclass
 
 from tracediff.diff.results import Report, Shortfall
+from tracediff.eagle3 import names as tn
 from tracediff.trace.reader import Trace
 from tracediff.trace.slice import Selection, Span
 
@@ -20,9 +21,9 @@ RADII = (16, 8, 4, 2, 1, 0)  # positions kept each side of the focus, widest fir
 LAYER = re.compile(r"target\.layer\.(\d+)")
 NORMED = re.compile(r"norm\((.+)\)")
 SHOWN = 8  # names a terminal line lists
-ALIGNMENT = "draft.input_ids"  # depth > 0 draft rows pair by what it says they were fed
+ALIGNMENT = tn.DRAFT_INPUT_IDS  # depth > 0 draft rows pair by what it says they were fed
 # Tensors a diagnosis kind reads besides the ones its evidence names.
-KIND_READS = {"vocab_map": ("draft.d2t", "draft.t2d", "draft.token", "draft.token_target")}
+KIND_READS = {"vocab_map": (tn.DRAFT_D2T, tn.DRAFT_T2D, tn.DRAFT_TOKEN, tn.DRAFT_TOKEN_TARGET)}
 
 
 @dataclass
@@ -219,20 +220,20 @@ def inputs(name: str, present: list[str], aux: list[str]) -> list[str]:
     last = [layers[-1][1]] if layers else []
     if m := LAYER.fullmatch(name):
         i = int(m.group(1))
-        return ["target.embed"] if i == 0 else [f"target.layer.{i - 1}"]
+        return [tn.TARGET_EMBED] if i == 0 else [f"target.layer.{i - 1}"]
     graph = {
-        "target.final_hidden": last,
-        "target.logits": ["target.final_hidden", *last],
-        "target.token": ["target.logits"],
-        "target.aux": aux,
-        "draft.fc_in": ["target.aux", *aux],
-        "draft.fc_out": ["draft.fc_in"],
-        "draft.embed": ["draft.input_ids"],
-        "draft.hidden": ["draft.fc_out", "draft.embed", "draft.positions", "draft.input_ids"],
-        "draft.logits": ["draft.hidden"],
-        "draft.token": ["draft.logits"],
-        "draft.token_target": ["draft.token", "draft.d2t"],
-        "verify.accept_len": ["draft.token_target", "target.token"],
+        tn.TARGET_FINAL_HIDDEN: last,
+        tn.TARGET_LOGITS: [tn.TARGET_FINAL_HIDDEN, *last],
+        tn.TARGET_TOKEN: [tn.TARGET_LOGITS],
+        tn.TARGET_AUX: aux,
+        tn.DRAFT_FC_IN: [tn.TARGET_AUX, *aux],
+        tn.DRAFT_FC_OUT: [tn.DRAFT_FC_IN],
+        tn.DRAFT_EMBED: [tn.DRAFT_INPUT_IDS],
+        tn.DRAFT_HIDDEN: [tn.DRAFT_FC_OUT, tn.DRAFT_EMBED, tn.DRAFT_POSITIONS, tn.DRAFT_INPUT_IDS],
+        tn.DRAFT_LOGITS: [tn.DRAFT_HIDDEN],
+        tn.DRAFT_TOKEN: [tn.DRAFT_LOGITS],
+        tn.DRAFT_TOKEN_TARGET: [tn.DRAFT_TOKEN, tn.DRAFT_D2T],
+        tn.VERIFY_ACCEPT_LEN: [tn.DRAFT_TOKEN_TARGET, tn.TARGET_TOKEN],
     }
     return graph.get(name, [])
 
@@ -257,8 +258,8 @@ def _aux_sources(a: Trace, b: Trace, evidence: list[str], present: list[str]) ->
     """The target states that fill the aux slots on either side: as the contracts state them, else
     as the diagnoses found them, else every target state."""
     stated = [s for t in (a, b) for s in (t.contract.get("aux_sources") or []) if isinstance(s, str)]
-    found = [n for n in evidence if n == "target.embed" or LAYER.fullmatch(n)]
-    every = [n for n in present if n == "target.embed" or LAYER.fullmatch(n)]
+    found = [n for n in evidence if n == tn.TARGET_EMBED or LAYER.fullmatch(n)]
+    every = [n for n in present if n == tn.TARGET_EMBED or LAYER.fullmatch(n)]
     return list(dict.fromkeys(stated or found or every))
 
 

@@ -28,10 +28,10 @@ import numpy as np
 
 from tracediff.diff.pair import Pair
 from tracediff.diff.results import Coverage, Reason, TokenMismatch
+from tracediff.eagle3.names import DRAFT_INPUT_IDS, reads_fed_token
 from tracediff.trace.reader import KeyColumns, RowKeys, Trace
-from tracediff.trace.schema import reads_fed_token
 
-FED = "draft.input_ids"
+FED = DRAFT_INPUT_IDS
 PRIME = (1 << 31) - 1  # prefix hashes are taken modulo this prime, with two bases
 BASES = (1_000_003, 1_234_567_891 % PRIME)
 MIX_POSITION, MIX_DEPTH = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F)

@@ -20,6 +20,7 @@ import numpy as np
 from tracediff.diff.align import Prefixes
 from tracediff.diff.pair import Pair
 from tracediff.diff.results import ContractDiff, ContractEntry
+from tracediff.eagle3 import names as tn
 from tracediff.trace.reader import Trace
 
 # Contract keys that, when both sides state them and they differ, make the traces incomparable.
@@ -32,11 +33,12 @@ TARGETS_DIFFER = "different target models"  # how the verdict's reason starts
 
 # Canonical tensors in data-flow order, by stage (for the table below).
 TARGET_ALL = ("target.*",)
-AUX = ("target.aux", "draft.fc_in", "draft.fc_out")
-DRAFT_AFTER_FC = ("draft.fc_out", "draft.hidden", "draft.logits", "draft.token", "draft.token_target",
+AUX = (tn.TARGET_AUX, tn.DRAFT_FC_IN, tn.DRAFT_FC_OUT)
+DRAFT_AFTER_FC = (tn.DRAFT_FC_OUT, tn.DRAFT_HIDDEN, tn.DRAFT_LOGITS, tn.DRAFT_TOKEN, tn.DRAFT_TOKEN_TARGET,
                   "verify.*")
-DRAFT_AFTER_ATTENTION = ("draft.hidden", "draft.logits", "draft.token", "draft.token_target", "verify.*")
-DRAFT_TOKENS = ("draft.logits", "draft.token", "draft.token_target", "draft.d2t", "draft.t2d", "verify.*")
+DRAFT_AFTER_ATTENTION = (tn.DRAFT_HIDDEN, tn.DRAFT_LOGITS, tn.DRAFT_TOKEN, tn.DRAFT_TOKEN_TARGET, "verify.*")
+DRAFT_TOKENS = (tn.DRAFT_LOGITS, tn.DRAFT_TOKEN, tn.DRAFT_TOKEN_TARGET, tn.DRAFT_D2T, tn.DRAFT_T2D,
+                "verify.*")
 EVERY = ("*",)
 
 
@@ -69,15 +71,15 @@ CAUSES: tuple[Cause, ...] = (
                    "rope_type", "partial_rotary_factor", "max_position_embeddings"),
           DRAFT_AFTER_ATTENTION, EVERY, "grows_with_position",
           "the rotary positions, hence the draft's attention and everything after it"),
-    Cause("positions", ("draft_position_offset",), ("draft.positions", *DRAFT_AFTER_ATTENTION),
-          ("draft.positions", *DRAFT_AFTER_ATTENTION), "",
+    Cause("positions", ("draft_position_offset",), (tn.DRAFT_POSITIONS, *DRAFT_AFTER_ATTENTION),
+          (tn.DRAFT_POSITIONS, *DRAFT_AFTER_ATTENTION), "",
           "the draft's rotary positions and everything after them"),
     Cause("norm", ("rms_norm_eps", "layer_norm_eps", "norm_eps", "norm_output", "norm_before_fc", "fc_norm",
                    "fc_norms_applied", "norm_before_residual"),
           DRAFT_AFTER_FC, EVERY, "from_position_0", "the normed tensors and everything after them"),
     Cause("vocab", ("vocab_size", "draft_vocab_size", "d2t_sha256", "hot_token_id_sha256", "d2t_reading",
                     "target_logits"),
-          DRAFT_TOKENS, ("target.logits", "target.token", *DRAFT_TOKENS), "", "the logits and tokens"),
+          DRAFT_TOKENS, (tn.TARGET_LOGITS, tn.TARGET_TOKEN, *DRAFT_TOKENS), "", "the logits and tokens"),
     Cause("aux", ("aux_layer_ids", "aux_layer_ids_resolved", "aux_layer_convention", "aux_sources",
                   "layers_to_capture", "aux_capture_set", "aux_capture_layers", "aux_slot_states",
                   "aux_embed_slot", "aux_ascending", "aux_layer_reading", "eagle_aux_hidden_state_layer_ids",
@@ -86,8 +88,8 @@ CAUSES: tuple[Cause, ...] = (
     Cause("sizes", ("num_attention_heads", "num_key_value_heads", "head_dim", "intermediate_size",
                     "hidden_act", "num_hidden_layers"),
           DRAFT_AFTER_ATTENTION, TARGET_ALL, "", "the layer's shapes and what it computes"),
-    Cause("input", ("draft_input_shift",), ("draft.input_ids", "draft.embed", *DRAFT_AFTER_ATTENTION), EVERY,
-          "", "the tokens the draft embeds"),
+    Cause("input", ("draft_input_shift",), (tn.DRAFT_INPUT_IDS, tn.DRAFT_EMBED, *DRAFT_AFTER_ATTENTION),
+          EVERY, "", "the tokens the draft embeds"),
     Cause("precision", ("dtype", "dtypes", "dtypes.*", "torch_dtype", "kv_cache_dtype", "quantization",
                         "device", "tp_size"),
           EVERY, EVERY, "", "precision only"),

@@ -18,6 +18,7 @@ from tracediff.diff.finite import measure_finite_parts
 from tracediff.diff.metrics import NUMPY, metrics_for
 from tracediff.diff.pair import Pair
 from tracediff.diff.shapes import dtype_note, mismatch
+from tracediff.eagle3.names import DRAFT_INPUT_IDS
 from tracediff.errors import InputError, did_you_mean
 from tracediff.trace.dtypes import FLOAT_TAGS, decode
 from tracediff.trace.reader import RowKeys, Trace, open_trace
@@ -26,7 +27,7 @@ from tracediff.trace.summary import TensorStats, value_stats
 TraceLike = str | Path | Trace
 SIDES = Pair("a", "b")
 HEAD = 8  # first values shown per side
-FED = "draft.input_ids"  # as compare's alignment reads fed tokens
+FED = DRAFT_INPUT_IDS  # as compare's alignment reads fed tokens
 LISTED = 6  # values of a key column named when a selection finds nothing
 RUNS = 8  # runs of consecutive positions named when a side lacks the position asked for
 FINITE_NOTE = ("the rows hold NaN/Inf at the same elements with the same values on both sides: measured on "

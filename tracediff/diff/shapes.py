@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from tracediff.diff.pair import Pair
 from tracediff.diff.results import Status
+from tracediff.eagle3.names import DRAFT_D2T, DRAFT_FC_IN, DRAFT_T2D, TARGET_AUX
 from tracediff.trace.dtypes import FLOAT_TAGS
 
-CONCATENATED = ("target.aux", "draft.fc_in")
-VOCAB_MAPS = {"draft.d2t": "draft", "draft.t2d": "target"}  # one entry per draft id / per target id
+CONCATENATED = (TARGET_AUX, DRAFT_FC_IN)
+VOCAB_MAPS = {DRAFT_D2T: "draft", DRAFT_T2D: "target"}  # one entry per draft id / per target id
 
 
 def mismatch(name: str, shapes: Pair[tuple[int, ...]]) -> tuple[Status, str] | None:

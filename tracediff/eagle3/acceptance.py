@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tracediff.eagle3.chains import drafted_from, leading_hits, tree_shape
+from tracediff.eagle3.names import DRAFT_D2T, DRAFT_TOKEN, DRAFT_TOKEN_TARGET, TARGET_TOKEN, VERIFY_ACCEPT_LEN
 from tracediff.trace.reader import Trace
 
 
@@ -41,20 +42,20 @@ class Acceptance:
 def recorded_acceptance(trace: Trace) -> Acceptance | None:
     """The trace's own acceptance estimate, or None (see the module docstring)."""
     names = set(trace.names())
-    if "target.token" not in names or not ({"draft.token_target", "draft.token"} & names):
+    if TARGET_TOKEN not in names or not ({DRAFT_TOKEN_TARGET, DRAFT_TOKEN} & names):
         return None
-    if "draft.token_target" in names:
-        drafted = trace.rows("draft.token_target")
+    if DRAFT_TOKEN_TARGET in names:
+        drafted = trace.rows(DRAFT_TOKEN_TARGET)
         ids = drafted.numpy().astype(np.int64)
     else:
-        drafted = trace.rows("draft.token")
-        table = trace.last_static("draft.d2t")
+        drafted = trace.rows(DRAFT_TOKEN)
+        table = trace.last_static(DRAFT_D2T)
         if table is None:
             return None
         d2t = np.asarray(table.data, dtype=np.int64)
         ids = drafted.numpy().astype(np.int64)
         ids = ids + d2t[np.clip(ids, 0, len(d2t) - 1)]
-    targets = trace.rows("target.token", depth=0)
+    targets = trace.rows(TARGET_TOKEN, depth=0)
     label = {(r, int(p)): int(v) for r, p, v in zip(targets.request.tolist(), targets.position.tolist(),
                                                     targets.numpy().tolist())}
     anchors = drafted_from(trace) if tree_shape(trace) is None else {}
@@ -74,7 +75,7 @@ def recorded_acceptance(trace: Trace) -> Acceptance | None:
             valid[key][d] = True
     if not hits:
         return None
-    verified = trace.rows("verify.accept_len").numpy().reshape(-1) if "verify.accept_len" in names \
+    verified = trace.rows(VERIFY_ACCEPT_LEN).numpy().reshape(-1) if VERIFY_ACCEPT_LEN in names \
         else np.zeros(0)
     h, ok = np.stack(list(hits.values())), np.stack(list(valid.values()))
     rows = ok.sum(axis=0)

@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from tracediff.eagle3 import names as tn
 from tracediff.eagle3.capture import TargetStates
 from tracediff.eagle3.draft import DepthResult
 from tracediff.record.recorder import Recorder
@@ -21,8 +22,8 @@ def log_vocab_map(rec: Recorder | None, d2t: torch.Tensor, t2d: torch.Tensor) ->
     """The draft's vocab map as static records, once per trace: compare uses it to tell a d2t that
     differs from one that is read differently."""
     if rec is not None:
-        rec.log_static("draft.d2t", d2t, once=True)
-        rec.log_static("draft.t2d", t2d, once=True)
+        rec.log_static(tn.DRAFT_D2T, d2t, once=True)
+        rec.log_static(tn.DRAFT_T2D, t2d, once=True)
 
 
 class RowLogger:
@@ -55,10 +56,10 @@ class RowLogger:
         for name, value in states.states.items():
             if layers is None or name in layers:
                 self.log(name, value[0, index], rows, step)
-        self.log("target.aux", aux[0, index], rows, step)
+        self.log(tn.TARGET_AUX, aux[0, index], rows, step)
         logits = states.logits[0, index]
-        self.log("target.logits", logits, rows, step)
-        self.log("target.token", logits.argmax(-1), rows, step)
+        self.log(tn.TARGET_LOGITS, logits, rows, step)
+        self.log(tn.TARGET_TOKEN, logits.argmax(-1), rows, step)
 
     def draft(self, result: DepthResult, input_ids: torch.Tensor, rows: Sequence[int], step: int, depth: int,
               to_target: Callable[[torch.Tensor], torch.Tensor], fc_in: torch.Tensor | None = None,
@@ -67,13 +68,13 @@ class RowLogger:
         ``rope_positions``: the RoPE positions the draft used, by default row + depth (SpecForge's TTT
         and SGLang's draft chain both rotate row t at depth d by position t + d)."""
         if fc_in is not None:
-            self.log("draft.fc_in", fc_in[0], rows, step, depth)
+            self.log(tn.DRAFT_FC_IN, fc_in[0], rows, step, depth)
         if result.fc_out is not None:
-            self.log("draft.fc_out", result.fc_out[0], rows, step, depth)
+            self.log(tn.DRAFT_FC_OUT, result.fc_out[0], rows, step, depth)
         rope = [r + depth for r in rows] if rope_positions is None else list(rope_positions)
-        self.log("draft.positions", torch.tensor(rope, dtype=torch.int64), rows, step, depth)
+        self.log(tn.DRAFT_POSITIONS, torch.tensor(rope, dtype=torch.int64), rows, step, depth)
         token = result.logits[0].argmax(-1)
-        for name, value in (("draft.input_ids", input_ids[0]), ("draft.embed", result.embed[0]),
-                            ("draft.hidden", result.hidden[0]), ("draft.logits", result.logits[0]),
-                            ("draft.token", token), ("draft.token_target", to_target(token))):
+        for name, value in ((tn.DRAFT_INPUT_IDS, input_ids[0]), (tn.DRAFT_EMBED, result.embed[0]),
+                            (tn.DRAFT_HIDDEN, result.hidden[0]), (tn.DRAFT_LOGITS, result.logits[0]),
+                            (tn.DRAFT_TOKEN, token), (tn.DRAFT_TOKEN_TARGET, to_target(token))):
             self.log(name, value, rows, step, depth)

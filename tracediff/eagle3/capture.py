@@ -12,6 +12,8 @@ from typing import cast
 
 import torch
 
+from tracediff.eagle3.names import TARGET_EMBED
+
 OUTPUT_OF_LAYER = "output_of_layer"
 INPUT_TO_LAYER = "input_to_layer"
 
@@ -33,8 +35,8 @@ class AuxSpec:
         """Canonical names of the slots in concatenation order (``target.embed``, ``target.layer.i``)."""
         ids = sorted(self.layer_ids) if self.ascending else list(self.layer_ids)
         shift = 0 if self.convention == OUTPUT_OF_LAYER else -1
-        names = ["target.embed" if i + shift < 0 else f"target.layer.{i + shift}" for i in ids]
-        return ["target.embed", *names] if self.embed_slot else names
+        names = [TARGET_EMBED if i + shift < 0 else f"target.layer.{i + shift}" for i in ids]
+        return [TARGET_EMBED, *names] if self.embed_slot else names
 
     def to_dict(self) -> dict:
         return {"aux_layer_ids": list(self.layer_ids), "aux_layer_convention": self.convention,
@@ -80,7 +82,7 @@ def run_target(model: torch.nn.Module, input_ids: torch.Tensor) -> TargetStates:
     embed_tokens = cast(torch.nn.Module, inner.embed_tokens)
     layers = cast(torch.nn.ModuleList, inner.layers)
     handles = [embed_tokens.register_forward_hook(
-        lambda m, a, out: captured.__setitem__("target.embed", out))]
+        lambda m, a, out: captured.__setitem__(TARGET_EMBED, out))]
     for i, layer in enumerate(layers):
         handles.append(layer.register_forward_hook(
             lambda m, a, out, i=i: captured.__setitem__(f"target.layer.{i}", out[0] if isinstance(out, tuple)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from tracediff.eagle3.names import DRAFT_TOKEN_TARGET, VERIFY_ACCEPT_LEN
 from tracediff.trace.reader import Trace
 
 
@@ -25,7 +26,7 @@ def drafted_from(trace: Trace) -> dict[str, set[int]]:
     if not names and trace.speculative_args.get("num_steps") == 1:
         # a one-step server's chains are its verifies (verify.accept_len rows, at each anchor), else
         # the tokens draft_forward returned (draft.token_target: SGLang records them at the anchors)
-        recorded: list[str] = [n for n in ("verify.accept_len", "draft.token_target") if n in trace.names()]
+        recorded: list[str] = [n for n in (VERIFY_ACCEPT_LEN, DRAFT_TOKEN_TARGET) if n in trace.names()]
         names, depth = recorded[:1], 0
     for name in names:
         try:

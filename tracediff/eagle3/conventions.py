@@ -39,12 +39,11 @@ from functools import cache
 from types import SimpleNamespace
 from typing import Any, NamedTuple
 
-EMBED = "target.embed"
-SGLANG_TABLE = "0.5.23"  # the sglang release CONVENTIONS describes
-SPECFORGE = "0.2.0"
-VLLM_TABLE = "0.32.0"  # the vllm release VLLM_TARGETS describes
+from tracediff.eagle3.names import TARGET_EMBED
+from tracediff.eagle3.versions import SGLANG_VERSION, SPECFORGE_VERSION, VLLM_VERSION, minor
+
 VLLM = "vllm"  # the engine, as readings.py and a trace's ``draft_engine`` name it
-VLLM_LABEL = "vLLM 0.32"  # for people (readings.py's label of its reading)
+VLLM_LABEL = f"vLLM {minor(VLLM_VERSION)}"  # for people (readings.py's label of its reading)
 SETTER = "set_eagle3_layers_to_capture"
 FLAG = "_is_layer_to_capture"
 
@@ -252,21 +251,21 @@ class Selection:
 def state_name(k: int, branch: bool = False) -> str:
     """The canonical target state at boundary k (the stream entering layer k)."""
     if k == 0:
-        return EMBED
+        return TARGET_EMBED
     return f"target.layer.{k - 1}" + (".branch" if branch else "")
 
 
 def layer_of(state: str) -> int:
     """The layer number of a canonical target state (``target.layer.3``, ``target.layer.3.branch``:
     3; ``target.embed``: -1)."""
-    return -1 if state == EMBED else int(state.split(".")[2])
+    return -1 if state == TARGET_EMBED else int(state.split(".")[2])
 
 
 def label(state: str | None) -> str:
     """For people: ``embed``, ``layer 3``, ``layer 3 branch``, ``?``."""
     if state is None:
         return "?"
-    if state == EMBED:
+    if state == TARGET_EMBED:
         return "embed"
     if state.startswith("norm(") and state.endswith(")"):
         return f"norm({label(state[5:-1])})"
@@ -313,7 +312,7 @@ def table_selection(architecture: str, ids: Sequence[int] | None, num_layers: in
     """The selection as ``CONVENTIONS`` states sglang 0.5.23's (``earlier``: ids of earlier calls)."""
     target = target_for(architecture)
     if target is None:
-        raise LookupError(f"{architecture} is not an EAGLE-3 target of sglang {SGLANG_TABLE}")
+        raise LookupError(f"{architecture} is not an EAGLE-3 target of sglang {SGLANG_VERSION}")
     capture = target.capture
     flags: set[int] = set()
     ltc: list[int] = []
@@ -323,7 +322,7 @@ def table_selection(architecture: str, ids: Sequence[int] | None, num_layers: in
         if capture.flags:
             error = _table_flags(capture, ltc, num_layers, flags)
     return _selection(architecture, capture, num_layers, ids, ltc, sorted(flags), error,
-                      f"tracediff's table of sglang {SGLANG_TABLE}")
+                      f"tracediff's table of sglang {SGLANG_VERSION}")
 
 
 def _selection(architecture: str, capture: Capture, num_layers: int, ids: Sequence[int] | None,
@@ -380,7 +379,7 @@ def sglang_selection(architecture: str, ids: Sequence[int] | None, num_layers: i
     """What SGLang selects for ``ids``: its own code where it imports, else the table."""
     target = target_for(architecture)
     if target is None:
-        raise LookupError(f"{architecture} is not an EAGLE-3 target of sglang {SGLANG_TABLE}")
+        raise LookupError(f"{architecture} is not an EAGLE-3 target of sglang {SGLANG_VERSION}")
     if target.capture.rule != DELEGATED and _sglang_imports():
         try:
             cls = sglang_class(target)
@@ -607,7 +606,7 @@ def aux_state_keys(states: Sequence[str]) -> dict[str, Any]:
 
 def hf_states(ids: Sequence[int]) -> list[str]:
     """What a trainer reading HF ``hidden_states[i+1]`` feeds for ids: the output of layer i."""
-    return [EMBED if i == -1 else f"target.layer.{i}" for i in ids]
+    return [TARGET_EMBED if i == -1 else f"target.layer.{i}" for i in ids]
 
 
 # -- vLLM ----------------------------------------------------------------------------------------
@@ -756,7 +755,7 @@ VLLM_TARGETS: dict[str, VllmCapture] = {
 def vllm_capture(architecture: str) -> VllmCapture:
     """How vLLM 0.32 captures on ``architecture``; LookupError for one tracediff's table lacks."""
     if architecture not in VLLM_TARGETS:
-        raise LookupError(f"{architecture} is not in tracediff's table of vllm {VLLM_TABLE}")
+        raise LookupError(f"{architecture} is not in tracediff's table of vllm {VLLM_VERSION}")
     return VLLM_TARGETS[architecture]
 
 
@@ -772,7 +771,7 @@ def vllm_selection(architecture: str, ids: Sequence[int] | None, num_layers: int
     ``error`` what vLLM raises. LookupError for an architecture tracediff's table lacks."""
     capture = vllm_capture(architecture)
     given = tuple(ids) if ids else None
-    source = f"tracediff's table of vllm {VLLM_TABLE}"
+    source = f"tracediff's table of vllm {VLLM_VERSION}"
     if capture.refusal is not None:
         return Selection(architecture, num_layers, given, (), (), (), (), capture.refusal, source,
                          engine=VLLM)
@@ -892,7 +891,7 @@ def engine_rows() -> list[EngineRow]:
 def engine_table() -> str:
     """docs/INTEGRATIONS.md's engine table (a test keeps the doc equal to it)."""
     ids, layers = ENGINE_EXAMPLE
-    lines = [f"| family | SGLang {SGLANG_TABLE} | {VLLM_LABEL} | SpecForge {SPECFORGE} | "
+    lines = [f"| family | SGLang {SGLANG_VERSION} | {VLLM_LABEL} | SpecForge {SPECFORGE_VERSION} | "
              f"HF hidden_states[i+1] readers | {VLLM_LABEL}: quirks |", "|---|---|---|---|---|---|"]
     lines += [f"| {r.family} | {r.sglang} | {r.vllm} | {r.specforge} | {r.hf} | {r.vllm_quirks} |"
               for r in engine_rows()]

@@ -20,8 +20,6 @@ from tracediff.eagle3.checkpoint import CONFIG, WEIGHTS, nonfinite, read_config,
 from tracediff.eagle3.config import DraftConfig, read_json_object
 from tracediff.eagle3.conventions import (
     RULES,
-    SGLANG_TABLE,
-    SPECFORGE,
     V1,
     V2,
     VLLM_LABEL,
@@ -46,6 +44,7 @@ from tracediff.eagle3.conventions import label as state_label
 from tracediff.eagle3.draft import Eagle3Draft
 from tracediff.eagle3.readings import FIXES, PHRASES, READINGS, SGLANG, VLLM, differences
 from tracediff.eagle3.readings import SPECFORGE as SPECFORGE_ENGINE
+from tracediff.eagle3.versions import SGLANG_VERSION, SPECFORGE_VERSION
 from tracediff.eagle3.vocab import Finding, check_vocab_map
 from tracediff.errors import CheckpointError, InputError
 
@@ -158,7 +157,8 @@ def check_engine_readings(ck: Checkpoint) -> list[Finding]:
     for d in differences(ck.config, VLLM, SPECFORGE_ENGINE, checkpoint_has_embedding=embedded):
         if d.field not in said:
             out.append(Finding("warning", "engine_reading",
-                               f"config.json: {d.text} (SGLang {SGLANG_TABLE} as SpecForge {SPECFORGE}): the "
+                               f"config.json: {d.text} (SGLang {SGLANG_VERSION} as SpecForge "
+                               f"{SPECFORGE_VERSION}): the "
                                "trained and the served draft differ on vLLM", FIXES[d.key]))
     return out
 
@@ -376,8 +376,9 @@ def _empty_ids(ck: Checkpoint) -> Finding:
         else:
             crash = f"{target.architecture} sets {crash}"
     return Finding("error", "aux_ids_empty", "config.json's eagle_aux_hidden_state_layer_ids is []: SGLang "
-                   f"{SGLANG_TABLE} passes it to set_eagle3_layers_to_capture as given, not as the default: "
-                   f"{crash}; SpecForge {SPECFORGE} refuses it",
+                   f"{SGLANG_VERSION} passes it to set_eagle3_layers_to_capture as given, not as the "
+                   "default: "
+                   f"{crash}; SpecForge {SPECFORGE_VERSION} refuses it",
                    "write the layer ids training used into eagle_config (or drop the key for the default)")
 
 
@@ -385,8 +386,8 @@ def _unknown_family(ck: Checkpoint) -> Finding:
     """A target whose config.json names no EAGLE-3 target class: what doctor says of it is a guess."""
     architectures = (ck.target or {}).get("architectures")
     named = architectures[0] if isinstance(architectures, list) and architectures else None
-    what = f"{str(named)[:80]} is not an EAGLE-3 target class of sglang {SGLANG_TABLE}" if named is not None \
-        else "the target's config.json names no architecture"
+    what = "the target's config.json names no architecture" if named is None else \
+        f"{str(named)[:80]} is not an EAGLE-3 target class of sglang {SGLANG_VERSION}"
     return Finding("warning", "aux_family_unknown", f"{what}: which states the aux ids select is assumed "
                    "(SGLang's Llama-like families: ids + 1), not known",
                    "serve a target class SGLang captures aux states for, or record both sides and compare")
@@ -432,7 +433,7 @@ def check_family(ck: Checkpoint, target: Target) -> list[Finding]:
     vllm = _vllm_reading(ck, target)
     findings = [Finding("info", "aux_meaning", f"{asked} on this {layers}-layer {target.architecture}: "
                         f"SGLang ({target.convention}) sets layers_to_capture {capture} "
-                        f"and feeds {labels(served.states)}; SpecForge {SPECFORGE} {specforge}{hf} "
+                        f"and feeds {labels(served.states)}; SpecForge {SPECFORGE_VERSION} {specforge}{hf} "
                         f"({served.source}); {vllm.meaning}", "record both sides and compare if in doubt")]
     findings += vllm.findings(served, trained, target)
     short = _shortfall(cfg, served)
@@ -445,8 +446,8 @@ def check_family(ck: Checkpoint, target: Target) -> list[Finding]:
     elif served.uncaptured:
         named = ", ".join(_named_by(ids, served, k) for k in served.uncaptured)
         findings.append(Finding("error", "aux_out_of_range", f"{named}, which this {layers}-layer "
-                                f"{target.family.name} target never captures in SGLang {SGLANG_TABLE} (and "
-                                f"SpecForge {SPECFORGE}, through it; layers_to_capture "
+                                f"{target.family.name} target never captures in SGLang {SGLANG_VERSION} (and "
+                                f"SpecForge {SPECFORGE_VERSION}, through it; layers_to_capture "
                                 f"{list(served.layers_to_capture)}): {short}",
                                 f"use ids the target can supply (below {layers - 1} for "
                                 f"{target.family.name})"))
@@ -468,12 +469,13 @@ def check_family(ck: Checkpoint, target: Target) -> list[Finding]:
     if reading is not None:
         findings.append(reading)
     if trained.selection is None:
-        findings.append(Finding("warning", "aux_specforge_refuses", f"SpecForge {SPECFORGE} refuses {asked}"
-                                f": {trained.ids.refusal}: this draft was not trained by it as configured",
+        findings.append(Finding("warning", "aux_specforge_refuses",
+                                f"SpecForge {SPECFORGE_VERSION} refuses {asked}: {trained.ids.refusal}: this "
+                                "draft was not trained by it as configured",
                                 "check which ids training really used"))
     elif served.error is None and trained.selection.states != served.states:
         findings.append(Finding("error", "aux_engines_differ", f"for {asked} SGLang feeds "
-                                f"{labels(served.states)}, SpecForge {SPECFORGE} trained on "
+                                f"{labels(served.states)}, SpecForge {SPECFORGE_VERSION} trained on "
                                 f"{labels(trained.selection.states)}: the draft is served other states than "
                                 "it learned", "write the ids training used into eagle_config"))
     return findings
@@ -521,14 +523,16 @@ class _VllmReading:
         if served.error is None and served.states != vllm.states:
             sglang_rule = f"{RULES[target.capture.rule]}: {labels(served.states)}"
             if trained.selection is not None and trained.selection.states == served.states:
-                others = f"SGLang {SGLANG_TABLE} (and SpecForge {SPECFORGE}, through SGLang): {sglang_rule}"
+                others = (f"SGLang {SGLANG_VERSION} (and SpecForge {SPECFORGE_VERSION}, through SGLang): "
+                          f"{sglang_rule}")
             else:
                 spec = f"trains on {labels(trained.selection.states)}" if trained.selection else \
                     "refuses them"
-                others = f"SGLang {SGLANG_TABLE}: {sglang_rule}; SpecForge {SPECFORGE} {spec}"
+                others = f"SGLang {SGLANG_VERSION}: {sglang_rule}; SpecForge {SPECFORGE_VERSION} {spec}"
             reachable = all(capture.reaches(k, self.num_layers) for k in served.captured) and \
                 not any(state.endswith(".branch") for state in served.states)
-            fix = (f"a draft trained through SGLang (SpecForge {SPECFORGE}) is fed other states by vLLM: "
+            fix = (f"a draft trained through SGLang (SpecForge {SPECFORGE_VERSION}) is fed other states by "
+                   "vLLM: "
                    f"add a top-level eagle_aux_hidden_state_layer_ids {list(served.captured)} (vLLM reads it "
                    "first, SGLang never), or record both sides and compare") if reachable else \
                 "record both sides and compare"
@@ -569,7 +573,7 @@ def _hf_reading_differs(ids: tuple[int, ...] | None, served: Selection, target: 
                    f"hidden_states[i+1] (older SpecForge, hand-written loops) fed {labels(hf)}: a draft "
                    "trained that way is served other states than it learned",
                    "check how training read the aux states (record both sides and compare); SpecForge "
-                   f"{SPECFORGE} reads them through SGLang's class, as served")
+                   f"{SPECFORGE_VERSION} reads them through SGLang's class, as served")
 
 
 def _named_by(ids: tuple[int, ...] | None, served: Selection, k: int) -> str:

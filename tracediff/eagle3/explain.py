@@ -31,6 +31,7 @@ from tracediff.eagle3.chains import drafted_from, leading_hits, tree_shape
 from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
 from tracediff.eagle3.draft import Eagle3Draft
 from tracediff.eagle3.explanation import GROUP_NAMES, GROUPS, Explanation, Run, Side
+from tracediff.eagle3.names import DRAFT_D2T, DRAFT_LOGITS, DRAFT_TOKEN, DRAFT_TOKEN_TARGET
 from tracediff.eagle3.readings import engine_choice
 from tracediff.eagle3.replay import (
     FcRows,
@@ -297,7 +298,7 @@ def _side(rows: RequestRows, n: int) -> SideRows:
 def _d2t(trace: Trace, draft: Eagle3Draft) -> torch.Tensor:
     """The vocab map the side ran: its recorded ``draft.d2t``; none at all where its server applied
     none (``vocab_map_applied`` false: draft ids are target ids); else the checkpoint's."""
-    recorded = trace.last_static("draft.d2t")
+    recorded = trace.last_static(DRAFT_D2T)
     if recorded is not None and recorded.data.shape == tuple(draft.d2t.shape):
         return torch.from_numpy(np.array(recorded.data, dtype=np.int64))  # a copy: Arrow's is read-only
     if trace.contract.get("vocab_map_applied") is False:
@@ -524,7 +525,7 @@ def _recorded_agreement(trace: Trace, pairs: list[PairedRows], side: Side, d2t: 
     id (``draft.token``) and, where recorded, the target id it maps to (``draft.token_target``, under
     the side's vocab map). 1.0 when the recording is what the checkpoint computes; None when the
     trace records neither."""
-    names = [n for n in ("draft.token", "draft.token_target") if n in trace.names()]
+    names = [n for n in (DRAFT_TOKEN, DRAFT_TOKEN_TARGET) if n in trace.names()]
     if not names:
         return None
     recorded = {n: trace.rows(n, depth=0) for n in names}
@@ -538,7 +539,7 @@ def _recorded_agreement(trace: Trace, pairs: list[PairedRows], side: Side, d2t: 
         rows = [p for p in range(len(inputs.ids)) if any(p in values for values in at.values())]
         if not rows:
             continue
-        replayed = {"draft.token": ids, "draft.token_target": (torch.from_numpy(ids) + d2t[ids]).numpy()}
+        replayed = {DRAFT_TOKEN: ids, DRAFT_TOKEN_TARGET: (torch.from_numpy(ids) + d2t[ids]).numpy()}
         same += sum(all(int(replayed[n][p]) == values[p] for n, values in at.items() if p in values)
                     for p in rows)
         seen += len(rows)
@@ -551,9 +552,9 @@ def recorded_logits_diff(trace: Trace, pairs: list[PairedRows], side: Side,
     where it recorded them, the draft replayed on the side's own inputs: about float round-off when
     the recording is what the checkpoint computes. A pair's rows are read and replayed at a time
     (one depth). None when the trace records no draft logits of the draft's vocabulary."""
-    if "draft.logits" not in trace.names():
+    if DRAFT_LOGITS not in trace.names():
         return None
-    keys = trace.keys("draft.logits", depth=0)
+    keys = trace.keys(DRAFT_LOGITS, depth=0)
     if keys.row_shape != (draft.lm_head.out_features,):
         return None
     where = by_position(keys)

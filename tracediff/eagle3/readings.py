@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from tracediff.eagle3.config import DraftConfig
+from tracediff.eagle3.versions import SGLANG_VERSION, SPECFORGE_VERSION, VLLM_VERSION, minor
 from tracediff.eagle3.vocab import OFFSET
 
 SGLANG = "sglang"
@@ -123,16 +124,18 @@ class Numerics(NamedTuple):
 
 
 READINGS: dict[str, Reading] = {
-    SGLANG: Reading(SGLANG, "0.5.23", norm_output_default=False, norm_output_true_normalises_next_hidden=True,
+    SGLANG: Reading(SGLANG, SGLANG_VERSION, norm_output_default=False,
+                    norm_output_true_normalises_next_hidden=True,
                     norm_output_false_skips_logits_norm=False, reads_norm_before_fc=True,
                     fc_norm_keys=("fc_norm", "use_aux_norm"), embeds_with_target=True,
                     lm_head_from_target_without_draft_vocab=True, ties_lm_head_to_embedding=True),
-    SPECFORGE: Reading(SPECFORGE, "0.2.0", norm_output_default=True,
+    SPECFORGE: Reading(SPECFORGE, SPECFORGE_VERSION, norm_output_default=True,
                        norm_output_true_normalises_next_hidden=False,
                        norm_output_false_skips_logits_norm=True, reads_norm_before_fc=False,
                        fc_norm_keys=("fc_norm",), embeds_with_target=False,
                        lm_head_from_target_without_draft_vocab=False, ties_lm_head_to_embedding=False),
-    VLLM: Reading(VLLM, "0.32", norm_output_default=False, norm_output_true_normalises_next_hidden=True,
+    VLLM: Reading(VLLM, minor(VLLM_VERSION), norm_output_default=False,
+                  norm_output_true_normalises_next_hidden=True,
                   norm_output_false_skips_logits_norm=False, reads_norm_before_fc=True,
                   fc_norm_keys=("fc_norm",), embeds_with_target=False,
                   lm_head_from_target_without_draft_vocab=False, ties_lm_head_to_embedding=False,

@@ -22,10 +22,17 @@ from tracediff.eagle3.chains import drafted_from, leading_hits, tree_shape
 from tracediff.eagle3.checkpoint import nonfinite
 from tracediff.eagle3.config import DraftConfig
 from tracediff.eagle3.draft import DepthResult, Eagle3Draft, to_target_fn
+from tracediff.eagle3.draft_summary import draft_config_summary
+from tracediff.eagle3.names import (
+    DRAFT_FC_IN,
+    DRAFT_INPUT_IDS,
+    DRAFT_POSITIONS,
+    TARGET_TOKEN,
+    VERIFY_ACCEPT_LEN,
+)
 from tracediff.eagle3.readings import READINGS, EngineChoice, differences
 from tracediff.eagle3.selfcheck import RecordedChains, SelfCheck
 from tracediff.errors import InputError
-from tracediff.integrations.draft_summary import draft_config_summary
 from tracediff.jsonio import to_plain
 from tracediff.record.recorder import Recorder
 from tracediff.trace.dtypes import decode
@@ -72,9 +79,9 @@ def trace_depth_bound(trace: Trace) -> DepthBound | None:
     where the last recorded ``target.token`` of any request is at position L, no row has a label at
     depth L or deeper (row 0's deepest is L-1): a chain of more than L depths scores nothing at the
     rest. None where it records no target token past position 0 (replay says so itself)."""
-    if "target.token" not in trace.names():
+    if TARGET_TOKEN not in trace.names():
         return None
-    positions = trace.keys("target.token").position
+    positions = trace.keys(TARGET_TOKEN).position
     last = int(positions.max()) if len(positions) else 0
     if last <= 0:
         return None
@@ -211,10 +218,10 @@ def request_rows(trace: Trace, aux: AuxSpec | None) -> Iterator[RequestRows]:
     another request computed) borrows them from the request it shares those tokens with: the
     server's draft attended to them too. Rows need no target token (prompt rows: their fc input
     is context); they are scored where the target's token is recorded."""
-    targets = trace.rows("target.token")
-    fed = trace.rows("draft.input_ids", depth=0) if "draft.input_ids" in trace.names() else None
-    rope = trace.rows("draft.positions", depth=0) if "draft.positions" in trace.names() else None
-    wanted = aux.sources() if aux else ["draft.fc_in"]
+    targets = trace.rows(TARGET_TOKEN)
+    fed = trace.rows(DRAFT_INPUT_IDS, depth=0) if DRAFT_INPUT_IDS in trace.names() else None
+    rope = trace.rows(DRAFT_POSITIONS, depth=0) if DRAFT_POSITIONS in trace.names() else None
+    wanted = aux.sources() if aux else [DRAFT_FC_IN]
     lacking = [name for name in wanted if name not in trace.names()]
     if lacking:
         raise InputError(trace.paths[0], f"the trace holds no {', '.join(lacking)}"
@@ -324,7 +331,7 @@ def _check_width(width: int, draft: Eagle3Draft, sources: str) -> None:
     takes = draft.fc.in_features
     if width != takes:
         hidden = draft.config.target_hidden
-        raise InputError("--aux" if sources != RECORDED else "draft.fc_in",
+        raise InputError("--aux" if sources != RECORDED else DRAFT_FC_IN,
                          f"the fc input ({sources}) is {width} wide ({width / hidden:g} slots of {hidden}); "
                          f"the draft's fc takes {takes} ({takes // hidden} slots)")
 
@@ -347,7 +354,7 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     leading: list[int] = []  # every row's chain, scored
     unscored = 0  # every row's chains left unscored
     chained: list[int] = []  # the chains the server drafted
-    verify_rows = trace.rows("verify.accept_len") if "verify.accept_len" in trace.names() else None
+    verify_rows = trace.rows(VERIFY_ACCEPT_LEN) if VERIFY_ACCEPT_LEN in trace.names() else None
     verify = by_position(verify_rows) if verify_rows is not None else {}
     verify_values = verify_rows.numpy().reshape(-1) if verify_rows is not None else np.zeros(0)
     verified: list[int] = []  # the server's own accepted drafts at the chains scored

@@ -18,12 +18,13 @@ import numpy as np
 import torch
 
 from tracediff.eagle3.draft import DepthResult
+from tracediff.eagle3.names import DRAFT_HIDDEN, DRAFT_INPUT_IDS, DRAFT_TOKEN, DRAFT_TOKEN_TARGET
 from tracediff.trace.dtypes import decode
 from tracediff.trace.reader import RowKeys, TensorRows, Trace
 
 HIDDEN_RTOL = 1e-3  # max |replayed - recorded| / max |recorded| of a row's draft.hidden still "the same"
-CHAIN_TENSORS = ("draft.input_ids", "draft.token", "draft.token_target", "draft.hidden")
-LARGE = ("draft.hidden",)  # read a request at a time: a row is a hidden state
+CHAIN_TENSORS = (DRAFT_INPUT_IDS, DRAFT_TOKEN, DRAFT_TOKEN_TARGET, DRAFT_HIDDEN)
+LARGE = (DRAFT_HIDDEN,)  # read a request at a time: a row is a hidden state
 
 
 @dataclass(frozen=True)
@@ -73,7 +74,7 @@ class RecordedChains:
     @property
     def usable(self) -> bool:
         """Whether the trace holds what a self-check needs: the fed tokens and the drafted ones."""
-        return "draft.input_ids" in self.rows and "draft.token" in self.rows
+        return DRAFT_INPUT_IDS in self.rows and DRAFT_TOKEN in self.rows
 
     def value(self, name: str, request: str, position: int, depth: int) -> np.ndarray | None:
         i = self.at.get(name, {}).get((request, position, depth))
@@ -98,7 +99,7 @@ class RecordedChains:
         for depth in range(depths):
             at = ids.clone()
             for row in anchors.tolist():
-                token = self.value("draft.input_ids", request, int(positions[row]), depth)
+                token = self.value(DRAFT_INPUT_IDS, request, int(positions[row]), depth)
                 if token is not None:
                     at[0, row] = int(token)
             fed.append(at)
@@ -114,30 +115,30 @@ class RecordedChains:
             position = int(positions[row])
             same, compared = True, False
             for depth, result in enumerate(results):
-                token = self.value("draft.token", request, position, depth)
+                token = self.value(DRAFT_TOKEN, request, position, depth)
                 if token is None:
                     break
                 compared = True
                 replayed = int(result.logits[0, row].argmax())
                 departure = None
                 if replayed != int(token):
-                    departure = Departure(request, position, depth, "draft.token",
+                    departure = Departure(request, position, depth, DRAFT_TOKEN,
                                           f"recorded {int(token)}, replayed {replayed}")
-                mapped = self.value("draft.token_target", request, position, depth)
+                mapped = self.value(DRAFT_TOKEN_TARGET, request, position, depth)
                 if departure is None and mapped is not None and to_target is not None:
                     target = int(to_target(torch.tensor([replayed]))[0])
                     if target != int(mapped):
-                        departure = Departure(request, position, depth, "draft.token_target",
+                        departure = Departure(request, position, depth, DRAFT_TOKEN_TARGET,
                                               f"recorded {int(mapped)}, replayed {target} (draft id "
                                               f"{replayed}: the vocab map is read otherwise)")
-                hidden = self.value("draft.hidden", request, position, depth)
+                hidden = self.value(DRAFT_HIDDEN, request, position, depth)
                 if hidden is not None:
                     ours = result.hidden[0, row].float().numpy()
                     scale = float(np.abs(hidden).max()) or 1.0
                     rel = float(np.abs(ours - hidden).max()) / scale
                     check.hidden_max_rel = max(check.hidden_max_rel, rel)
                     if rel > HIDDEN_RTOL:  # the state leaves first: name it over the token it moves
-                        departure = Departure(request, position, depth, "draft.hidden", f"max_rel {rel:.3g}")
+                        departure = Departure(request, position, depth, DRAFT_HIDDEN, f"max_rel {rel:.3g}")
                 if departure is not None:
                     same = False
                     if check.first_departure is None:

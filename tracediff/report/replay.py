@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tracediff.eagle3.chains import UNSCORED
+from tracediff.eagle3.names import DRAFT_TOKEN_TARGET
 from tracediff.eagle3.replay import RECORDED, ReplayReport
 from tracediff.text import safe
 
@@ -62,7 +63,7 @@ def render_replay(console: Console, report: ReplayReport) -> None:
                 f"leaves the recorded draft at depth {left.depth} (request {left.request}, position "
                 f"{left.position}): {left.tensor} {left.detail}: "
                 + ("replay maps draft ids to target ids otherwise than the server did (--d2t)"
-                   if left.tensor == "draft.token_target" else "the draft is not computed as the server "
+                   if left.tensor == DRAFT_TOKEN_TARGET else "the draft is not computed as the server "
                    "computed it (its checkpoint or config, or the server's reading of it, differs)")
                 + (f"; {check.suspect}" if check.suspect else ""))), soft_wrap=True)
     elif report.scored_on == "the server's chains" and report.aux != RECORDED:

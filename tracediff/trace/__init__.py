@@ -7,8 +7,8 @@ from tracediff.lazy import lazy
 
 __getattr__ = lazy(__name__, {
     "MixedRecords": ".reader", "TensorRows": ".reader", "TokenTable": ".reader", "Trace": ".reader",
-    "open_trace": ".reader", "CANONICAL_NAMES": ".schema", "FORMAT_VERSION": ".schema", "Record": ".schema",
+    "open_trace": ".reader", "FORMAT_VERSION": ".schema", "Record": ".schema",
     "RecordIndex": ".schema", "open_writer": ".writer"})
 
-__all__ = ["CANONICAL_NAMES", "FORMAT_VERSION", "MixedRecords", "Record", "RecordIndex", "TensorRows",
+__all__ = ["FORMAT_VERSION", "MixedRecords", "Record", "RecordIndex", "TensorRows",
            "TokenTable", "Trace", "open_trace", "open_writer"]

@@ -27,40 +27,6 @@ FORMAT_VERSION = 3
 CHECKSUMS_SINCE = 3  # the first format version whose traces carry checksums
 MAX_NDIM = 8  # the most dims a record may have, in either format (HDF5's shape column; docs/FORMAT.md)
 
-# Names that tracediff's EAGLE-3 tooling understands; any other dotted name may be recorded too.
-CANONICAL_NAMES: dict[str, str] = {
-    "target.embed": "target embedding output (input to decoder layer 0)",
-    "target.layer.{i}": "output of target decoder layer i (0-based, HF convention)",
-    "target.aux": "concatenated aux hidden states handed to the draft [rows, K*H]",
-    "target.logits": "target logits",
-    "target.final_hidden": "the target's last hidden state, after its final norm (HF hidden_states[-1])",
-    "train.loss_mask": "1 where a training row counts in the loss",
-    "target.token": "token the target chose at this row",
-    "draft.positions": "RoPE positions the draft ran at",
-    "draft.input_ids": "token ids fed to the draft",
-    "draft.embed": "draft embedding of draft.input_ids",
-    "draft.fc_in": "input of the draft fc layer [rows, K*H] (depth 0 only)",
-    "draft.fc_out": "output of the draft fc layer [rows, Hd]",
-    "draft.hidden": "pre-norm draft output, fed to the next depth",
-    "draft.logits": "draft logits over the draft vocab",
-    "draft.token": "draft token id (draft vocab)",
-    "draft.token_target": "draft token mapped into the target vocab",
-    "verify.accept_len": "accepted draft tokens per verify step",
-    "draft.d2t": "static: the draft's d2t offsets [Vd] (target id = draft id + d2t[draft id])",
-    "draft.t2d": "static: the draft's t2d mask [V] (True for target ids in the draft vocab)",
-}
-
-# Draft tensors whose depth-0 row t depends on the target's states at t alone (x[0..t]); every other
-# draft.* / verify.* tensor also depends on the token fed to the draft there (x[t + 1]), and every row
-# at depth > 0 on its chain's fed tokens. Other names (target.*, foreign names) depend on x[0..t].
-TARGET_FED_DRAFT = frozenset({"draft.fc_in", "draft.fc_out", "draft.positions"})
-
-
-def reads_fed_token(name: str) -> bool:
-    """Whether depth-0 rows of ``name`` depend on the token fed to the draft at their row (x[t + 1])."""
-    return name.startswith(("draft.", "verify.")) and name not in TARGET_FED_DRAFT
-
-
 # Names starting with this are the format's own bookkeeping, never user data.
 RESERVED_PREFIX = "__"
 FINAL_RECORD = "__final__"

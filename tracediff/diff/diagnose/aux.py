@@ -53,8 +53,6 @@ from tracediff.diff.pair import Pair
 from tracediff.eagle3.conventions import (
     FAMILIES,
     RULES,
-    SGLANG_TABLE,
-    SPECFORGE,
     VLLM,
     VLLM_LABEL,
     VLLM_RULE,
@@ -63,16 +61,18 @@ from tracediff.eagle3.conventions import (
     labels,
     target_for,
 )
+from tracediff.eagle3.names import DRAFT_FC_IN, TARGET_AUX, TARGET_EMBED
+from tracediff.eagle3.versions import SGLANG_VERSION, SPECFORGE_VERSION, VLLM_VERSION, minor
 from tracediff.trace.reader import RowKeys, Trace
 
-CONCATENATED = ("target.aux", "draft.fc_in")
+CONCATENATED = (TARGET_AUX, DRAFT_FC_IN)
 SAME = 1e-4  # max_rel below which a slot is taken to be that state
 NORM_LABELS = {RMS: "RMSNorm", LAYER: "LayerNorm"}
 
 
 def layer_number(name: str) -> int:
     """target.embed -> -1 (the input of layer 0), target.layer.i (and its .branch) -> i."""
-    return -1 if name == "target.embed" else int(name.split(".")[2])
+    return -1 if name == TARGET_EMBED else int(name.split(".")[2])
 
 
 @dataclass(frozen=True)
@@ -138,7 +138,7 @@ def _states_at(trace: Trace, keys: RowKeys, picked: np.ndarray,
     at = list(zip(keys.request[picked].tolist(), keys.position[picked].tolist()))
     candidates = {}
     for name, state in known.items():
-        if name != "target.embed" and not name.startswith("target.layer."):
+        if name != TARGET_EMBED and not name.startswith("target.layer."):
             continue
         where: dict[tuple, int] = {}
         for i, key in enumerate(zip(state.request.tolist(), state.position.tolist())):
@@ -188,7 +188,7 @@ def aux_slots(ctx: Context) -> list[Diagnosis]:
     weights = traces.map(recorded_weights)  # the same model's norms: either side's record will do
     weights = Pair({**weights.b, **weights.a}, {**weights.a, **weights.b})
     slots = sampled.map(lambda s: s.rows(finite)).zip(weights).starmap(slot_sources)
-    if name == "target.aux":
+    if name == TARGET_AUX:
         slots = Pair(_measured(traces.a, slots.a), _measured(traces.b, slots.b))
     enough = min(MIN_ROWS, len(finite))  # all the rows sampled, when fewer and every one finite
     if finite.sum() < enough and any(slot.source is None for slot in [*slots.a, *slots.b]):
@@ -231,7 +231,8 @@ def _described(trace: Trace, side: str) -> str:
 def _vllm_label(contract: dict) -> str:
     """``vLLM 0.32``, or the release the contract names where it is another."""
     version = contract.get("vllm_version")
-    return VLLM_LABEL if not isinstance(version, str) or version.startswith("0.32") else f"vLLM {version}"
+    known = not isinstance(version, str) or version.startswith(minor(VLLM_VERSION))
+    return VLLM_LABEL if known else f"vLLM {version}"
 
 
 @dataclass(frozen=True)
@@ -285,11 +286,11 @@ def _rule_of(trace: Trace) -> str:
     rule = "" if capture is None else f": {RULES[capture.rule]}"
     if trace.engine == "specforge":
         if isinstance(reading, str) and reading.startswith("output of layer i"):
-            return f" (SpecForge {SPECFORGE}, HF hidden_states[i+1]: the output of layer i)"
-        return f" (SpecForge {SPECFORGE}, through SGLang{rule})"
+            return f" (SpecForge {SPECFORGE_VERSION}, HF hidden_states[i+1]: the output of layer i)"
+        return f" (SpecForge {SPECFORGE_VERSION}, through SGLang{rule})"
     if trace.engine == "sglang":
         family = contract.get("target_family")
-        return f" (SGLang {SGLANG_TABLE}{f', {family}' if family else ''}{rule})"
+        return f" (SGLang {SGLANG_VERSION}{f', {family}' if family else ''}{rule})"
     return f" ({contract['target_family']}{rule})" if capture is not None else ""
 
 
@@ -451,8 +452,8 @@ def _slot_count(trace: Trace) -> int | None:
     """target.aux's row width over the target's hidden width (a recorded target state's, else the
     contract's target config's)."""
     try:
-        width = trace.keys("target.aux").row_shape
-        hidden = next((trace.keys(n).row_shape[-1] for n in ("target.embed", "target.layer.0")
+        width = trace.keys(TARGET_AUX).row_shape
+        hidden = next((trace.keys(n).row_shape[-1] for n in (TARGET_EMBED, "target.layer.0")
                        if n in trace.names()), None)
     except Exception:  # no aux, or records of mixed shapes: no count
         return None
@@ -468,7 +469,7 @@ def aux_quirks(ctx: Context) -> list[Diagnosis]:
     """On a compare where ``target.aux`` does not match: what each side's own capture shows (its
     contract's boundaries and measured slots, its aux's width)."""
     tensors = {t.name: t for t in ctx.comparison.tensors}
-    if "target.aux" not in tensors or tensors["target.aux"].status == "match":
+    if TARGET_AUX not in tensors or tensors[TARGET_AUX].status == "match":
         return []
     traces, named = ctx.traces, ctx.labels
     return [*_quirks("a", traces.a, named.a), *_quirks("b", traces.b, named.b)]

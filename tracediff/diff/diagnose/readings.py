@@ -9,9 +9,10 @@ from __future__ import annotations
 from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.findings import Diagnosis, EngineReadingEvidence
 from tracediff.eagle3.config import DraftConfig
+from tracediff.eagle3.names import DRAFT_D2T, DRAFT_FC_IN, DRAFT_INPUT_IDS, DRAFT_POSITIONS, DRAFT_T2D
 from tracediff.eagle3.readings import READ_KEYS, READINGS, differences
 
-DRAFT_INPUTS = ("draft.fc_in", "draft.input_ids", "draft.positions", "draft.d2t", "draft.t2d")
+DRAFT_INPUTS = (DRAFT_FC_IN, DRAFT_INPUT_IDS, DRAFT_POSITIONS, DRAFT_D2T, DRAFT_T2D)
 
 
 def engine_readings(ctx: Context) -> list[Diagnosis]:

@@ -12,10 +12,11 @@ import numpy as np
 from tracediff.diff.diagnose.evidence import Context, failing_sample, values
 from tracediff.diff.findings import D2tEntriesEvidence, D2tSizeEvidence, Diagnosis, DirectMapEvidence, Side
 from tracediff.diff.pair import Pair
+from tracediff.eagle3.names import DRAFT_D2T, DRAFT_T2D, DRAFT_TOKEN, DRAFT_TOKEN_TARGET
 from tracediff.eagle3.vocab import Finding, check_vocab_map, infer_mapping
 from tracediff.trace.reader import RowKeys, Trace
 
-DRAFT_IDS, MAPPED, D2T, T2D = "draft.token", "draft.token_target", "draft.d2t", "draft.t2d"
+DRAFT_IDS, MAPPED, D2T, T2D = DRAFT_TOKEN, DRAFT_TOKEN_TARGET, DRAFT_D2T, DRAFT_T2D
 
 
 def static_value(trace: Trace, name: str) -> np.ndarray | None:

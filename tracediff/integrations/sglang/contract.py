@@ -6,7 +6,8 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from tracediff.integrations.draft_summary import draft_config_summary
+from tracediff.eagle3.draft_summary import draft_config_summary
+from tracediff.jsonio import stated
 
 SPEC_ARGS = {"algorithm": "speculative_algorithm", "num_steps": "speculative_num_steps",
              "topk": "speculative_eagle_topk", "num_draft_tokens": "speculative_num_draft_tokens"}
@@ -52,16 +53,13 @@ def server_contract(server_args: Any) -> dict:
     from sglang.srt.arg_groups.model_override_base import resolved_view
 
     view = resolved_view(server_args)
-    spec = {k: plain(getattr(view, attr, None)) for k, attr in SPEC_ARGS.items()}
-    asked = {k: plain(getattr(server_args, attr, None)) for k, attr in SPEC_ARGS.items()}
-    args = {attr: plain(getattr(view, attr, None)) for attr in SERVER_ARGS}
+    spec = {k: stated(getattr(view, attr, None)) for k, attr in SPEC_ARGS.items()}
+    asked = {k: stated(getattr(server_args, attr, None)) for k, attr in SPEC_ARGS.items()}
+    args = {attr: stated(getattr(view, attr, None)) for attr in SERVER_ARGS}
     name = getattr(server_args, "served_model_name", None) or getattr(server_args, "model_path", None)
     return {"speculative_args": spec, "speculative_args_requested": asked, "server_args": args,
             "target_model": name, "attention_backend": args["attention_backend"]}
 
-
-def plain(value: Any) -> Any:
-    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def tp_ranks() -> dict:

@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from tracediff.eagle3.conventions import sglang_version
+from tracediff.eagle3.versions import SGLANG_VERSION
 
-SUPPORTED_SGLANG = ("0.5.23",)
+SUPPORTED_SGLANG = (SGLANG_VERSION,)  # eagle3/versions.py
 
 
 class SglangInternalsError(RuntimeError):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tracediff.eagle3 import names as tn
 from tracediff.eagle3.conventions import READING_KEYS, aux_state_keys, layer_of
 from tracediff.integrations.sglang.contract import draft_contract, server_contract, tp_ranks
 from tracediff.integrations.sglang.guard import (
@@ -216,14 +217,14 @@ class Installation:
         assert layout is not None  # attached only for a target
         body, layers = layout.body, layout.layers
         self._pre(body, "target forward", self._target_begin)
-        self._post(body, "target.final_hidden", self._target_end)
+        self._post(body, tn.TARGET_FINAL_HIDDEN, self._target_end)
         if layout.pattern == BOUNDARY:
             for k, layer in enumerate(layers):
                 self._wrap_prepare(k, layer.attn_boundary)
                 self._post(layer, f"target layer {k}", self._branch(k, boundary=True))
             self._post(body.norm, f"target.layer.{len(layers) - 1}", self._last_layer)
         else:
-            self._pre(layers[0], "target.embed", self._classic_entry)
+            self._pre(layers[0], tn.TARGET_EMBED, self._classic_entry)
             for k, layer in enumerate(layers):
                 self._post(layer, f"target.layer.{k}", self._branch(k, boundary=False))
         self._post(layout.logits_processor, "target logits", self._target_logits)
@@ -248,13 +249,13 @@ class Installation:
     def _target_end(self, module: Any, args: tuple, out: Any) -> None:
         hidden = out[0] if isinstance(out, tuple) else out
         if is_torch_tensor(hidden):  # not on a pipeline stage that hands on proxy tensors
-            self._log("target.final_hidden", hidden, self.rows)
+            self._log(tn.TARGET_FINAL_HIDDEN, hidden, self.rows)
 
     def _stream(self, k: int, stream: Any) -> None:
         """The residual stream entering layer k (k = number of layers: after the last one)."""
         if self.rows is None:
             return
-        name = "target.embed" if k == 0 else f"target.layer.{k - 1}"
+        name = tn.TARGET_EMBED if k == 0 else f"target.layer.{k - 1}"
         self._log(name, stream, self.rows)
         self.probe.keep(name, stream)
 
@@ -319,7 +320,7 @@ class Installation:
             return
         aux = out.hidden_states
         if is_torch_tensor(aux):
-            self._log("target.aux", aux, rows)
+            self._log(tn.TARGET_AUX, aux, rows)
             measured = self.probe.measure(aux, len(rows.keep), len(rows.last))
             if measured is not None:
                 self.rec.update_contract(**measured_contract(measured))
@@ -328,11 +329,11 @@ class Installation:
             return
         if self.logits_topk is not None:
             top = logits.topk(min(self.logits_topk, logits.shape[-1]), dim=-1)
-            self._log("target.logits", top.values, rows)
+            self._log(tn.TARGET_LOGITS, top.values, rows)
             self._log("target.logits_topk_ids", top.indices, rows)
         else:
-            self._log("target.logits", logits, rows)
-        self._log("target.token", logits.argmax(-1), rows)
+            self._log(tn.TARGET_LOGITS, logits, rows)
+        self._log(tn.TARGET_TOKEN, logits.argmax(-1), rows)
 
     def _aux_contract(self, layer_ids: list[int] | None, configured: bool) -> None:
         """What SGLang's setter set: ``layers_to_capture`` and the boundaries it asks to capture
@@ -357,8 +358,8 @@ class Installation:
         draft = self.draft
         model = draft.model
         self._pre(model, "draft forward", self._draft_begin)
-        self._post(model, "draft.hidden", self._draft_end)
-        for module, name in ((model.embed_tokens, "draft.embed"), (model.fc, "draft.fc_out")):
+        self._post(model, tn.DRAFT_HIDDEN, self._draft_end)
+        for module, name in ((model.embed_tokens, tn.DRAFT_EMBED), (model.fc, tn.DRAFT_FC_OUT)):
             self._post(module, name, lambda m, a, out, name=name: self._log(name, out, self.rows))
         self._post(draft.logits_processor, "draft logits", self._draft_logits)
         _patch_worker()
@@ -368,11 +369,11 @@ class Installation:
         rows = self.rows = self._forward_rows(fb)
         if rows is None:
             return
-        self._log("draft.input_ids", _arg(module, args, kwargs, "input_ids"), rows)
-        self._log("draft.positions", _arg(module, args, kwargs, "positions"), rows)
+        self._log(tn.DRAFT_INPUT_IDS, _arg(module, args, kwargs, "input_ids"), rows)
+        self._log(tn.DRAFT_POSITIONS, _arg(module, args, kwargs, "positions"), rows)
         hidden = fb.spec_info.hidden_states
         if rows.depth == 0 and hidden is not None and hidden.shape[-1] != module.fc.out_features:
-            self._log("draft.fc_in", hidden, rows)  # the fc stage's input, before any fc norm
+            self._log(tn.DRAFT_FC_IN, hidden, rows)  # the fc stage's input, before any fc norm
         if rows.depth == 0:
             for i, state in enumerate(self.batch):
                 if state is not None and rows.keep[rows.last[i]]:
@@ -383,14 +384,14 @@ class Installation:
             return
         if not (isinstance(out, tuple) and len(out) == 2 and len(out[1]) == 1):
             raise _Failed("the EAGLE-3 draft model did not return (hidden, [hidden for the next step])")
-        self._log("draft.hidden", out[1][0], self.rows)
+        self._log(tn.DRAFT_HIDDEN, out[1][0], self.rows)
 
     def _draft_logits(self, module: Any, args: tuple, out: Any) -> None:
         logits = out.next_token_logits
         if self.rows is None or logits is None:
             return
-        self._log("draft.logits", logits, self.rows)
-        self._log("draft.token", logits.argmax(-1), self.rows)
+        self._log(tn.DRAFT_LOGITS, logits, self.rows)
+        self._log(tn.DRAFT_TOKEN, logits.argmax(-1), self.rows)
 
     def owns(self, worker: Any) -> bool:
         """Whether a draft_forward call on ``worker`` runs this installation's draft."""
@@ -426,7 +427,7 @@ class Installation:
             return
         tokens = result[2]
         for depth in range(tokens.shape[1]):
-            self._log("draft.token_target", tokens[:, depth], chain, depth)
+            self._log(tn.DRAFT_TOKEN_TARGET, tokens[:, depth], chain, depth)
 
     # -- contract -------------------------------------------------------------------------------
 
@@ -503,7 +504,7 @@ def _patch_worker() -> None:
                 inst.chain = None
             raise
         for inst in mine:
-            inst._guard("draft.token_target", inst.chain_end)(result)
+            inst._guard(tn.DRAFT_TOKEN_TARGET, inst.chain_end)(result)
         return result
 
     EagleDraftWorker.draft_forward = draft_forward
@@ -522,8 +523,8 @@ def _unpatch_worker() -> None:
 
 PRODUCER = "sglang"  # as the trace's ``producers`` names it
 # what every target / draft forward records (a trace holding none of one is missing it: compare says so)
-TARGET_ATTACHED = ("target.embed", "target.final_hidden")
-DRAFT_ATTACHED = ("draft.input_ids", "draft.positions", "draft.hidden")
+TARGET_ATTACHED = (tn.TARGET_EMBED, tn.TARGET_FINAL_HIDDEN)
+DRAFT_ATTACHED = (tn.DRAFT_INPUT_IDS, tn.DRAFT_POSITIONS, tn.DRAFT_HIDDEN)
 
 
 def install(recorder: Recorder, *, target: Any = None, draft: Any = None, worker: Any = None,
@@ -564,7 +565,7 @@ def install(recorder: Recorder, *, target: Any = None, draft: Any = None, worker
                 import torch
 
                 hot = draft.hot_token_id.detach().to("cpu", torch.int64)
-                recorder.log_static("draft.d2t", hot - torch.arange(len(hot)), once=True)
+                recorder.log_static(tn.DRAFT_D2T, hot - torch.arange(len(hot)), once=True)
     except BaseException:
         inst.remove()
         raise

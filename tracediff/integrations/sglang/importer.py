@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from tracediff.eagle3 import names as tn
 from tracediff.errors import InputError
 from tracediff.integrations.importing import RECORDER_OPTIONS, check_written
 from tracediff.integrations.torch_files import load_tensors, names_as_data
@@ -53,13 +54,13 @@ PREFIX = "non_intrusive__"
 # SGLang (the residual add is deferred to the next layer), not target.layer.i; the draft's
 # model.norm.output.1 is draft.hidden only when the draft config's norm_output is off.
 NAMES: dict[str, tuple[str | None, str | None]] = {
-    "model.embed_tokens.output": ("target.embed", "draft.embed"),
-    "model.norm.output": ("target.final_hidden", None),
-    "model.norm.output.0": ("target.final_hidden", None),
-    "logits_processor.output.next_token_logits": ("target.logits", "draft.logits"),
-    "lm_head.output": ("target.logits", "draft.logits"),
-    "model.fc.inputs.0": (None, "draft.fc_in"),
-    "model.fc.output": (None, "draft.fc_out"),
+    "model.embed_tokens.output": (tn.TARGET_EMBED, tn.DRAFT_EMBED),
+    "model.norm.output": (tn.TARGET_FINAL_HIDDEN, None),
+    "model.norm.output.0": (tn.TARGET_FINAL_HIDDEN, None),
+    "logits_processor.output.next_token_logits": (tn.TARGET_LOGITS, tn.DRAFT_LOGITS),
+    "lm_head.output": (tn.TARGET_LOGITS, tn.DRAFT_LOGITS),
+    "model.fc.inputs.0": (None, tn.DRAFT_FC_IN),
+    "model.fc.output": (None, tn.DRAFT_FC_OUT),
 }
 KEY_FIELDS = ("input_ids", "positions", "position_ids", "seq_lens", "rids", "req_pool_indices")
 FILE_NAME = re.compile(r"step=(-?\d+)___rank=(\d+)___dump_index=(\d+)___name=(.+?)(?:___[^=]+=.*)?\.pt")
@@ -347,7 +348,7 @@ def _write_rank(dumps: list[Dump], out: Path, target: Path, rank: int, world: in
             keys = step_keys(group, step, book, draft)
             untokened += keys is None
             if draft and keys is not None:
-                rec.log("draft.input_ids", _ids_value(group), step=step, request=list(keys.requests),
+                rec.log(tn.DRAFT_INPUT_IDS, _ids_value(group), step=step, request=list(keys.requests),
                         positions=keys.positions, token_ids=keys.tokens)
             for dump in group:
                 if dump.name in KEY_FIELDS:

@@ -16,15 +16,14 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tracediff.eagle3.conventions import (
-    SGLANG_TABLE,
-    SPECFORGE,
     aux_state_keys,
     capture_refusal,
     hf_states,
     specforge_selection,
     target_for,
 )
-from tracediff.integrations.draft_summary import draft_config_summary
+from tracediff.eagle3.draft_summary import draft_config_summary
+from tracediff.eagle3.versions import SGLANG_VERSION, SPECFORGE_VERSION
 
 resolved_aux: list[int] | None = None  # ids SpecForge's resolver returned in this process
 SGLANG, HF = "sglang", "hf"  # the engines a target model comes from (``engine_of``)
@@ -117,14 +116,14 @@ def read_ids(ids: tuple[int, ...], num_layers: int | None, target: Any) -> Readi
 
 
 def _through_sglang(ids: tuple[int, ...], num_layers: int | None, cls: str) -> Reading:
-    how = f"specforge {SPECFORGE} through sglang's {cls}"
+    how = f"specforge {SPECFORGE_VERSION} through sglang's {cls}"
     if target_for(cls) is None:
-        return f"{how}: not an EAGLE-3 target class of sglang {SGLANG_TABLE}: not read", None
+        return f"{how}: not an EAGLE-3 target class of sglang {SGLANG_VERSION}: not read", None
     if num_layers is None:
         return f"{how}: the target's layer count is not known: not read", None
     chosen = specforge_selection(cls, ids, num_layers, offline=False)
     if chosen.selection is None:
-        return f"{how}: SpecForge {SPECFORGE} refuses the ids ({chosen.ids.refusal}): not read", None
+        return f"{how}: SpecForge {SPECFORGE_VERSION} refuses the ids ({chosen.ids.refusal}): not read", None
     refusal = capture_refusal(chosen.selection)
     if refusal is not None:
         return f"{how}: {refusal}: not read", None

@@ -10,7 +10,9 @@ import importlib
 import inspect
 from typing import Any
 
-SUPPORTED_SPECFORGE = ("0.2.0",)
+from tracediff.eagle3.versions import SPECFORGE_VERSION
+
+SUPPORTED_SPECFORGE = (SPECFORGE_VERSION,)  # eagle3/versions.py
 MODEL_MODULE = "specforge.algorithms.eagle3.model"
 STEP_FIELDS = ("input_ids", "position_ids", "target_token_ids", "loss_mask")
 FORWARD_ARGS = ("input_ids", "attention_mask", "target", "loss_mask", "hidden_states", "position_ids")

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tracediff.eagle3.names import TARGET_AUX, TARGET_FINAL_HIDDEN, TRAIN_LOSS_MASK
 from tracediff.errors import InputError
 from tracediff.integrations.importing import RECORDER_OPTIONS, check_written
 from tracediff.integrations.torch_files import load_tensors, names_as_data, refusal
@@ -29,8 +30,8 @@ SUFFIXES = (".ckpt", ".ckpt.gz")
 KEYS = ("input_ids", "loss_mask", "aux_hidden_state", "hidden_state")
 VECTORS = ("aux_hidden_state", "hidden_state")  # [1, L, width]; the others are [L] or [1, L]
 # What each key becomes in the trace (docs/FORMAT.md's canonical names where one exists).
-NAMES = {"aux_hidden_state": "target.aux", "hidden_state": "target.final_hidden",
-         "loss_mask": "train.loss_mask"}
+NAMES = {"aux_hidden_state": TARGET_AUX, "hidden_state": TARGET_FINAL_HIDDEN,
+         "loss_mask": TRAIN_LOSS_MASK}
 QUEUE_BYTES = 256 << 20  # the recorder's default bound
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from tracediff.eagle3 import names as tn
 from tracediff.eagle3.canonical import log_vocab_map
 from tracediff.integrations.specforge.contract import AuxReading, aux_spec, contract, host
 from tracediff.integrations.specforge.guard import check_supported
@@ -128,20 +129,20 @@ class Recording:
         self._stop_pass()
 
     def _fc(self, module: Any, args: tuple, output: Any) -> None:
-        self._guarded(lambda p: self._log("draft.fc_out", output, p.rows(0), 0))
+        self._guarded(lambda p: self._log(tn.DRAFT_FC_OUT, output, p.rows(0), 0))
 
     def _embed(self, module: Any, args: tuple, output: Any) -> None:
-        self._guarded(lambda p: self._log("draft.embed", output, p.rows(p.depth), p.depth))
+        self._guarded(lambda p: self._log(tn.DRAFT_EMBED, output, p.rows(p.depth), p.depth))
 
     def _hidden(self, module: Any, args: tuple, output: Any) -> None:
-        self._guarded(lambda p: self._log("draft.hidden", output, p.rows(p.depth), p.depth))
+        self._guarded(lambda p: self._log(tn.DRAFT_HIDDEN, output, p.rows(p.depth), p.depth))
 
     def _logits(self, module: Any, args: tuple, output: Any) -> None:
         def log(p: _Pass) -> None:
             rows, token = p.rows(p.depth), output.argmax(-1)
-            self._log("draft.logits", output, rows, p.depth)
-            self._log("draft.token", token, rows, p.depth)
-            self._log("draft.token_target", token + self.draft.d2t[token], rows, p.depth)
+            self._log(tn.DRAFT_LOGITS, output, rows, p.depth)
+            self._log(tn.DRAFT_TOKEN, token, rows, p.depth)
+            self._log(tn.DRAFT_TOKEN_TARGET, token + self.draft.d2t[token], rows, p.depth)
 
         self._guarded(log)
 
@@ -161,7 +162,7 @@ class Recording:
             if p.depth not in p.roped and position_ids.dim() == 2:
                 p.roped.add(p.depth)
                 positions = position_ids.expand(len(p.requests), -1)
-                self._log("draft.positions", positions, p.rows(p.depth), p.depth)
+                self._log(tn.DRAFT_POSITIONS, positions, p.rows(p.depth), p.depth)
 
         self._guarded(log)
 
@@ -202,19 +203,19 @@ class Recording:
             self.recorder.update_contract(**contract(self.model, self.aux))
         for b in range(len(p.x)) if p.keep is None else p.keep:
             self.recorder.request_tokens(p.requests[b], p.x[b, : _length(p.real[b])])
-        self._log("draft.fc_in", bound["hidden_states"], p.rows(0), 0)
+        self._log(tn.DRAFT_FC_IN, bound["hidden_states"], p.rows(0), 0)
 
     def _step_state(self, p: _Pass, idx: int, state: Any) -> None:
         """A TTT step's view: what it embeds, its loss mask, and (step 0) the target's tokens."""
         p.depth = idx
         rows = p.rows(idx)
-        self._log("draft.input_ids", state.input_ids, rows, idx)
-        self._log("train.loss_mask", state.loss_mask.reshape(state.input_ids.shape), rows, idx)
+        self._log(tn.DRAFT_INPUT_IDS, state.input_ids, rows, idx)
+        self._log(tn.TRAIN_LOSS_MASK, state.loss_mask.reshape(state.input_ids.shape), rows, idx)
         if idx == 0:  # row t holds position t+1's token: moved to row t+1, keyed as a target row
             tokens = state.target_token_ids
             at = tokens.new_zeros(tokens.shape)
             at[:, 1:] = tokens[:, :-1]
-            self._log("target.token", at, p.target_rows(), 0)
+            self._log(tn.TARGET_TOKEN, at, p.target_rows(), 0)
 
     def _log(self, name: str, tensor: Any, positions: np.ndarray, depth: int) -> None:
         """[B, L, ...] rows of the batch rows kept, with their keys."""
@@ -254,7 +255,7 @@ class Recording:
 
 PRODUCER = "specforge"  # as the trace's ``producers`` names it
 # what every training forward records (a trace holding none of one is missing it: compare says so)
-ATTACHED = ("draft.fc_in", "draft.input_ids", "draft.hidden", "draft.logits")
+ATTACHED = (tn.DRAFT_FC_IN, tn.DRAFT_INPUT_IDS, tn.DRAFT_HIDDEN, tn.DRAFT_LOGITS)
 
 
 def install(recorder: Recorder, eagle3_model: Any, *, sample_ids: Callable[[int, int], str] | None = None,

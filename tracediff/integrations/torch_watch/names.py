@@ -14,6 +14,7 @@ import json
 import re
 from typing import Any
 
+from tracediff.eagle3.names import TARGET_EMBED
 from tracediff.record.host import tag_of_tensor
 
 # config keys that say how a model runs, not which model it is
@@ -39,7 +40,7 @@ def causal_lm(root: Any) -> tuple[Any, dict[str, str]] | None:
         layers = modules.get(f"{base}.layers")
         if layers is None or f"{base}.embed_tokens" not in modules:
             continue
-        names = {f"{base}.embed_tokens": "target.embed"}
+        names = {f"{base}.embed_tokens": TARGET_EMBED}
         names.update({f"{base}.layers.{i}": f"target.layer.{i}" for i in range(len(layers))})
         return module, names
     return None

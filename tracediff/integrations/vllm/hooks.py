@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from tracediff.eagle3 import names as tn
 from tracediff.eagle3.conventions import aux_state_keys, layer_of
 from tracediff.integrations.slot_probe import SlotProbe
 from tracediff.integrations.vllm.facts import PRODUCER, run_facts
@@ -57,17 +58,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger("tracediff")
 
 # what every target / draft step records (a trace holding none of one is missing it: compare says so)
-TARGET_ATTACHED = ("target.aux", "target.final_hidden", "target.token")
-LAYERS_ATTACHED = ("target.embed", "target.layer.*")
-DRAFT_ATTACHED = ("draft.fc_in", "draft.input_ids", "draft.positions", "draft.hidden", "draft.token_target",
-                  "verify.accept_len")
-ALSO_RECORDED = ("target.logits", "target.token", "draft.fc_out", "draft.logits", "draft.token", "draft.d2t")
+TARGET_ATTACHED = (tn.TARGET_AUX, tn.TARGET_FINAL_HIDDEN, tn.TARGET_TOKEN)
+LAYERS_ATTACHED = (tn.TARGET_EMBED, "target.layer.*")
+DRAFT_ATTACHED = (tn.DRAFT_FC_IN, tn.DRAFT_INPUT_IDS, tn.DRAFT_POSITIONS, tn.DRAFT_HIDDEN,
+                  tn.DRAFT_TOKEN_TARGET, tn.VERIFY_ACCEPT_LEN)
+ALSO_RECORDED = (tn.TARGET_LOGITS, tn.TARGET_TOKEN, tn.DRAFT_FC_OUT, tn.DRAFT_LOGITS, tn.DRAFT_TOKEN,
+                 tn.DRAFT_D2T)
 
 
 def recordable(runner: Any) -> list[str]:
     """Every name the hooks may record on this runner (its layers counted)."""
     layers = [f"target.layer.{k}" for k in range(len(runner.model.model.layers))]
-    return [*TARGET_ATTACHED, *DRAFT_ATTACHED, *ALSO_RECORDED, "target.embed", *layers]
+    return [*TARGET_ATTACHED, *DRAFT_ATTACHED, *ALSO_RECORDED, tn.TARGET_EMBED, *layers]
 
 
 @dataclass
@@ -284,7 +286,7 @@ class Installation:
         self.eager = int(getattr(mode, "value", mode) or 0) == 0
         layers = list(model.model.layers)
         if self.eager:  # the streams: recorded, and what the aux slots are measured against
-            self._pre(layers[0], "target.embed", self.layer_input)
+            self._pre(layers[0], tn.TARGET_EMBED, self.layer_input)
             for k, layer in enumerate(layers):
                 self._post(layer, f"target.layer.{k}", self.layer_output(k))
         self._wrap(model, "compute_logits", after=self.target_logits)
@@ -293,7 +295,7 @@ class Installation:
             self._post(sampler, "verify", self.verified)
 
     def layer_input(self, module: Any, args: tuple) -> None:
-        if self.in_step and len(args) >= 2 and (self.probe.wanted or self.wants("target.embed")):
+        if self.in_step and len(args) >= 2 and (self.probe.wanted or self.wants(tn.TARGET_EMBED)):
             self.layer_states[-1] = args[1]
 
     def layer_output(self, k: int) -> Callable[..., None]:
@@ -325,15 +327,15 @@ class Installation:
                              input_ids[:n].detach().cpu().numpy().astype(np.int64))
         self.rows.logits_rows = _logits_rows(starts, [self.spec_drafts.get(r, 0) for r in batch])
         hidden, aux = out if isinstance(out, tuple) else (out, None)
-        self.keep("target.final_hidden", hidden, TARGET, count=n)
+        self.keep(tn.TARGET_FINAL_HIDDEN, hidden, TARGET, count=n)
         streams = self.layer_states
         for k, state in sorted(streams.items()):
-            self.keep("target.embed" if k == -1 else f"target.layer.{k}", state, TARGET, count=n)
+            self.keep(tn.TARGET_EMBED if k == -1 else f"target.layer.{k}", state, TARGET, count=n)
         if aux:
             import torch
 
             packed = torch.cat([a[:n] for a in aux], dim=-1)
-            self.keep("target.aux", packed, TARGET)
+            self.keep(tn.TARGET_AUX, packed, TARGET)
             self.measure(aux, n)
         self.layer_states = {}
 
@@ -342,7 +344,7 @@ class Installation:
         if not self.probe.wanted or not self.layer_states or not n:
             return
         for k, state in self.layer_states.items():
-            self.probe.keep("target.embed" if k == -1 else f"target.layer.{k}", state[:n])
+            self.probe.keep(tn.TARGET_EMBED if k == -1 else f"target.layer.{k}", state[:n])
         import torch
 
         states = self.probe.measure(torch.cat([a[:n] for a in aux], dim=-1), n, n)
@@ -363,9 +365,9 @@ class Installation:
                        "not recorded")
             rows.logits_rows = None
             return
-        self.keep("target.logits", logits, LOGITS)
-        if self.wants("target.token"):
-            self.keep("target.token", logits.argmax(-1), LOGITS)
+        self.keep(tn.TARGET_LOGITS, logits, LOGITS)
+        if self.wants(tn.TARGET_TOKEN):
+            self.keep(tn.TARGET_TOKEN, logits.argmax(-1), LOGITS)
 
     def verified(self, module: Any, args: tuple, out: Any) -> None:
         rows = self.rows
@@ -375,11 +377,11 @@ class Installation:
         valid = (sampled >= 0).sum(-1).cpu().numpy()
         rows.accepted = {r: int(valid[b]) - 1 for b, r in enumerate(rows.requests)
                          if r in self.spec_drafts and b < len(valid)}
-        if self.wants("verify.accept_len") and rows.accepted:
+        if self.wants(tn.VERIFY_ACCEPT_LEN) and rows.accepted:
             import torch
 
             accepted = [rows.accepted.get(r, -1) for r in rows.requests]
-            self.kept.append(Kept("verify.accept_len", torch.tensor(accepted, dtype=torch.int64), VERIFY))
+            self.kept.append(Kept(tn.VERIFY_ACCEPT_LEN, torch.tensor(accepted, dtype=torch.int64), VERIFY))
 
     # -- draft ------------------------------------------------------------------------------------
 
@@ -393,7 +395,7 @@ class Installation:
         self._post(draft.logits_processor, "draft logits", self.draft_logits)
         d2t = getattr(draft, "draft_id_to_target_id", None)
         if d2t is not None:
-            self.rec.log_static("draft.d2t", d2t.detach().to("cpu").long(), once=True)
+            self.rec.log_static(tn.DRAFT_D2T, d2t.detach().to("cpu").long(), once=True)
 
     def propose_begin(self, *args: Any, **kwargs: Any) -> None:
         self.depth = -1
@@ -414,8 +416,8 @@ class Installation:
         if fc_in is None or fc_in.shape[0] < n or result.shape[0] < n:
             self._warn("fc rows", "the draft's fc ran over other rows than the target: not recorded")
             return
-        self.keep("draft.fc_in", fc_in, TARGET, count=n, buffer=True)
-        self.keep("draft.fc_out", result, TARGET, count=n)
+        self.keep(tn.DRAFT_FC_IN, fc_in, TARGET, count=n, buffer=True)
+        self.keep(tn.DRAFT_FC_OUT, result, TARGET, count=n)
 
     def draft_forward(self, module: Any, args: tuple, kwargs: dict, out: Any) -> None:
         rows = self.rows
@@ -435,14 +437,14 @@ class Installation:
                 return
             rows.draft_position = positions[:n].detach().cpu().numpy().astype(np.int64)
             rows.draft_fed = ids[:n].detach().cpu().numpy().astype(np.int64)
-            self.keep("draft.input_ids", ids, DRAFT0, count=n, buffer=True)
-            self.keep("draft.positions", positions, DRAFT0, count=n, buffer=True)
-            self.keep("draft.hidden", prenorm, DRAFT0, count=n)
+            self.keep(tn.DRAFT_INPUT_IDS, ids, DRAFT0, count=n, buffer=True)
+            self.keep(tn.DRAFT_POSITIONS, positions, DRAFT0, count=n, buffer=True)
+            self.keep(tn.DRAFT_HIDDEN, prenorm, DRAFT0, count=n)
             return
         b = len(rows.requests)
-        self.keep("draft.input_ids", ids, ANCHOR, depth, count=b, buffer=True)
-        self.keep("draft.positions", positions, ANCHOR, depth, count=b, buffer=True)
-        self.keep("draft.hidden", prenorm, ANCHOR, depth, count=b)
+        self.keep(tn.DRAFT_INPUT_IDS, ids, ANCHOR, depth, count=b, buffer=True)
+        self.keep(tn.DRAFT_POSITIONS, positions, ANCHOR, depth, count=b, buffer=True)
+        self.keep(tn.DRAFT_HIDDEN, prenorm, ANCHOR, depth, count=b)
 
     def draft_logits(self, module: Any, args: tuple, out: Any) -> None:
         rows = self.rows
@@ -451,16 +453,16 @@ class Installation:
         b = len(rows.requests)
         if out.shape[0] < b:
             return
-        self.keep("draft.logits", out, ANCHOR, self.depth, count=b)
-        if self.wants("draft.token"):
-            self.keep("draft.token", out[:b].argmax(-1), ANCHOR, self.depth)
+        self.keep(tn.DRAFT_LOGITS, out, ANCHOR, self.depth, count=b)
+        if self.wants(tn.DRAFT_TOKEN):
+            self.keep(tn.DRAFT_TOKEN, out[:b].argmax(-1), ANCHOR, self.depth)
 
     def proposed(self, result: Any, *args: Any, **kwargs: Any) -> None:
         rows = self.rows
         if not self.in_step or rows is None or result is None or result.dim() != 2:
             return
         for depth in range(result.shape[1]):
-            self.keep("draft.token_target", result[:, depth], ANCHOR, depth, count=len(rows.requests))
+            self.keep(tn.DRAFT_TOKEN_TARGET, result[:, depth], ANCHOR, depth, count=len(rows.requests))
 
     # -- contract ---------------------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tracediff.jsonio import stated
+
 KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "vocab_size",
         "draft_vocab_size", "target_hidden_size", "max_position_embeddings", "rms_norm_eps", "rope_theta",
         "rope_scaling", "norm_output", "norm_before_fc", "fc_norm")
@@ -24,14 +26,4 @@ def draft_config_summary(config: Any) -> dict[str, Any]:
     if values.get("rope_scaling") is None and isinstance(rope, Mapping) and rope.get("rope_type") not in (
             None, "default"):
         values["rope_scaling"] = {k: v for k, v in rope.items() if k != "rope_theta"}
-    return {key: _plain(values.get(key)) for key in KEYS}
-
-
-def _plain(value: Any) -> Any:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return str(value)
+    return {key: stated(values.get(key)) for key in KEYS}
