@@ -592,3 +592,14 @@ def test_a_ctrl_c_while_closing_at_exit_stays_held_off() -> None:
         signal.raise_signal(signal.SIGINT)  # the process is ending: every later one is held off too
     finally:
         signal.signal(signal.SIGINT, before)
+
+
+def test_a_request_gate_forgets_finished_requests_and_keeps_its_count() -> None:
+    from tracediff.record.launch import RequestGate
+
+    gate = RequestGate(limit=2, prefix=None)
+    assert [gate.admit(r) for r in ("a", "b", "c")] == [True, True, False]
+    for r in ("a", "b", "c"):
+        gate.forget(r)
+    assert (gate.admitted, gate.refused) == (set(), set())
+    assert not gate.admit("d")  # two were admitted: the limit still holds

@@ -215,3 +215,103 @@ def test_record_never_writes_through_a_link_and_says_when_it_replaces_a_file(tmp
         log_some(rec)
     assert "exists: the new recording replaces it" in caplog.text
     assert len(reads_whole(old).select(name="x")) == 3
+
+
+EMPTY_BATCHES = {  # name -> (tensor, keyword arguments of log): zero rows every way a caller may give them
+    "no batch rows": (np.zeros((0, 4, 2), np.float32), {"token_ids": np.zeros((0, 4), np.int64)}),
+    "no rows, no requests": (np.zeros((0, 2), np.float32),
+                             {"token_ids": np.zeros(0, np.int64), "request": []}),
+    "no tokens a row": (np.zeros((2, 0, 2), np.float32), {"token_ids": np.zeros((2, 0), np.int64)}),
+}
+
+
+@pytest.mark.parametrize("keyed", [False, True], ids=["per call", "row_keys"])
+def test_an_empty_batch_records_nothing_and_recording_goes_on(path, keyed):
+    with td.record(path, exclude="skipped") as rec:
+        log_some(rec)
+        for tensor, given in EMPTY_BATCHES.values():
+            for name in ("empty", "skipped"):  # recorded and filtered out alike
+                if keyed:
+                    rec.log(name, tensor, keys=rec.row_keys(given["token_ids"], request=given.get("request")))
+                else:
+                    rec.log(name, tensor, **given)
+        log_some(rec)
+        assert rec.stopped is None, rec.stopped
+    with td.open_trace(path) as trace:
+        assert trace.complete and len(trace.rows("x").data) == 12
+        assert not rec.dropped
+
+
+def test_steps_and_depths_no_trace_holds_cost_their_record_counted(path):
+    bad_calls = [{"step": 2**63}, {"step": -(2**63) - 1}, {"step": 2.0}, {"step": float("nan")},
+                 {"depth": np.uint64(2**64 - 1)}, {"depth": -1}, {"depth": 1.5}]
+    with td.record(path) as rec:
+        log_some(rec)
+        for i, bad in enumerate(bad_calls):
+            rec.log(f"bad.{i}", np.ones((2, 4), np.float32), token_ids=np.arange(2), **bad)
+        rec.log_static("bad.static", np.ones(3), step=2**70)
+        log_some(rec)
+        assert rec.stopped is None, rec.stopped
+    assert sum(rec.dropped.values()) == len(bad_calls) + 1
+    with td.open_trace(path) as trace:
+        assert trace.complete and trace.names() == ["x"] and len(trace.index) == 6
+
+
+@pytest.mark.parametrize("call", ["name", "keys", "static name"])
+def test_arguments_of_the_wrong_type_cost_their_record_counted_not_the_recording(path, call):
+    with td.record(path) as rec:
+        if call == "name":
+            rec.log(123, np.ones((2, 4), np.float32), token_ids=np.arange(2))  # type: ignore[arg-type]
+        elif call == "keys":
+            rec.log("x.keys", np.ones((2, 4), np.float32), keys="abc")  # type: ignore[arg-type]
+        else:
+            rec.log_static(["a"], np.ones(3), once=True)  # type: ignore[arg-type]
+        log_some(rec)
+        assert rec.stopped is None, rec.stopped
+    assert sum(rec.dropped.values()) == 1
+    with pytest.raises(TypeError), td.record(path.with_name("strict" + path.suffix), strict=True) as strict:
+        strict.log("x", np.ones((2, 4), np.float32), keys=np.arange(2))  # type: ignore[arg-type]
+
+
+def test_row_keys_never_raise_into_the_caller(path):
+    torch = pytest.importorskip("torch")
+    with td.record(path) as rec:
+        keys = rec.row_keys(torch.empty(3, dtype=torch.int64, device="meta"))  # no data to copy: a failure
+        rec.log("x", np.ones((3, 2), np.float32), keys=keys)
+    assert rec.stopped is not None and "row_keys" in rec.stopped
+    with td.open_trace(path) as trace:
+        assert "row_keys" in trace.finals[0]["stopped"]  # the trace says recording stopped, and why
+
+
+def test_a_buffer_refilled_in_place_between_calls_teaches_the_token_table_again(path):
+    ids, positions = np.array([1, 2, 3]), np.array([0, 1, 2])
+    with td.record(path, exclude="skipped") as rec:
+        rec.log("hidden", np.ones((3, 2), np.float32), token_ids=ids, positions=positions, request="r")
+        ids[:], positions[:] = [4, 5, 6], [3, 4, 5]
+        rec.log("hidden", np.ones((3, 2), np.float32), token_ids=ids, positions=positions, request="r",
+                depth=1)
+        ids[:], positions[:] = [7, 8, 9], [6, 7, 8]
+        rec.log("skipped", np.ones((3, 2), np.float32), token_ids=ids, positions=positions, request="r")
+    with td.open_trace(path) as trace:
+        assert trace.request_tokens().sequence("r")[1].tolist() == list(range(1, 10))
+
+
+def test_the_step_given_to_row_keys_is_their_records_step(path):
+    with td.record(path, every=2) as rec:
+        for step in range(4):
+            keys = rec.row_keys(np.arange(2), step=step)
+            rec.log("x", np.ones((2, 4), np.float32), keys=keys)
+    with td.open_trace(path) as trace:
+        assert sorted(int(trace.index.step[i]) for i in trace.select(name="x")) == [0, 2]
+
+
+def test_refused_keys_of_a_filtered_out_name_cost_nothing_and_strict_mode_raises_them(path):
+    with td.record(path, exclude="skipped") as rec:
+        refused = rec.row_keys(np.arange(2), request="x\udc80")
+        rec.log("skipped", np.ones((2, 2), np.float32), keys=refused)
+    assert not rec.dropped
+    with td.open_trace(path) as trace:
+        assert trace.complete
+    with td.record(path.with_name("strict" + path.suffix), strict=True) as strict, \
+            pytest.raises(ValueError, match="refused"):
+        strict.log("x", np.ones((2, 2), np.float32), keys=refused)

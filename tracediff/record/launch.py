@@ -123,6 +123,7 @@ class RequestGate:
     prefix: tuple[int, ...] | None
     admitted: set[str] = field(default_factory=set)
     refused: set[str] = field(default_factory=set)
+    count: int = 0  # requests admitted so far (finished ones forgotten included)
 
     @classmethod
     def of(cls, config: LaunchConfig) -> RequestGate:
@@ -138,12 +139,18 @@ class RequestGate:
             return True
         if request in self.refused:
             return False
-        ok = self.limit is None or len(self.admitted) < self.limit
+        ok = self.limit is None or self.count < self.limit
         if ok and self.prefix is not None:
             head = [int(t) for t in list(tokens or [])[: len(self.prefix)]]
             ok = head == list(self.prefix)
         (self.admitted if ok else self.refused).add(request)
+        self.count += ok
         return ok
+
+    def forget(self, request: str) -> None:
+        """A finished request: its answer is no longer needed (the count of admitted ones stays)."""
+        self.admitted.discard(request)
+        self.refused.discard(request)
 
 
 # ---- in the child: startup() and the per-process recorder -----------------------------------------

@@ -73,6 +73,8 @@ logger = logging.getLogger("tracediff")
 BAD_CALL = (ValueError, TypeError, OverflowError, IndexError, KeyError)
 
 MiB = 1 << 20
+_SERIALS = itertools.count(1)
+INT64 = (-(1 << 63), (1 << 63) - 1)  # what a record's step and depth columns hold
 CLOSE_TIMEOUT = 15.0  # seconds close() and interpreter exit wait for a busy writer, by default
 ABANDON_GRACE = 2.0  # seconds an abandoned writer has to stop at its next write
 STRICT_ENV = "TRACEDIFF_STRICT"
@@ -158,6 +160,7 @@ class Recorder(QueueAccounting, WriterThread):
         self._record_limit = queue_bytes - self._token_limit
         self.token_calls_dropped = 0  # calls whose keys were not learned: the book's queue was full
         self._names_ok: set[str] = set()  # names a keyed log call checked already
+        self._serial = next(_SERIALS)  # told apart from every other recorder of the process, ever
         self._last_learned: tuple | None = None  # (token_ids, positions, request, mask, step) last learned
         self._strict_layouts: dict[str, tuple] = {}  # host side, strict mode only
         self._layouts: dict[str, tuple] = {}  # writer side: (static, dtype, row shape) first seen per name
@@ -252,42 +255,50 @@ class Recorder(QueueAccounting, WriterThread):
                  positions: Any = None, attention_mask: Any = None) -> LogRowKeys:
         """Row keys checked once, for several ``log(name, tensor, keys=...)`` calls whose tensors share
         their rows (an integration logging a dozen tensors of one forward): each of those calls then
-        costs the host no key work. Keys that do not check out are returned refused: every record
-        cut along them is dropped and counted (strict mode raises here)."""
-        step = self._ctx.step if step is None else step
+        costs the host no key work. ``step`` is their records' step where ``log`` gives none. Keys
+        that do not check out are returned refused: every record cut along them is dropped and
+        counted (strict mode raises here)."""
         try:
+            step = self._ctx.step if step is None else _checked_step(step)
             keys = resolve_keys(step, token_ids, positions, request, attention_mask)
         except BAD_CALL as exc:
             if self.strict:
                 raise
             self._warn_bad_call("row_keys", exc)
             return _refused_keys(f"invalid row_keys call: {type(exc).__name__}")
+        except Exception as exc:  # anything else: a recorder failure, as in log
+            if self.strict:
+                raise
+            self._fail("row_keys", exc)
+            return _refused_keys(STOPPED)
         if not _valid_requests(keys):
             if self.strict:
                 raise ValueError(f"request id {request!r} is not valid Unicode (a lone surrogate)")
             why = "a request id that is not valid Unicode"
             self._warn_refused("records cut along these row keys", why)
-            return replace(keys, refused=f"unrecordable: {why}")
-        return keys
+            return replace(keys, step=step, refused=f"unrecordable: {why}")
+        return replace(keys, step=step)
 
     def log_static(self, name: str, tensor: Any, *, step: int | None = None, once: bool = False) -> None:
         """Record a tensor without a token axis (a weight, d2t, a config tensor); with ``once``, only
         the first call for a name records (for callers that run every step)."""
-        if not self._active or (once and name in self._static_once):
-            if not self._active:
-                self._drop_inactive(name)
+        if not self._active:
+            self._drop_inactive(name)
             return
         try:
+            _check_name(name)
+            if once and name in self._static_once:
+                return
             if once:
                 self._static_once.add(name)
             if not valid_text(name):
                 self._refuse_text(name, "a name")
                 return
-            _check_name(name)
+            step = self._ctx.step if step is None else _checked_step(step)
             if self.filter.keep_name(name) and (tensor := self._array(name, tensor)) is not None:
                 if self.strict:
                     self._check_layout(name, (True, tag_of_tensor(tensor), None))
-                self._submit(name, tensor, self._ctx.step if step is None else step, 0, None, None)
+                self._submit(name, tensor, step, 0, None, None)
         except BAD_CALL as exc:
             if self.strict:
                 raise
@@ -464,20 +475,19 @@ class Recorder(QueueAccounting, WriterThread):
     def _log(self, name: str, tensor: Any, step: int | None, request: Any, positions: Any, token_ids: Any,
              depth: int | None, attention_mask: Any) -> None:
         ctx = self._ctx
+        _check_name(name)
         if not valid_text(name):
             self._refuse_text(name, "a name")
             return
-        _check_name(name)
-        if depth is not None and depth < 0:
-            raise ValueError(f"depth must be >= 0 (0: rows fed by the target), got {depth}")
-        step = ctx.step if step is None else step
+        depth = _checked_depth(depth)
+        step = ctx.step if step is None else _checked_step(step)
         if token_ids is None:  # keys from the context (hooks)
             token_ids = ctx.token_ids
             positions = ctx.positions if positions is None else positions
             attention_mask = ctx.attention_mask if attention_mask is None else attention_mask
         request = ctx.request if request is None else request
         keep = self.filter.keep_name(name) and self.filter.keep_step(step)
-        seen = (token_ids, positions, request, attention_mask, step)
+        seen = (token_ids, positions, request, attention_mask, step, _contents(token_ids, positions, request))
         learned = _same_keys(seen, self._last_learned)
         if not keep:  # filtered out: its keys still teach the token table
             if not learned and token_ids is not None:
@@ -506,31 +516,35 @@ class Recorder(QueueAccounting, WriterThread):
         """``log`` with keys from ``row_keys``: only what is this tensor's own is checked."""
         if given != (None, None, None, None):
             raise ValueError("log takes keys= or request / positions / token_ids / attention_mask, not both")
+        if not isinstance(keys, LogRowKeys):
+            raise TypeError(f"keys= takes what row_keys returns, not {type(keys).__name__}")
         if name not in self._names_ok:  # a name is checked once
+            _check_name(name)
             if not valid_text(name):
                 self._refuse_text(name, "a name")
                 return
-            _check_name(name)
             self._names_ok.add(name)
-        if depth is not None and depth < 0:
-            raise ValueError(f"depth must be >= 0 (0: rows fed by the target), got {depth}")
-        if keys.refused is not None:  # warned about by row_keys
-            self._drop(clean_text(name), keys.refused)
-            return
-        step = self._ctx.step if step is None else step
+        depth = _checked_depth(depth)
+        step = _checked_step(keys.step if step is None and keys.step is not None else
+                             self._ctx.step if step is None else step)
         if not (self.filter.keep_name(name) and self.filter.keep_step(step)):
-            if keys.learned_by != id(self):  # filtered out: its keys still teach the token table
-                self._learn(keys, None)
+            if keys.refused is None and keys.learned_by != self._serial:  # filtered out: its keys
+                self._learn(keys, None)                                   # still teach the token table
+            return
+        if keys.refused is not None:  # warned about by row_keys
+            if self.strict:
+                raise ValueError(f"{name}: its row keys were refused ({keys.refused})")
+            self._drop(clean_text(name), keys.refused)
             return
         tensor = self._array(name, tensor)
         if tensor is None:
             return
-        if tuple(tensor.shape[: keys.lead_ndim]) != keys.lead_shape:
+        if tuple(tensor.shape[: keys.lead_ndim]) != keys.lead:
             raise ValueError(f"tensor leading dims {tuple(tensor.shape)} do not match its keys' rows "
-                             f"{keys.lead_shape}")
+                             f"{keys.lead}")
         if self.strict:
             self._check_layout(name, (False, tag_of_tensor(tensor), tuple(tensor.shape[keys.lead_ndim:])))
-        if keys.learned_by != id(self):
+        if keys.learned_by != self._serial:
             self._learn(keys, None)
         mask = None if self.filter.requests is None else self.filter.row_mask(keys.requests())
         if mask is not None and not mask.any():
@@ -544,7 +558,7 @@ class Recorder(QueueAccounting, WriterThread):
             self._book.learn(*keys.expand(), declared=declared, strict=True)
         elif not self._queue_keys(keys, declared):
             return
-        keys.learned_by = id(self)
+        keys.learned_by = self._serial
         if seen is not None:
             self._last_learned = seen
 
@@ -608,9 +622,9 @@ class Recorder(QueueAccounting, WriterThread):
         if self._thread is None:
             return
         if self._closing and self.stopped is None:
-            self._drop(clean_text(name), CLOSED)
+            self._drop(clean_text(str(name)), CLOSED)
         elif self.stopped is not None:  # after any stop (a failure, a full disk, the byte budget)
-            self._drop(clean_text(name), STOPPED)
+            self._drop(clean_text(str(name)), STOPPED)
 
     def _refuse_text(self, name: str, what: str) -> None:
         """A record whose name or request id holds a lone surrogate, which no trace can store."""
@@ -701,7 +715,9 @@ def _check_name(name: str) -> None:
     """Names starting with ``__`` belong to the trace format (its token table, index, final
     metadata): a tensor under one would corrupt the trace. A NUL character could never be selected
     again (numpy strings drop trailing NULs): readers refuse such names."""
-    if not isinstance(name, str) or not name or name.startswith(RESERVED_PREFIX):
+    if not isinstance(name, str):
+        raise TypeError(f"a tensor name is text (str), not {type(name).__name__}")
+    if not name or name.startswith(RESERVED_PREFIX):
         raise ValueError(f"tensor name {name!r} is reserved or empty (names starting with "
                          f"{RESERVED_PREFIX!r} belong to the trace format)")
     if "\x00" in name:
@@ -730,6 +746,24 @@ def _context_fields(fields: dict) -> dict:
     return fields
 
 
+def _checked_step(step: Any) -> int:
+    """A record's step: a whole number a trace's step column holds (a float, even 3.0, is refused:
+    ``every`` would filter it by its fraction)."""
+    whole = isinstance(step, (int, np.integer)) and not isinstance(step, bool)
+    if not whole or not INT64[0] <= int(step) <= INT64[1]:
+        raise ValueError(f"step must be a whole number within int64, got {step!r}")
+    return int(step)
+
+
+def _checked_depth(depth: Any) -> int | None:
+    if depth is None:
+        return None
+    whole = isinstance(depth, (int, np.integer)) and not isinstance(depth, bool)
+    if not whole or not 0 <= int(depth) <= INT64[1]:
+        raise ValueError(f"depth must be a whole number >= 0 (0: rows fed by the target), got {depth!r}")
+    return int(depth)
+
+
 def _refused_keys(why: str) -> LogRowKeys:
     """Keys no record may be cut along (``row_keys`` given arguments that do not make keys)."""
     empty = np.zeros(0, dtype=np.int64)
@@ -738,9 +772,24 @@ def _refused_keys(why: str) -> LogRowKeys:
 
 
 def _same_keys(seen: tuple, last: tuple | None) -> bool:
-    """The very same key objects (and step) as the last learned call: hooks of one forward share
-    the context's, so their keys are learned once."""
-    return last is not None and seen[4] == last[4] and all(a is b for a, b in zip(seen[:4], last[:4]))
+    """The very same key objects, holding the same values, and step as the last learned call: hooks
+    of one forward share the context's, so their keys are learned once (a buffer refilled in place
+    between two calls is learned again)."""
+    return last is not None and seen[4:] == last[4:] and all(a is b for a, b in zip(seen[:4], last[:4]))
+
+
+def _contents(*keys: Any) -> tuple:
+    """What tells a key object refilled in place from itself: a torch tensor's version counter (every
+    in-place write bumps it), a small numpy array's bytes (a large one is taken as unchanged)."""
+    return tuple(_version(x) if is_torch_tensor(x) else
+                 x.tobytes() if isinstance(x, np.ndarray) and x.nbytes <= 1 << 16 else None for x in keys)
+
+
+def _version(tensor: Any) -> int | None:
+    try:
+        return int(tensor._version)
+    except RuntimeError:  # an inference tensor keeps no version counter: taken as unchanged
+        return None
 
 
 def _describe(layout: tuple) -> str:

@@ -42,8 +42,10 @@ class LogRowKeys:
     position: np.ndarray | HostCopy | None  # None: 0..T-1 along the token axis
     token_id: np.ndarray | HostCopy
     mask: np.ndarray | HostCopy | None = None  # attention mask, 0 = padding
+    lead: tuple[int, ...] = ()  # the leading dims of a tensor cut along them: ``[T]`` or ``[B, T]``
+    step: int | None = None  # the step ``Recorder.row_keys`` made them for (their records' default)
     refused: str | None = None  # why records cut along these keys are refused (``Recorder.row_keys``)
-    learned_by: int = 0  # id() of the recorder whose token book knows them (keys shared by several records)
+    learned_by: int = 0  # serial of the recorder whose token book knows them (keys shared by records)
     _expanded: tuple[np.ndarray, np.ndarray, np.ndarray] | None = field(default=None, repr=False)
     _id_bytes: int = field(default=-1, repr=False)  # id_bytes, once computed (the queue and the cost ask)
 
@@ -53,18 +55,17 @@ class LogRowKeys:
             self._id_bytes = sum(56 + len(r) for r in self.request_ids)
         return self._id_bytes
 
-    @property
-    def lead_shape(self) -> tuple[int, ...]:
-        """The leading dims a tensor cut along these keys has: ``[T]`` or ``[B, T]``."""
-        return (self.n_rows,) if self.lead_ndim == 1 else (self.batch, self.n_rows // self.batch)
-
     def requests(self) -> np.ndarray:
         """One request id per row."""
+        if not self.n_rows:  # no row (an empty batch gives no id either)
+            return np.zeros(0, dtype=object)
         return np.repeat(self.request_ids, self.n_rows // len(self.request_ids))
 
     def positions(self) -> np.ndarray:
         """One position per row; padded rows (mask 0, or given as -1) are -1. Without positions,
         real rows count from 0 along the token axis, skipping padding (HF's cumsum(mask) - 1)."""
+        if not self.n_rows:
+            return np.zeros(0, dtype=np.int64)
         per_row = self.n_rows // self.batch
         if self.mask is None:
             if self.position is None:
@@ -113,7 +114,7 @@ def resolve_keys(step: int, token_ids: Any, positions: Any = None, request: Any 
             raise ValueError(f"{what} shape {_shape(value)} does not match token_ids {lead}")
     n_rows = int(np.prod(lead))
     batch = lead[0] if len(lead) == 2 else 1
-    return LogRowKeys(n_rows=n_rows, lead_ndim=len(lead), batch=batch,
+    return LogRowKeys(n_rows=n_rows, lead_ndim=len(lead), batch=batch, lead=tuple(int(n) for n in lead),
                       request_ids=_request_ids(request, step, batch, n_rows),
                       position=None if positions is None else _keys_copy(positions),
                       token_id=_keys_copy(token_ids),
@@ -136,7 +137,7 @@ def sequence_keys(request: Any, token_ids: Any, start: int) -> LogRowKeys:
         raise ValueError(f"request_tokens takes a 1-D token list, got shape {ids.shape}")
     if int(start) < 0:
         raise ValueError(f"request_tokens start must be >= 0, got {start}")
-    return LogRowKeys(n_rows=len(ids), lead_ndim=1, batch=1,
+    return LogRowKeys(n_rows=len(ids), lead_ndim=1, batch=1, lead=(len(ids),),
                       request_ids=np.array([str(request)], dtype=object),
                       position=np.arange(int(start), int(start) + len(ids), dtype=np.int64), token_id=ids)
 

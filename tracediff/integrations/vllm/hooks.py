@@ -206,6 +206,7 @@ class Installation:
         """A finished request: what is held for it goes (a server runs for months of requests)."""
         for held in (self.text_of, self.declared, self.admitted, self.last_anchor):
             held.pop(name, None)
+        self.gate.forget(name)
 
     def end_step(self, result: Any, *args: Any, **kwargs: Any) -> None:
         """The step's tokens are committed: key and log what the hooks kept."""
@@ -270,6 +271,15 @@ class Installation:
         if not self.admitted[name]:
             return None
         params = getattr(state, "sampling_params", None)
+        if (getattr(params, "stop", None) or getattr(params, "repetition_detection", None)) and \
+                "text past a stop" not in self._warned:
+            self._warn("text past a stop", "requests with stop strings or repetition detection: vLLM's "
+                       "frontend ends them, after the worker generated past that end; their recorded text "
+                       "may run a few tokens longer than the client's (the trace's contract says so)")
+            self.rec.update_contract(texts_past_frontend_stops=(
+                "requests ended by stop strings or repetition detection (vLLM's frontend ends them) hold "
+                "the tokens the worker generated before it heard: their texts may run a few tokens past "
+                "the client's"))
         text = ClientText(prompt, max_tokens=getattr(params, "max_tokens", None),
                           eos=getattr(params, "eos_token_id", None),
                           stop_ids=getattr(params, "stop_token_ids", None),

@@ -143,8 +143,10 @@ class ClientText:
     """A request's tokens as its client receives them, grown step by step: the worker's output cut
     where vLLM 0.32's scheduler stops the request (``check_stop``: an EOS or stop token id, kept;
     ``max_tokens``; the model length). The worker keeps every token its verify accepted, also past
-    that end. Each ``extend`` reads only the output tokens it has not seen (the worker's output
-    list only grows), so a step costs the new tokens, not the whole text."""
+    that end. Stop strings and repetition detection end a request in vLLM's frontend, after the
+    worker generated on: those ends are not known here (hooks.py states it in the contract). Each
+    ``extend`` reads only the output tokens it has not seen (the worker's output list only grows), so
+    a step costs the new tokens, not the whole text."""
 
     def __init__(self, prompt: Sequence[int], *, max_tokens: int | None, eos: int | None,
                  stop_ids: Sequence[int] | None, max_model_len: int | None) -> None:
