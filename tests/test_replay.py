@@ -291,3 +291,21 @@ def test_norms_a_checkpoint_lacks_are_unit_weights_only_where_the_engine_applies
                                "replay",)
     else:
         assert model.notes == ()
+
+
+def test_the_library_call_returns_what_the_command_prints(tmp_path) -> None:
+    """``td.replay`` is the command: the same report, and the same replayed trace written."""
+    import json
+
+    out = tmp_path / "replayed.h5"
+    report = td.replay(SAMPLES / "serving.h5", SAMPLES / "draft", target=SAMPLES / "target", out=out)
+    printed = json.loads(replay(SAMPLES / "serving.h5", "--json").stdout)
+    assert isinstance(report, td.ReplayReport) and printed == json.loads(json.dumps(report.to_dict()))
+    with td.open_trace(out) as written:
+        assert written.meta["contract"]["replayed_trace"] == str(SAMPLES / "serving.h5")
+
+
+def test_the_library_call_raises_bad_options_as_the_command_says_them() -> None:
+    with pytest.raises(td.InputError) as bad:
+        td.replay(SAMPLES / "serving.h5", SAMPLES / "draft", d2t="ids")
+    assert (bad.value.path, bad.value.problem) == ("--d2t", "unknown d2t reading 'ids': offset or direct")

@@ -17,8 +17,8 @@ import pytest
 
 from testbed import vllm_live
 from testbed.vllm_models import with_aux_ids, write_padded
-from tracediff.diff.api import compare
 from tracediff.eagle3.acceptance import recorded_acceptance
+from tracediff.tools.compare import compare
 from tracediff.trace.reader import open_trace
 
 pytestmark = [pytest.mark.slow, pytest.mark.subprocess,

@@ -20,11 +20,12 @@ if not any(isinstance(f, DataOnly) for f in logging.getLogger("tracediff").filte
     logging.getLogger("tracediff").addFilter(DataOnly())  # names in warnings print as data
 
 __getattr__ = lazy(__name__, {
-    "compare": "tracediff.diff.api", "Report": "tracediff.diff.results",
+    "compare": "tracediff.tools.compare", "Report": "tracediff.diff.results",
+    "replay": "tracediff.tools.replay", "ReplayReport": "tracediff.eagle3.replay",
     "explain": "tracediff.eagle3.explain",  # needs torch: it replays the draft
     "Explanation": "tracediff.eagle3.explanation", "Recorder": "tracediff.record.recorder",
     "record": "tracediff.record.recorder", "Record": "tracediff.trace.schema",
     "Trace": "tracediff.trace.reader", "open_trace": "tracediff.trace.reader"})
 
-__all__ = ["Explanation", "InputError", "Record", "Recorder", "Report", "Trace", "TraceError", "__version__",
-           "compare", "explain", "open_trace", "record"]
+__all__ = ["Explanation", "InputError", "Record", "Recorder", "ReplayReport", "Report", "Trace", "TraceError",
+           "__version__", "compare", "explain", "open_trace", "record", "replay"]

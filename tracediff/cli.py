@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -15,13 +14,11 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from tracediff.eagle3.names import DRAFT_FC_IN, TARGET_TOKEN
 from tracediff.errors import InputError, did_you_mean
 from tracediff.integrations.producer import Importer
 from tracediff.integrations.registry import PRODUCERS
 from tracediff.text import safe
-
-AUX_READERS = {p.name: p.reads_aux for p in PRODUCERS if p.reads_aux}  # replay --aux-convention NAME
+from tracediff.tools.replay import AUX_READERS, checkpoint_files
 
 if TYPE_CHECKING:
     from tracediff.bundle.build import Explained
@@ -209,19 +206,10 @@ def convert(
 ) -> None:
     """Convert a trace between HDF5 and Arrow without loss. The output appears whole or not at all."""
     from tracediff.trace.convert import convert as run_convert
+    from tracediff.trace.output import check_trace_suffix
 
-    check_trace_suffix(dst)
+    guarded(dst, lambda: check_trace_suffix(dst))
     guarded(src, lambda: console.print(wrote(run_convert(src, dst, force=force))))
-
-
-def check_trace_suffix(path: Path) -> None:
-    """One ``error:`` line unless the path's extension names a trace format (before any work)."""
-    from tracediff.trace.writer import format_for
-
-    try:
-        format_for(path)
-    except ValueError as exc:
-        fail(path, str(exc).split(": ", 1)[-1])
 
 
 @app.command("slice")
@@ -412,95 +400,20 @@ def replay(
 ) -> None:
     """Run a draft offline on recorded target tensors: accuracy per depth, expected accept length."""
     need_torch()
-    from tracediff.eagle3.capture import parse_aux
-    from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
-    from tracediff.eagle3.draft_summary import draft_config_summary
-    from tracediff.eagle3.readings import READINGS, engine_choice
-    from tracediff.eagle3.replay import replay as run_replay
-    from tracediff.eagle3.vocab import DIRECT, OFFSET
-    from tracediff.record.recorder import record
     from tracediff.report.progress import progress_bar
     from tracediff.report.replay import render_replay
-    from tracediff.trace.output import check_output, staged_output
-    from tracediff.trace.reader import open_trace
+    from tracediff.tools.replay import replay as run_replay
 
-    by_family = aux_convention in AUX_READERS
     try:
-        spec = parse_aux(aux, aux_convention) if aux and not by_family else None
-        ids = [int(i) for i in aux.split(",")] if aux and by_family else None
-    except ValueError as exc:
-        fail("--aux", f"--aux-convention {aux_convention} takes a draft's ids, got {aux!r}" if by_family
-             else str(exc))
-
-    if engine is not None and engine not in READINGS:
-        fail("--engine", f"unknown engine {engine!r}: one of {', '.join(READINGS)}")
-    if d2t not in (OFFSET, DIRECT):
-        fail("--d2t", f"unknown d2t reading {d2t!r}: {OFFSET} or {DIRECT}")
-    if out is not None:
-        check_trace_suffix(out)
-    inputs = [trace, *checkpoint_files(draft), *(checkpoint_files(target) if target else [])]
-    if out is not None:
-        guarded(out, lambda: check_output(out, inputs, force))  # before the replay: it may be long
-
-    def run() -> None:
-        nonlocal spec
-        with open_trace(trace) as opened, (staged_output(out, inputs, force) if out
-                                           else contextlib.nullcontext()) as staged:
-            if ids is not None:
-                spec = serving_aux(aux_convention, opened.contract, ids, target, trace)
-            chosen = engine_choice(opened.engine, engine)
-            model = load_draft(draft, target_embed=target_embedding(target) if target else None,
-                               reading=chosen.reading,
-                               target_head=target_tensor(target, "lm_head") if target else None)
-            missing = {TARGET_TOKEN} - set(opened.names())
-            if missing or (spec is None and DRAFT_FC_IN not in opened.names()):
-                need = TARGET_TOKEN if missing else "draft.fc_in (or pass --aux)"
-                fail(trace, f"replay needs recorded {need}")
-            contract = {"draft": str(draft), "aux": spec.to_dict() if spec else "recorded draft.fc_in",
-                        "d2t_reading": d2t, "replayed_trace": str(trace),
-                        "draft_engine": chosen.reading.engine,
-                        "draft_config": draft_config_summary(model.config.raw)}
-            rec = record(staged, source="replay", meta=contract) if staged else None
-            try:
-                with progress_bar("replaying", unit="rows") as progress:
-                    report = run_replay(opened, model, depths, spec, d2t, rec, chosen, progress)
-            finally:
-                if rec is not None:
-                    rec.close()
-        if as_json:
-            print(json.dumps(report.to_dict(), indent=1))
-        else:
-            render_replay(console, report)
-
-    guarded(trace, run)
-
-
-def checkpoint_files(checkpoint: Path) -> list[Path]:
-    """A checkpoint directory and the files in it (an output may be none of them), or the file."""
-    try:
-        return [checkpoint, *checkpoint.iterdir()] if checkpoint.is_dir() else [checkpoint]
-    except OSError:
-        return [checkpoint]
-
-
-def serving_aux(producer: str, contract: dict, ids: list[int], target: Path | None, trace: Path) -> Any:
-    """``--aux-convention PRODUCER``: the AuxSpec the producer feeds for ``ids`` on the trace's target."""
-    from tracediff.eagle3.config import read_json_object
-
-    config = None
-    if target is not None:
-        try:
-            config = read_json_object(target / "config.json")  # a regular file, of a config's size
-        except (OSError, ValueError) as exc:
-            fail(target / "config.json", f"cannot read the target's config ({exc})")
-    try:
-        spec = AUX_READERS[producer](contract, config, ids)
-    except ValueError as exc:
-        fail("--aux", str(exc))
-    if spec is None:
-        fail(trace, f"--aux-convention {producer} needs the target's architecture and layer count: the "
-             "trace's contract states neither; pass --target DIR (its config.json)")
-    return spec
+        with progress_bar("replaying", unit="rows") as progress:
+            report = run_replay(trace, draft, target=target, out=out, aux=aux, aux_convention=aux_convention,
+                                d2t=d2t, engine=engine, depths=depths, force=force, progress=progress)
+    except InputError as exc:
+        fail(exc.path, exc.problem)
+    if as_json:
+        print(json.dumps(report.to_dict(), indent=1))
+    else:
+        render_replay(console, report)
 
 
 def compare_options(tol: list[str], mapping: list[str], align: str,
@@ -597,8 +510,8 @@ def compare(
     """Align two traces by token prefix and draft depth; name the first diverging tensor and why.
 
     Exit 0 match, 1 diverged, 2 bad input or incomparable traces, 3 incomplete (too few rows compared)."""
-    from tracediff.diff.api import compare as run_compare
     from tracediff.diff.rename import read_mapping_file
+    from tracediff.tools.compare import compare as run_compare
 
     rename: dict[str, str] = {}
     if map_file is not None:

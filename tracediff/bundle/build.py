@@ -31,13 +31,13 @@ from tracediff.bundle.select import Window, focus_of, ladder, left_out, selectio
 from tracediff.bundle.stats import trace_stats
 from tracediff.bundle.trim import Attached, attach, levels
 from tracediff.bundle.verify import Difference, Verification, differences
-from tracediff.diff.api import compare
 from tracediff.diff.results import Report
 from tracediff.diff.verdict import MIN_COVERAGE
 from tracediff.eagle3.explanation import Explanation
 from tracediff.errors import InputError
 from tracediff.jsonio import to_plain
 from tracediff.sizes import human
+from tracediff.tools.compare import compare
 from tracediff.trace.output import check_output, staged_directory, staged_output
 from tracediff.trace.reader import Trace, detect_format, open_trace
 from tracediff.trace.slice import Selection, planned_bytes, slice_trace

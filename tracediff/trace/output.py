@@ -396,3 +396,13 @@ def staging_dirs(directory: str | Path) -> list[Path]:
 
 __all__ = ["check_output", "check_outputs", "identities", "reason", "staged_directory", "staged_output",
            "staged_outputs", "staging_dirs"]
+
+
+def check_trace_suffix(path: str | Path) -> None:
+    """InputError (one line) unless the path's extension names a trace format (before any work)."""
+    from tracediff.trace.writer import format_for
+
+    try:
+        format_for(path)
+    except ValueError as exc:
+        raise InputError(path, str(exc).split(": ", 1)[-1]) from None
