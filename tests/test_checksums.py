@@ -153,6 +153,10 @@ def test_no_verify_reads_the_flipped_record(copy, fmt, where) -> None:
     summary = cli("show", str(path), "--no-verify")
     assert summary.returncode == 0 and "unverified: --no-verify" in summary.stdout
     assert json.loads(cli("show", str(path), "--no-verify", "--json").stdout)["unverified"] == "--no-verify"
+    with pytest.raises(TraceError), td.open_trace(path) as trace:  # the command's option stayed its own
+        trace.rows("g")
+    assert cli("compare", str(path), str(path)).returncode == 2  # verified: the flipped record fails
+    assert "checksum" not in cli("compare", str(path), str(path), "--no-verify").stderr
 
 
 def test_a_flipped_step_of_a_record_fails_at_open(copy) -> None:

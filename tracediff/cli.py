@@ -8,7 +8,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -20,8 +20,11 @@ from tracediff.integrations.registry import PRODUCERS
 from tracediff.text import safe
 from tracediff.tools.replay import AUX_READERS, checkpoint_files
 
+T = TypeVar("T")
+
 if TYPE_CHECKING:
     from tracediff.bundle.build import Explained
+    from tracediff.diff.results import Report
     from tracediff.diff.tolerance import Tolerances
     from tracediff.eagle3.explanation import Explanation
 
@@ -69,19 +72,9 @@ def fail(path: str | Path, problem: str) -> NoReturn:
     raise typer.Exit(2)
 
 
-def _no_verify(ctx: typer.Context, value: bool) -> bool:
-    """Set for every trace this command opens, and put back as it was when the command ends (a
-    process may run several commands, and open traces through the API between them)."""
-    from tracediff.trace import reader
-
-    before, reader.VERIFY = reader.VERIFY, not value
-    ctx.call_on_close(lambda: setattr(reader, "VERIFY", before))
-    return value
-
-
 def no_verify_option() -> Any:
     """``--no-verify`` of the commands that read traces."""
-    return typer.Option(False, "--no-verify", callback=_no_verify,
+    return typer.Option(False, "--no-verify",
                         help="do not check the trace's checksums (a few percent faster; corrupt bytes then "
                              "read silently)")
 
@@ -99,9 +92,10 @@ def wrote(paths: Any) -> Text:
     return Text(f"wrote {', '.join(safe(p) for p in paths)}")
 
 
-def guarded(path: str | Path, action: Callable[[], None]) -> None:
+def guarded(path: str | Path, action: Callable[[], T]) -> T:
+    """What ``action`` returns; an ``InputError`` it raises is the command's one ``error:`` line."""
     try:
-        action()
+        return action()
     except InputError as exc:
         fail(exc.path, exc.problem)
 
@@ -134,7 +128,8 @@ def show(
     from tracediff.trace.summary import static_stats, summarize, tensor_stats
 
     if other is not None:
-        show_pair(trace, other, name, name_b, request, request_b, position, depth, step, step_b, top, as_json)
+        show_pair(trace, other, name, name_b, request, request_b, position, depth, step, step_b, top, as_json,
+                  not no_verify)
         return
     for option, value in (("--request-b", request_b), ("--position", position), ("--depth", depth),
                           ("--step-b", step_b), ("--top", top), ("--name-b", name_b)):
@@ -142,7 +137,7 @@ def show(
             fail(option, "needs two traces: tracediff show A B --name NAME ...")
 
     def run() -> None:
-        with open_trace(trace) as opened:
+        with open_trace(trace, verify=not no_verify) as opened:
             if name is None:
                 summary = summarize(opened)
                 if as_json:
@@ -173,7 +168,7 @@ def show(
 
 def show_pair(a: Path, b: Path, name: str | None, name_b: str | None, request: str | None,
               request_b: str | None, position: int | None, depth: int | None, step: int | None,
-              step_b: int | None, top: int | None, as_json: bool) -> None:
+              step_b: int | None, top: int | None, as_json: bool, verify: bool) -> None:
     """``show A B --name X``: the row on both sides (``row_view``), rendered or as JSON."""
     from tracediff.diff.rowview import row_view
     from tracediff.jsonio import to_plain
@@ -187,7 +182,7 @@ def show_pair(a: Path, b: Path, name: str | None, name_b: str | None, request: s
     def run() -> None:
         view = row_view(a, b, name, request=request, request_b=request_b, position=position,
                         depth=0 if depth is None else depth, step=step, step_b=step_b,
-                        top=10 if top is None else top, name_b=name_b)
+                        top=10 if top is None else top, name_b=name_b, verify=verify)
         if as_json:
             print(json.dumps(to_plain(view), indent=1, allow_nan=False))
         else:
@@ -209,7 +204,7 @@ def convert(
     from tracediff.trace.output import check_trace_suffix
 
     guarded(dst, lambda: check_trace_suffix(dst))
-    guarded(src, lambda: console.print(wrote(run_convert(src, dst, force=force))))
+    guarded(src, lambda: console.print(wrote(run_convert(src, dst, force=force, verify=not no_verify))))
 
 
 @app.command("slice")
@@ -246,9 +241,7 @@ def slice_command(
             fail(option, str(exc))
     selection = Selection(names=parse_list(names), requests=parse_list(requests),
                           positions=spans["--positions"], steps=spans["--steps"], depths=spans["--depths"])
-    results = []
-    guarded(trace, lambda: results.append(slice_trace(trace, out, selection, force=force)))
-    result = results[0]
+    result = guarded(trace, lambda: slice_trace(trace, out, selection, force=force, verify=not no_verify))
     console.print(wrote(result.paths).append(f": {result.describe()}"))
     for option, unmatched in (("--names", result.unmatched_names),
                               ("--requests", result.unmatched_requests)):
@@ -308,12 +301,11 @@ def bundle_command(
               if given is not None]
     if draft is None and unused:
         fail(unused[0], "explains with --draft only: give the draft checkpoint too")
-    explained = None if draft is None else _explained(a, b, out, zip_, force, draft, draft_b, target, depths)
-    made = []
-    guarded(a, lambda: made.append(make_bundle(a, b, out, budget=size, zip=zip_, tol=tol, rename=rename,
-                                               align=align, min_coverage=min_coverage, force=force,
-                                               explained=explained)))
-    bundle = made[0]
+    explained = None if draft is None else _explained(a, b, out, zip_, force, draft, draft_b, target, depths,
+                                                      not no_verify)
+    bundle = guarded(a, lambda: make_bundle(a, b, out, budget=size, zip=zip_, tol=tol, rename=rename,
+                                            align=align, min_coverage=min_coverage, force=force,
+                                            explained=explained, verify=not no_verify))
     zipped = "" if bundle.zip is None else f" and {safe(bundle.zip)} ({bundle.zip_size} bytes)"
     console.print(Text(f"wrote {safe(out)} ({bundle.total} bytes in {len(bundle.files)} files){zipped}, each "
                        f"within the budget of {human(size)} ({size} bytes); read {safe(out / 'report.md')}"))
@@ -335,33 +327,30 @@ def bundle_command(
 
 
 def _explained(a: Path, b: Path, out: Path, zip_: bool, force: bool, draft: Path, draft_b: Path | None,
-               target: Path | None, depths: int | None) -> Explained:
+               target: Path | None, depths: int | None, verify: bool) -> Explained:
     """explain's result for ``bundle --draft``, run once the bundle's output is known to be writable."""
     need_torch()
     from tracediff.bundle.build import Explained, check_bundle_output
 
     guarded(out, lambda: check_bundle_output(out, zip_, [a, b], force))  # before the replays (they take long)
-    explanation = _explanation(a, b, draft, draft_b, target, depths)
+    explanation = _explanation(a, b, draft, draft_b, target, depths, verify)
     flags = ["--draft", str(draft), *(["--draft-b", str(draft_b)] if draft_b else []),
              *(["--target", str(target)] if target else []), *(["--depths", str(depths)] if depths else [])]
     return Explained(explanation, tuple(flags))
 
 
 def _explanation(a: Path, b: Path, draft: Path, draft_b: Path | None, target: Path | None,
-                 depths: int | None) -> Explanation:
+                 depths: int | None, verify: bool) -> Explanation:
     """``td.explain`` with a progress bar (rows replayed) on a terminal; bad input is one error line."""
     from tracediff.eagle3.explain import explain as run_explain
     from tracediff.report.progress import progress_bar
 
-    done = []
-
-    def run() -> None:
+    def run() -> Explanation:
         with progress_bar("explaining", unit="rows") as progress:
-            done.append(run_explain(a, b, draft, draft_b=draft_b, target=target, depths=depths,
-                                    progress=progress))
+            return run_explain(a, b, draft, draft_b=draft_b, target=target, depths=depths, progress=progress,
+                               verify=verify)
 
-    guarded(b, run)
-    return done[0]
+    return guarded(b, run)
 
 
 def need_torch() -> None:
@@ -407,7 +396,8 @@ def replay(
     try:
         with progress_bar("replaying", unit="rows") as progress:
             report = run_replay(trace, draft, target=target, out=out, aux=aux, aux_convention=aux_convention,
-                                d2t=d2t, engine=engine, depths=depths, force=force, progress=progress)
+                                d2t=d2t, engine=engine, depths=depths, force=force, progress=progress,
+                                verify=not no_verify)
     except InputError as exc:
         fail(exc.path, exc.problem)
     if as_json:
@@ -472,7 +462,7 @@ def explain(
         from tracediff.trace.output import check_output
 
         guarded(html, lambda: check_output(html, inputs, force))  # before the replays, which may take long
-    ex = _explanation(a, b, draft, draft_b, target, depths)
+    ex = _explanation(a, b, draft, draft_b, target, depths, not no_verify)
     if html is not None:
         from tracediff.report.explain_html import write_explain_html
 
@@ -513,29 +503,24 @@ def compare(
     from tracediff.diff.rename import read_mapping_file
     from tracediff.tools.compare import compare as run_compare
 
-    rename: dict[str, str] = {}
-    if map_file is not None:
-        guarded(map_file, lambda: rename.update(read_mapping_file(map_file)))
+    rename = {} if map_file is None else guarded(map_file, lambda: read_mapping_file(map_file))
     tolerances, given = compare_options(tol, mapping, align, min_coverage)
-    rename.update(given)
+    rename = {**rename, **given}
     if as_json and markdown:
         fail("--json", "choose one of --json and --markdown")
     if html is not None:
         from tracediff.trace.output import check_output
 
         guarded(html, lambda: check_output(html, [a, b], force))  # before the compare, which may take long
-    reports = []
-
-    def run() -> None:
+    def run() -> Report:
         from tracediff.report.progress import progress_bar
 
         with progress_bar("comparing") as progress:
-            reports.append(run_compare(a, b, tol=tolerances, rename=rename, align=align, progress=progress,
-                                       stop_at_first=stop_at_first, min_coverage=min_coverage,
-                                       same_target=same_target))
+            return run_compare(a, b, tol=tolerances, rename=rename, align=align, progress=progress,
+                               stop_at_first=stop_at_first, min_coverage=min_coverage,
+                               same_target=same_target, verify=not no_verify)
 
-    guarded(a, run)
-    report = reports[0]
+    report = guarded(a, run)
     if html is not None:
         from tracediff.report.html import write_html
 
@@ -634,9 +619,7 @@ def record_command(
     for producer in PRODUCERS:
         if producer.plugin in config.plugins and (note := producer.advise(config, argv)):
             print(f"tracediff: note: {note}", file=sys.stderr)
-    results = []
-    guarded(out, lambda: results.append(run_launch(config, argv, PRODUCERS, force=force)))
-    result = results[0]
+    result = guarded(out, lambda: run_launch(config, argv, PRODUCERS, force=force))
     from tracediff.text import safe
 
     for f in result.files:
@@ -666,9 +649,7 @@ def add_importer(importer: Importer) -> None:
     def command(**options: Any) -> None:
         if importer.needs_torch:
             need_torch()
-        lines: list[str] = []
-        guarded(importer.command, lambda: lines.extend(importer.run(**options)))
-        for line in lines:
+        for line in guarded(importer.command, lambda: list(importer.run(**options))):
             console.print(Text(line))
 
     import_app.command(importer.command)(command)

@@ -86,7 +86,7 @@ class Explained:
 def make_bundle(a: str | Path, b: str | Path, out: str | Path, *, budget: int = DEFAULT_BUDGET,
                 zip: bool = False, tol: list[str] | None = None, rename: dict[str, str] | None = None,
                 align: str = "prefix", min_coverage: float = MIN_COVERAGE, force: bool = False,
-                explained: Explained | None = None) -> Bundle:
+                explained: Explained | None = None, verify: bool = True) -> Bundle:
     """Write the bundle of traces ``a`` (baseline) and ``b`` into the new directory ``out`` (and the zip
     ``zip_path(out)`` with ``zip``): the directory's files together at most ``budget`` bytes on disk,
     and the zip too. Both are built in a staging directory beside them and appear whole
@@ -104,7 +104,7 @@ def make_bundle(a: str | Path, b: str | Path, out: str | Path, *, budget: int = 
         work = stack.enter_context(staged_directory(out, [a, b]))
         options = _Options(list(tol or []), dict(rename or {}), align, min_coverage)
         report = options.run(a, b)
-        with open_trace(a) as ta, open_trace(b) as tb:
+        with open_trace(a, verify=verify) as ta, open_trace(b, verify=verify) as tb:
             maker = _Maker(report, ta, tb, work, options, budget, staged_zip, explained)
             maker.commands = _commands(a, b, out, budget, zip, options, maker.files, explained)
             bundle = maker.build()

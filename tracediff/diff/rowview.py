@@ -84,7 +84,7 @@ class _Found:
 def row_view(a: TraceLike, b: TraceLike, name: str, *, request: str | None = None,
              request_b: str | None = None, position: int | None = None, depth: int = 0,
              step: int | None = None, step_b: int | None = None, top: int = 10,
-             name_b: str | None = None) -> RowView:
+             name_b: str | None = None, verify: bool = True) -> RowView:
     """The row of ``name`` at (``request``, ``position``, ``depth``) in ``a`` and at (``request_b``,
     the same position and depth) in ``b``, and how they differ.
 
@@ -100,7 +100,8 @@ def row_view(a: TraceLike, b: TraceLike, name: str, *, request: str | None = Non
     if top < 0:
         raise ValueError(f"top must be >= 0, got {top}")
     with ExitStack() as stack:
-        traces = Pair(*(t if isinstance(t, Trace) else stack.enter_context(open_trace(t)) for t in (a, b)))
+        traces = Pair(*(t if isinstance(t, Trace) else stack.enter_context(open_trace(t, verify=verify))
+                        for t in (a, b)))
         labels = Pair(*(str(t.paths[0]) if isinstance(t, Trace) else str(t) for t in (a, b)))
         names = Pair(name, name if name_b is None else name_b)
         kinds = traces.zip(names, labels, SIDES).starmap(_kind)

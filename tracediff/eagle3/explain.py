@@ -92,14 +92,14 @@ class Inputs(NamedTuple):
 
 def explain(a: str | Path, b: str | Path, draft: str | Path, *, draft_b: str | Path | None = None,
             target: str | Path | None = None, depths: int | None = None,
-            progress: Callable[[int, int], None] | None = None) -> Explanation:
+            progress: Callable[[int, int], None] | None = None, verify: bool = True) -> Explanation:
     """``tracediff explain A B --draft D``: the checkpoint(s) loaded as the engine that recorded
     each trace reads them (``draft_b`` for B when it differs; the target's embedding, and lm_head
     where the engine takes it, from ``target``), then ``explain_traces``. ``progress(done, total)``
     hears rows replayed. ``InputError`` (one line) for unreadable inputs."""
     embed = target_embedding(target) if target else None
     head = target_tensor(target, "lm_head") if target else None
-    with open_trace(a) as ta, open_trace(b) as tb:
+    with open_trace(a, verify=verify) as ta, open_trace(b, verify=verify) as tb:
         readings = {side: engine_choice(t.engine).reading for side, t in (("a", ta), ("b", tb))}
         drafts = {"a": load_draft(draft, embed, reading=readings["a"], target_head=head)}
         same = draft_b is None and readings["a"] == readings["b"]

@@ -23,7 +23,8 @@ TraceLike = str | Path | Trace
 def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | None = None,
             rename: dict[str, str] | None = None, align: str = "prefix", stop_at_first: bool = False,
             min_coverage: float = MIN_COVERAGE, chunk_bytes: int = CHUNK_BYTES,
-            progress: Progress | None = None, warm: bool = True, same_target: bool = False) -> Report:
+            progress: Progress | None = None, warm: bool = True, same_target: bool = False,
+            verify: bool = True) -> Report:
     """Compare trace ``b`` against baseline ``a`` (paths or open traces).
 
     ``tol``: a ``Tolerances`` or ``--tol`` strings; ``rename``: name in b -> name in a; ``align``:
@@ -31,7 +32,7 @@ def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | Non
     comparable rows every tensor must align for a ``match``; ``progress(done, total)`` hears bytes
     compared; ``warm`` reads the files into the page cache meanwhile (not when stopping early);
     ``same_target``: the targets are the same model whatever target facts the contracts state
-    (the report still lists them, marked declared).
+    (the report still lists them, marked declared); ``verify`` false reads without checking checksums.
     Raises ``InputError`` for unreadable traces, ValueError for bad options."""
     from tracediff.diff.diagnose import diagnose
 
@@ -44,7 +45,8 @@ def compare(a: TraceLike, b: TraceLike, *, tol: Tolerances | Iterable[str] | Non
     tolerances = specs if isinstance(specs, Tolerances) else Tolerances.parse(list(specs or []))
     with ExitStack() as stack:  # the disk starts reading before the traces are opened and planned
         stack.enter_context(warming([a, b], enabled=warm and not stop_at_first))
-        traces = Pair(*(t if isinstance(t, Trace) else stack.enter_context(open_trace(t)) for t in (a, b)))
+        traces = Pair(*(t if isinstance(t, Trace) else stack.enter_context(open_trace(t, verify=verify))
+                        for t in (a, b)))
         keys = traces.map(tensor_keys)  # small reads, done before the disk gets busy with tensor data
         plan = make_plan(traces, rename, align, chunk_bytes, keys)  # once, from key columns only
         comparison = compare_traces(traces, plan, tolerances, stop_at_first, progress)

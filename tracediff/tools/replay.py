@@ -32,7 +32,7 @@ AUX_READERS = {p.name: p.reads_aux for p in PRODUCERS if p.reads_aux}  # --aux-c
 def replay(trace: str | Path, draft: str | Path, *, target: str | Path | None = None,
            out: str | Path | None = None, aux: str | None = None, aux_convention: str = "output_of_layer",
            d2t: str = "offset", engine: str | None = None, depths: int | None = None, force: bool = False,
-           progress: Callable[[int, int], None] | None = None) -> ReplayReport:
+           progress: Callable[[int, int], None] | None = None, verify: bool = True) -> ReplayReport:
     """Replay draft checkpoint ``draft`` on trace ``trace``'s recorded target tensors.
 
     ``target``: the target checkpoint (shared embeddings and lm_head, its config for
@@ -41,7 +41,8 @@ def replay(trace: str | Path, draft: str | Path, *, target: str | Path | None = 
     reading of a draft's aux ids is used); ``d2t``: ``offset`` or ``direct``; ``engine``: whose reading
     of the draft config to compute (default: the trace's); ``depths``: draft depths to unroll; ``out``:
     write the replayed tensors there (``force``: replace a regular file that is none of the inputs);
-    ``progress(done, total)`` hears rows replayed. Raises ``InputError``."""
+    ``progress(done, total)`` hears rows replayed; ``verify`` false reads without checking checksums.
+    Raises ``InputError``."""
     from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
     from tracediff.eagle3.draft_summary import draft_config_summary
     from tracediff.eagle3.readings import READINGS, engine_choice
@@ -63,7 +64,7 @@ def replay(trace: str | Path, draft: str | Path, *, target: str | Path | None = 
         out = Path(out)
         check_trace_suffix(out)
         check_output(out, inputs, force)  # before the replay: it may be long
-    with open_trace(trace) as opened, (staged_output(out, inputs, force) if out is not None
+    with open_trace(trace, verify=verify) as opened, (staged_output(out, inputs, force) if out is not None
                                        else contextlib.nullcontext()) as staged:
         if ids is not None:
             spec = serving_aux(aux_convention, opened.contract, ids, target, trace)

@@ -18,7 +18,8 @@ from tracediff.trace.writer import TraceWriter, open_writer
 BATCH_BYTES = 64 << 20
 
 
-def convert(src: str | Path, dst: str | Path, format: str | None = None, force: bool = False) -> list[Path]:
+def convert(src: str | Path, dst: str | Path, format: str | None = None, force: bool = False,
+            verify: bool = True) -> list[Path]:
     """Write every record, the token table, the metadata and the end-of-run metadata of ``src``
     into ``dst``. A trace split over rank files becomes one output per rank (``dst`` stem + ``.rankN``).
     An existing output is refused unless ``force`` (and then only a regular file that is none of the
@@ -28,7 +29,7 @@ def convert(src: str | Path, dst: str | Path, format: str | None = None, force: 
     (the CLI prints either as one line).
     """
     dst = Path(dst)
-    with open_trace(src) as trace:
+    with open_trace(src, verify=verify) as trace:
         outputs = output_paths(trace, dst)
         check_copy_outputs(dst, outputs, trace.paths, force, "conversion")
         with staged_outputs(outputs, trace.paths, force) as staging:

@@ -23,7 +23,6 @@ from tracediff.trace.storage import MAGIC_BYTES, TraceFile, by_magic, by_name
 
 PREFETCH_MIN_BYTES = 1 << 20  # a gather of fewer bytes sends the kernel no read-ahead hints
 PREFETCH = 16  # records read ahead by rows()
-VERIFY = True  # open_trace's default: check checksums as records are read (the CLI's --no-verify clears it)
 SPAN_GAP = 1 << 20
 CRC_WINDOW = 16 << 20  # bytes of a record mapped at once while its checksum is computed in place
 
@@ -672,12 +671,11 @@ class Trace:
         self.close()
 
 
-def open_trace(path: str | Path | Sequence[str | Path], verify: bool | None = None) -> Trace:
+def open_trace(path: str | Path | Sequence[str | Path], verify: bool = True) -> Trace:
     """Open a trace file, a trace split over ``stem.rankN.ext`` files, or an explicit list of files.
-    ``verify`` (default: ``VERIFY``, true unless the CLI was given --no-verify): check checksums,
+    ``verify`` (false: the CLI's --no-verify): check checksums,
     the metadata and record keys at open, each record's bytes and row keys when first read; a
     mismatch is a TraceError naming the record."""
-    verify = VERIFY if verify is None else verify
     if isinstance(path, (str, Path)):
         return Trace(rank_files(path), verify=verify)
     return Trace(list(path), verify=verify)

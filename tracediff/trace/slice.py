@@ -158,7 +158,7 @@ def _previous(meta: dict) -> dict:
 
 
 def slice_trace(src: str | Path | Trace, dst: str | Path, selection: Selection,
-                force: bool = False) -> SliceResult:
+                force: bool = False, verify: bool = True) -> SliceResult:
     """Write what ``selection`` keeps of ``src`` into ``dst`` (format by its suffix). A trace split
     over rank files is sliced per rank: ``dst`` stem + ``.rankR`` for each (readable together as
     ``dst``, like the original); a rank file the selection keeps nothing of (no record, no token) is
@@ -175,7 +175,7 @@ def slice_trace(src: str | Path | Trace, dst: str | Path, selection: Selection,
         raise InputError(dst, str(exc).split(": ", 1)[-1]) from None
     if isinstance(src, Trace):
         return _slice(src, dst, selection, force)
-    with open_trace(src) as trace:
+    with open_trace(src, verify=verify) as trace:
         return _slice(trace, dst, selection, force)
 
 
