@@ -495,3 +495,16 @@ def test_a_config_flag_that_is_not_a_boolean_says_how_the_engines_read_it(health
     (found,) = [f for f in doctor(*healthy) if f.code == "config_flag"]
     assert found.message == (f"config.json: {key} is {json.dumps(value)}, not true or false: the engines "
                              f"read it as {read_as}")
+
+
+def test_the_library_call_returns_what_the_command_prints(healthy) -> None:
+    """``td.doctor`` is the command: the same findings, errors first, and the same exit code."""
+    import tracediff as td
+
+    draft, target = healthy
+    edit_weights(draft, d2t=torch.zeros(256, dtype=torch.int64))  # an error: a vocab map of zeros
+    report = td.doctor(draft, target=target)
+    assert report.exit_code == 1 and report.findings[0] == report.errors[0]
+    assert [f.code for f in report.findings if f.severity != "info"] == codes(draft, target)
+    printed = cli("doctor", "--draft", str(draft), "--target", str(target), "--json")
+    assert printed.returncode == 1 and json.loads(printed.stdout) == report.to_list()

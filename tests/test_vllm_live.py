@@ -182,7 +182,7 @@ def test_explain_puts_the_difference_on_the_fc_input(runs: dict[str, Run], train
     the fc inputs swapped: the fc input is the one input that differs, and swapping it moves the
     whole difference. (The sample's draft weights were trained on the states vLLM feeds here, so the
     training side is the one that loses accepted tokens.)"""
-    from tracediff.eagle3.explain import explain
+    from tracediff.tools.explain import explain
 
     target, _, exported = models
     result = explain(training, runs["exported"].trace, exported, target=target)

@@ -22,10 +22,12 @@ if not any(isinstance(f, DataOnly) for f in logging.getLogger("tracediff").filte
 __getattr__ = lazy(__name__, {
     "compare": "tracediff.tools.compare", "Report": "tracediff.diff.results",
     "replay": "tracediff.tools.replay", "ReplayReport": "tracediff.eagle3.replay",
-    "explain": "tracediff.eagle3.explain",  # needs torch: it replays the draft
+    "doctor": "tracediff.tools.doctor", "DoctorReport": "tracediff.tools.doctor",
+    "explain": "tracediff.tools.explain",  # needs torch: it replays the draft
     "Explanation": "tracediff.eagle3.explanation", "Recorder": "tracediff.record.recorder",
     "record": "tracediff.record.recorder", "Record": "tracediff.trace.schema",
     "Trace": "tracediff.trace.reader", "open_trace": "tracediff.trace.reader"})
 
-__all__ = ["Explanation", "InputError", "Record", "Recorder", "ReplayReport", "Report", "Trace", "TraceError",
-           "__version__", "compare", "explain", "open_trace", "record", "replay"]
+__all__ = ["DoctorReport", "Explanation", "InputError", "Record", "Recorder", "ReplayReport", "Report",
+           "Trace", "TraceError", "__version__", "compare", "doctor", "explain", "open_trace", "record",
+           "replay"]

@@ -342,8 +342,8 @@ def _explained(a: Path, b: Path, out: Path, zip_: bool, force: bool, draft: Path
 def _explanation(a: Path, b: Path, draft: Path, draft_b: Path | None, target: Path | None,
                  depths: int | None, verify: bool) -> Explanation:
     """``td.explain`` with a progress bar (rows replayed) on a terminal; bad input is one error line."""
-    from tracediff.eagle3.explain import explain as run_explain
     from tracediff.report.progress import progress_bar
+    from tracediff.tools.explain import explain as run_explain
 
     def run() -> Explanation:
         with progress_bar("explaining", unit="rows") as progress:
@@ -548,21 +548,15 @@ def doctor(
 
     Exit 0 when nothing is wrong, 1 when an error is found, 2 when the files cannot be read."""
     need_torch()
-    from tracediff.eagle3.doctor import doctor as run_doctor
     from tracediff.report.doctor import render_findings
+    from tracediff.tools.doctor import doctor as run_doctor
 
-    findings = []
-
-    def run() -> None:
-        findings.extend(run_doctor(draft, target, server_args))
-
-    guarded(draft, run)
+    report = guarded(draft, lambda: run_doctor(draft, target=target, server_args=server_args))
     if as_json:
-        print(json.dumps([vars(f) for f in findings], indent=1))
+        print(json.dumps(report.to_list(), indent=1))
     else:
-        render_findings(console, findings)
-    if any(f.severity == "error" for f in findings):
-        raise typer.Exit(1)
+        render_findings(console, list(report.findings))
+    raise typer.Exit(report.exit_code)
 
 
 @app.command("record", context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})

@@ -21,18 +21,15 @@ import itertools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from tracediff.eagle3.chains import drafted_from, leading_hits, tree_shape
-from tracediff.eagle3.checkpoint import load_draft, target_embedding, target_tensor
 from tracediff.eagle3.draft import Eagle3Draft
 from tracediff.eagle3.explanation import GROUP_NAMES, GROUPS, Explanation, Run, Side
 from tracediff.eagle3.names import DRAFT_D2T, DRAFT_LOGITS, DRAFT_TOKEN, DRAFT_TOKEN_TARGET
-from tracediff.eagle3.readings import engine_choice
 from tracediff.eagle3.replay import (
     FcRows,
     RequestRows,
@@ -48,7 +45,7 @@ from tracediff.eagle3.replay import (
 )
 from tracediff.errors import InputError
 from tracediff.trace.dtypes import decode
-from tracediff.trace.reader import Trace, open_trace
+from tracediff.trace.reader import Trace
 
 VOCAB_BUFFERS = ("d2t", "t2d")  # the vocab map is its own group, not the draft computation's
 MIN_CHAINS = 5  # fewer chains tell no difference from noise
@@ -88,24 +85,6 @@ class Inputs(NamedTuple):
 
     draft: Eagle3Draft
     d2t: torch.Tensor  # offsets, [draft vocab]
-
-
-def explain(a: str | Path, b: str | Path, draft: str | Path, *, draft_b: str | Path | None = None,
-            target: str | Path | None = None, depths: int | None = None,
-            progress: Callable[[int, int], None] | None = None, verify: bool = True) -> Explanation:
-    """``tracediff explain A B --draft D``: the checkpoint(s) loaded as the engine that recorded
-    each trace reads them (``draft_b`` for B when it differs; the target's embedding, and lm_head
-    where the engine takes it, from ``target``), then ``explain_traces``. ``progress(done, total)``
-    hears rows replayed. ``InputError`` (one line) for unreadable inputs."""
-    embed = target_embedding(target) if target else None
-    head = target_tensor(target, "lm_head") if target else None
-    with open_trace(a, verify=verify) as ta, open_trace(b, verify=verify) as tb:
-        readings = {side: engine_choice(t.engine).reading for side, t in (("a", ta), ("b", tb))}
-        drafts = {"a": load_draft(draft, embed, reading=readings["a"], target_head=head)}
-        same = draft_b is None and readings["a"] == readings["b"]
-        drafts["b"] = drafts["a"] if same else load_draft(draft_b or draft, embed, reading=readings["b"],
-                                                          target_head=head)
-        return explain_traces(ta, tb, drafts, depths, progress)
 
 
 def explain_traces(a: Trace, b: Trace, drafts: dict[str, Eagle3Draft], depths: int | None = None,
