@@ -10,7 +10,7 @@ from typing import Any
 from tracediff.errors import InputError
 from tracediff.trace.output import reason
 
-RECORDER_OPTIONS: dict[str, Any] = dict(host=False, on_full="block", block_timeout=600)
+RECORDER_OPTIONS: dict[str, Any] = dict(importer=True, on_full="block", block_timeout=600)
 
 
 def check_written(rec: Any, target: Path) -> None:

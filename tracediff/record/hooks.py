@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from tracediff.record.host import is_torch_tensor
+from tracediff.record.copies import is_torch_tensor
 
 if TYPE_CHECKING:
     from tracediff.record.recorder import Recorder

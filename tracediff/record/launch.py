@@ -186,6 +186,7 @@ class _ProcessRecorder:
         queue = {} if cfg.queue_bytes is None else {"queue_bytes": cfg.queue_bytes}
         kwargs = dict(names=list(cfg.names) or None, exclude=list(cfg.exclude) or None, every=cfg.every,
                       rank=rank if per_rank else None, world_size=world, meta=meta,
+                      say_gaps=False,  # tracediff record says it of every file it wrote
                       **{"on_full": cfg.on_full, **queue, **options})
         for candidate in (base, base.with_name(f"{base.stem}.pid{os.getpid()}{base.suffix}")):
             path = candidate.with_name(f"{candidate.stem}.rank{rank}{candidate.suffix}") if per_rank \
@@ -199,7 +200,6 @@ class _ProcessRecorder:
                 return Recorder(path, enabled=False)
             try:
                 rec = Recorder(candidate, **kwargs)
-                rec.say_gaps = False  # tracediff record says it of every file it wrote
             except Exception as exc:  # e.g. options a plugin got wrong: never an error in the host
                 logger.warning("tracediff: cannot record to %s (%s: %s)", path, type(exc).__name__, exc)
                 rec = Recorder(path, enabled=False)

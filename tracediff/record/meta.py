@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from tracediff.record.copies import is_torch_tensor
 from tracediff.record.filters import RecordFilter
-from tracediff.record.host import is_torch_tensor
 from tracediff.trace.metarules import MAX_META_BYTES, MAX_META_VALUES, clean_tree, too_deep, value_count
 from tracediff.trace.schema import FORMAT_NAME, FORMAT_VERSION, dumps_meta
 from tracediff.version import __version__

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracediff.record.host import HostCopy
+from tracediff.record.copies import HostCopy
 from tracediff.record.rowkeys import LogRowKeys
 
 # Host memory a queued record holds beside its tensor's bytes, what queue_bytes counts: its objects

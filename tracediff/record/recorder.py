@@ -45,9 +45,9 @@ from typing import Any, Iterable, Iterator
 
 import numpy as np
 
+from tracediff.record.copies import HostCopy, host_bytes, is_torch_tensor, tag_of_tensor, unrecordable
 from tracediff.record.exit_fence import RECORDERS, WRITERS
 from tracediff.record.filters import RecordFilter
-from tracediff.record.host import HostCopy, host_bytes, is_torch_tensor, tag_of_tensor, unrecordable
 from tracediff.record.meta import rank_and_world, rank_path, run_meta, storable
 from tracediff.record.pathlock import TraceLock
 from tracediff.record.queue import (
@@ -106,7 +106,8 @@ class Recorder(QueueAccounting, WriterThread):
         world_size: int | None = None,
         enabled: bool = True,
         strict: bool | None = None,
-        host: bool = True,
+        importer: bool = False,
+        say_gaps: bool = True,
     ) -> None:
         if on_full not in ("drop", "block"):
             raise ValueError(f"on_full must be 'drop' or 'block', got {on_full!r}")
@@ -131,8 +132,8 @@ class Recorder(QueueAccounting, WriterThread):
         # producer -> {"names": globs it means to record, "stopped": why or None, "step": int or None}
         self.producers: dict[str, dict] = {}
         self.stopped: str | None = None
-        self.host = host  # False (an importer): no disk room kept free, and its caller reports stops
-        self.say_gaps = True  # False: the caller says what the trace lacks (``tracediff record``)
+        self.importer = importer  # a tool's recorder: no disk room kept free, and its caller reports stops
+        self.say_gaps = say_gaps  # False: the caller says what the trace lacks (``tracediff record``)
         self._final_written: dict | None = None  # the end-of-run metadata the writer closed the file with
         self.failure: BaseException | None = None
         self.records_written = 0
@@ -447,7 +448,7 @@ class Recorder(QueueAccounting, WriterThread):
     def _say_gaps(self) -> None:
         """One stderr line at close when the trace holds less than the host logged (drops, a stop);
         nothing when it is complete. Never raises."""
-        if not (self.host and self.say_gaps):
+        if self.importer or not self.say_gaps:
             return
         try:
             from tracediff.text import safe
@@ -678,7 +679,7 @@ class Recorder(QueueAccounting, WriterThread):
         with self._cv:
             if self.stopped is None:
                 self.stopped = reason
-                if self.host:
+                if not self.importer:
                     logger.log(level, "tracediff: recording to %s stopped: %s", self.path, reason)
             self._active = False
             self._cv.notify_all()
@@ -691,7 +692,7 @@ class Recorder(QueueAccounting, WriterThread):
             self.failure = exc
             self._active = False
             self._cv.notify_all()
-        if self.host:
+        if not self.importer:
             logger.warning("tracediff: recording to %s stopped (%s); the host keeps running", self.path,
                            self.stopped)
 

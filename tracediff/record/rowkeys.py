@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tracediff.record.host import HostCopy, is_torch_tensor, to_int64
+from tracediff.record.copies import HostCopy, is_torch_tensor, to_int64
 
 PADDING = -1  # the position of a padded row
 

@@ -70,9 +70,9 @@ class WriterThread:
     on_full: str
     _final_written: dict | None
     token_calls_dropped: int
-    # False: a tool's recorder (an importer), no host's: it keeps no room free on the disk (it writes
-    # until the disk or the file size limit refuses a write) and leaves reporting a stop to its caller
-    host: bool = True
+    # a tool's recorder (an importer), no host's: it keeps no room free on the disk (it writes until
+    # the disk or the file size limit refuses a write) and leaves reporting a stop to its caller
+    importer: bool = False
     failure: BaseException | None  # what stopped the writer thread, if an error did
 
     if TYPE_CHECKING:  # the Recorder's other parts
@@ -194,9 +194,9 @@ class WriterThread:
     def _short_of_room(self, nbytes: int) -> str | None:
         """Why the disk or the process's file size limit leaves no room for nbytes and a margin
         (None: they do). Checked before every write of a host's recorder: HDF5 cannot survive a failed
-        write, so it stops cleanly first; a tool's recorder (``host`` False) keeps no margin.
+        write, so it stops cleanly first; a tool's recorder (``importer``) keeps no margin.
         """
-        if not self.host:
+        if self.importer:
             return None
         needed = nbytes + ROOM_MARGIN
         stat = os.statvfs(self.path.parent)

@@ -24,7 +24,7 @@ from tracediff.integrations.sglang.keys import IDLE_BATCHES, Request, Rows, refe
 from tracediff.integrations.sglang.models import BOUNDARY, TargetLayout, target_layout
 from tracediff.integrations.slot_probe import SlotProbe
 from tracediff.integrations.target_summary import target_identity
-from tracediff.record.host import is_torch_tensor
+from tracediff.record.copies import is_torch_tensor
 from tracediff.record.launch import RequestGate
 
 if TYPE_CHECKING:  # the plugin is imported in every process of a launch: torch loads only when SGLang runs

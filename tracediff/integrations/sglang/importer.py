@@ -41,7 +41,7 @@ from tracediff.eagle3 import names as tn
 from tracediff.errors import InputError
 from tracediff.integrations.importing import RECORDER_OPTIONS, check_written
 from tracediff.integrations.torch_files import load_tensors, names_as_data
-from tracediff.record.host import tag_of_tensor
+from tracediff.record.copies import tag_of_tensor
 from tracediff.record.recorder import Recorder
 from tracediff.text import safe
 from tracediff.trace.output import check_outputs, staged_outputs

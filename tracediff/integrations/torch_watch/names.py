@@ -15,7 +15,7 @@ import re
 from typing import Any
 
 from tracediff.eagle3.names import TARGET_EMBED
-from tracediff.record.host import tag_of_tensor
+from tracediff.record.copies import tag_of_tensor
 
 # config keys that say how a model runs, not which model it is
 NOT_IDENTITY = {"transformers_version", "dtype", "torch_dtype", "architectures", "use_cache", "return_dict",
