@@ -127,3 +127,15 @@ def test_the_layout_lists_the_rooms_floor_by_floor() -> None:
              and path.split("/")[1]]
     order = [floor_of(f"tracediff.{room}") for room in dict.fromkeys(rooms)]
     assert order == sorted(order), list(dict.fromkeys(rooms))
+
+
+def test_the_commands_stay_thin() -> None:
+    """No function of the CLI or of tools/ runs over 60 lines: a command parses, calls one library
+    function and renders; the work lives below."""
+    long = []
+    for path in [PACKAGE / "cli.py", *sorted((PACKAGE / "tools").glob("*.py"))]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and \
+                    node.end_lineno is not None and node.end_lineno - node.lineno + 1 > 60:
+                long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert long == []

@@ -24,9 +24,11 @@ T = TypeVar("T")
 
 if TYPE_CHECKING:
     from tracediff.bundle.build import Explained
+    from tracediff.bundle.contents import Bundle
     from tracediff.diff.results import Report
     from tracediff.diff.tolerance import Tolerances
     from tracediff.eagle3.explanation import Explanation
+    from tracediff.record.launch import LaunchConfig, LaunchResult
 
 # Plain-text help (rich_markup_mode None): rich's help rendering costs 0.1 s of imports on every --help.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -123,10 +125,6 @@ def show(
 ) -> None:
     """Metadata and the tensors of a trace, in execution order; or stats of one tensor. With two
     traces: one row of a tensor on both sides and its largest differences (compare's next step)."""
-    from tracediff.report.show import render_stats, render_summary
-    from tracediff.trace.reader import open_trace
-    from tracediff.trace.summary import static_stats, summarize, tensor_stats
-
     if other is not None:
         show_pair(trace, other, name, name_b, request, request_b, position, depth, step, step_b, top, as_json,
                   not no_verify)
@@ -135,35 +133,41 @@ def show(
                           ("--step-b", step_b), ("--top", top), ("--name-b", name_b)):
         if value is not None:
             fail(option, "needs two traces: tracediff show A B --name NAME ...")
+    guarded(trace, lambda: show_one(trace, name, step, request, as_json, not no_verify))
 
-    def run() -> None:
-        with open_trace(trace, verify=not no_verify) as opened:
-            if name is None:
-                summary = summarize(opened)
-                if as_json:
-                    print(json.dumps(summary.to_dict(), indent=1))
-                else:
-                    render_summary(console, summary)
-                    if summary.unverified:
-                        print(f"unverified: {summary.unverified}")
-                return
-            where = " ".join(f"{k}={v}" for k, v in (("step", step), ("request", request)) if v is not None)
-            try:
-                stats = tensor_stats(opened.rows(name, step=step, request=request))
-            except KeyError:
-                static = static_stats(opened, name, step) if request is None else None
-                if static is None:
-                    names = opened.names()
-                    hint = did_you_mean(name, names) if name not in names else ""
-                    fail(trace, f"no rows of tensor {name!r} {where}".rstrip() + (f"; {hint}" if hint else "")
-                         + " (list: tracediff show)")
-                stats = static
+
+def show_one(trace: Path, name: str | None, step: int | None, request: str | None, as_json: bool,
+             verify: bool) -> None:
+    """``show A [--name X]``: the trace's summary, or one tensor's stats, rendered or as JSON."""
+    from tracediff.report.show import render_stats, render_summary
+    from tracediff.trace.reader import open_trace
+    from tracediff.trace.summary import static_stats, summarize, tensor_stats
+
+    with open_trace(trace, verify=verify) as opened:
+        if name is None:
+            summary = summarize(opened)
             if as_json:
-                print(json.dumps(stats.to_dict(), indent=1))
+                print(json.dumps(summary.to_dict(), indent=1))
             else:
-                render_stats(console, stats, where)
-
-    guarded(trace, run)
+                render_summary(console, summary)
+                if summary.unverified:
+                    print(f"unverified: {summary.unverified}")
+            return
+        where = " ".join(f"{k}={v}" for k, v in (("step", step), ("request", request)) if v is not None)
+        try:
+            stats = tensor_stats(opened.rows(name, step=step, request=request))
+        except KeyError:
+            static = static_stats(opened, name, step) if request is None else None
+            if static is None:
+                names = opened.names()
+                hint = did_you_mean(name, names) if name not in names else ""
+                fail(trace, f"no rows of tensor {name!r} {where}".rstrip() + (f"; {hint}" if hint else "")
+                     + " (list: tracediff show)")
+            stats = static
+        if as_json:
+            print(json.dumps(stats.to_dict(), indent=1))
+        else:
+            render_stats(console, stats, where)
 
 
 def show_pair(a: Path, b: Path, name: str | None, name_b: str | None, request: str | None,
@@ -289,8 +293,7 @@ def bundle_command(
     Exit 0 when written (report.md says whether the slices reproduce the compare), 2 for bad input or
     a budget too small for the smallest bundle (the error says how many bytes it takes)."""
     from tracediff.bundle.build import make_bundle
-    from tracediff.sizes import human, parse_size
-    from tracediff.text import safe
+    from tracediff.sizes import parse_size
 
     try:
         size = parse_size(budget)
@@ -306,6 +309,14 @@ def bundle_command(
     bundle = guarded(a, lambda: make_bundle(a, b, out, budget=size, zip=zip_, tol=tol, rename=rename,
                                             align=align, min_coverage=min_coverage, force=force,
                                             explained=explained, verify=not no_verify))
+    say_bundle(bundle, out, size)
+
+
+def say_bundle(bundle: Bundle, out: Path, size: int) -> None:
+    """What ``bundle`` wrote, what it left out to fit the budget, and whether its slices reproduce."""
+    from tracediff.sizes import human
+    from tracediff.text import safe
+
     zipped = "" if bundle.zip is None else f" and {safe(bundle.zip)} ({bundle.zip_size} bytes)"
     console.print(Text(f"wrote {safe(out)} ({bundle.total} bytes in {len(bundle.files)} files){zipped}, each "
                        f"within the budget of {human(size)} ({size} bytes); read {safe(out / 'report.md')}"))
@@ -512,6 +523,7 @@ def compare(
         from tracediff.trace.output import check_output
 
         guarded(html, lambda: check_output(html, [a, b], force))  # before the compare, which may take long
+
     def run() -> Report:
         from tracediff.report.progress import progress_bar
 
@@ -520,14 +532,19 @@ def compare(
                                stop_at_first=stop_at_first, min_coverage=min_coverage,
                                same_target=same_target, verify=not no_verify)
 
-    report = guarded(a, run)
+    show_report(guarded(a, run), a, b, html, force, as_json, markdown)
+
+
+def show_report(report: Report, a: Path, b: Path, html: Path | None, force: bool, as_json: bool,
+                markdown: bool) -> NoReturn:
+    """compare's output: the HTML page where asked, the report as text, JSON or Markdown, the exit code."""
+    from tracediff.report.compare import render, to_markdown
+    from tracediff.text import safe
+
     if html is not None:
         from tracediff.report.html import write_html
 
         guarded(html, lambda: write_html(report, html, force=force))
-    from tracediff.report.compare import render, to_markdown
-    from tracediff.text import safe
-
     emit(as_json, markdown, report.to_json, lambda: to_markdown(report), lambda: render(console, report))
     if report.verdict == "incomparable":
         print(safe(f"error: {b}: not comparable with {a}: {report.reasons[0]}"), file=sys.stderr)
@@ -588,7 +605,7 @@ def record_command(
     Exits with CMD's exit code (2 for bad input, before anything starts)."""
     from dataclasses import replace
 
-    from tracediff.record.launch import LaunchConfig, nothing_recorded, plugins_for
+    from tracediff.record.launch import LaunchConfig, plugins_for
     from tracediff.record.launch import run as run_launch
 
     argv = list(command or [])
@@ -614,6 +631,13 @@ def record_command(
         if producer.plugin in config.plugins and (note := producer.advise(config, argv)):
             print(f"tracediff: note: {note}", file=sys.stderr)
     result = guarded(out, lambda: run_launch(config, argv, PRODUCERS, force=force))
+    say_recorded(result, config)
+    raise typer.Exit(result.exit_code)
+
+
+def say_recorded(result: LaunchResult, config: LaunchConfig) -> None:
+    """What ``tracediff record`` wrote: each file, closed or not and what it lacks, on stderr."""
+    from tracediff.record.launch import nothing_recorded
     from tracediff.text import safe
 
     for f in result.files:
@@ -628,7 +652,6 @@ def record_command(
               "program, never with a trace of real tokens", file=sys.stderr)
     if not result.files:
         print(f"tracediff: {nothing_recorded(config, PRODUCERS, result.exit_code)}", file=sys.stderr)
-    raise typer.Exit(result.exit_code)
 
 
 import_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
