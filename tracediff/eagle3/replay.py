@@ -160,7 +160,7 @@ class RequestRows:
         return labels, labels >= 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReplayReport:
     """What a replay measured. ``expected_accept_len`` is scored on ``scored_on``: on a serving trace
     the chains the server drafted (each request's rows it drafted from, the ones its trace holds
@@ -336,6 +336,23 @@ def _check_width(width: int, draft: Eagle3Draft, sources: str) -> None:
                          f"the draft's fc takes {takes} ({takes // hidden} slots)")
 
 
+@dataclass
+class Tally:
+    """What replaying the requests adds up, request by request (``replay`` builds its report from it)."""
+
+    depths: int
+    correct: list[int] = field(default_factory=list)  # per depth: rows whose draft matched
+    total: list[int] = field(default_factory=list)  # per depth: rows scored
+    leading: list[int] = field(default_factory=list)  # every row's chain, scored
+    unscored: int = 0  # every row's chains left unscored
+    chained: list[int] = field(default_factory=list)  # the chains the server drafted
+    verified: list[int] = field(default_factory=list)  # the server's own accepted drafts at those scored
+    requests: int = 0
+
+    def __post_init__(self) -> None:
+        self.correct, self.total = [0] * self.depths, [0] * self.depths
+
+
 def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: AuxSpec | None = None,
            d2t_reading: str = "offset", rec: Recorder | None = None,
            engine: EngineChoice | None = None,
@@ -346,18 +363,7 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     position holds a target token) is an ``InputError``, never a figure over 0 rows. ``progress(done,
     total)`` hears the rows replayed."""
     choice = bounded(chain_depths(trace, depths), (trace_depth_bound(trace), draft_depth_bound(draft.config)))
-    depths = choice.depths
-    to_target = to_target_fn(draft, d2t_reading)
     tree = tree_shape(trace)
-    correct = [0] * depths
-    total = [0] * depths
-    leading: list[int] = []  # every row's chain, scored
-    unscored = 0  # every row's chains left unscored
-    chained: list[int] = []  # the chains the server drafted
-    verify_rows = trace.rows(VERIFY_ACCEPT_LEN) if VERIFY_ACCEPT_LEN in trace.names() else None
-    verify = by_position(verify_rows) if verify_rows is not None else {}
-    verify_values = verify_rows.numpy().reshape(-1) if verify_rows is not None else np.zeros(0)
-    verified: list[int] = []  # the server's own accepted drafts at the chains scored
     anchors = drafted_from(trace) if tree is None else {}
     if tree is None and not anchors and trace.speculative_args is not None:
         tree = ("the trace records none of the server's chains (no draft rows at depth 1, nor a one-step "
@@ -365,40 +371,79 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
     recorded = RecordedChains(trace) if anchors else None
     own_inputs = aux is None  # the self-check replays the trace's own inputs, never --aux's
     check = SelfCheck() if own_inputs and recorded is not None and recorded.usable else None
-    report = ReplayReport(aux=", ".join(aux.sources()) if aux else RECORDED, requests=0,
-                          depths_from=choice.reason, not_the_servers=tree,
-                          engine="" if engine is None else engine.reading.label,
-                          engine_from="" if engine is None else engine.reason)
+    label = ", ".join(aux.sources()) if aux else RECORDED
     every = list(request_rows(trace, aux))  # keys and tokens: no tensor data yet
     requests = [r for r in every if r.positions[0] == 0]
-    report.requests_without_context = [r.request for r in every if r.positions[0] != 0]
     if every and not requests:
         raise InputError(trace.paths[0], f"replay has no request with its context: the rows of all "
                                          f"{len(every)} start past position 0 and no recorded request holds "
                                          "the rows before (prefix-cache hits on rows computed for requests "
                                          "the trace lacks)")
+    tally = _replay_requests(trace, draft, requests, Tally(choice.depths), label, anchors, recorded, check,
+                             to_target_fn(draft, d2t_reading), rec, progress)
+    if not tally.total or not tally.total[0]:
+        raise InputError(trace.paths[0], f"replay has no row to score: no row of {label} has the "
+                                         "target's token at its next position recorded (target.token); a "
+                                         "training trace needs them recorded too")
+    if check is not None and check.first_departure is not None and engine is not None:
+        check.suspect = _suspect(draft, engine, trace)
+    server_scored = [k for k in tally.chained if k >= 0]
+    if anchors and not server_scored:
+        raise InputError(trace.paths[0], f"replay has no server chain to score: all {len(tally.chained)} of "
+                                         "them reach past the recorded text (the target's tokens after them "
+                                         "are not recorded); record more new tokens per request")
+    every_row = 1 + (float(np.mean(tally.leading)) if tally.leading else 0.0)
+    steps = (trace.speculative_args or {}).get("num_steps")
+    return ReplayReport(
+        aux=label, requests=tally.requests,
+        depth_accuracy=[c / t if t else float("nan") for c, t in zip(tally.correct, tally.total)],
+        depth_rows=tally.total,
+        expected_accept_len=1 + float(np.mean(server_scored)) if anchors else every_row,
+        depths_from=choice.reason, scored_on="the server's chains" if anchors else "every row",
+        chains=len(server_scored) if anchors else len(tally.leading),
+        chains_unscored=len(tally.chained) - len(server_scored) if anchors else tally.unscored,
+        every_row_accept_len=every_row, every_row_chains=len(tally.leading), self_check=check,
+        engine="" if engine is None else engine.reading.label,
+        engine_from="" if engine is None else engine.reason, not_the_servers=tree,
+        engine_notes=list(draft.notes),
+        requests_without_context=[r.request for r in every if r.positions[0] != 0],
+        verified_accept_len=1 + float(np.mean(tally.verified)) if anchors and tally.verified else None,
+        verified_chains=len(tally.verified) if anchors else 0,
+        server_num_steps=steps if isinstance(steps, int) and not isinstance(steps, bool) else None)
+
+
+def _replay_requests(trace: Trace, draft: Eagle3Draft, requests: list[RequestRows], tally: Tally, label: str,
+                     anchors: dict[str, set[int]], recorded: RecordedChains | None, check: SelfCheck | None,
+                     to_target: Callable, rec: Recorder | None,
+                     progress: Callable[[int, int], None] | None) -> Tally:
+    """Replay each request's rows (one request's tensors in memory at a time), adding to ``tally``; the
+    recorded chains replayed with their own inputs into ``check``; the replayed tensors to ``rec``."""
+    depths = tally.depths
+    verify_rows = trace.rows(VERIFY_ACCEPT_LEN) if VERIFY_ACCEPT_LEN in trace.names() else None
+    verify = by_position(verify_rows) if verify_rows is not None else {}
+    verify_values = verify_rows.numpy().reshape(-1) if verify_rows is not None else np.zeros(0)
     planned, replayed = sum(contiguous_rows(r.positions) for r in requests), 0
     for req in requests:
-        _check_width(req.fc.width, draft, report.aux)
-        report.requests += 1
+        _check_width(req.fc.width, draft, label)
+        tally.requests += 1
         n = contiguous_rows(req.positions)
         fc_in = req.fc.head(n).read()  # one request's rows in memory at a time
         ids = req.next_tokens[:n]  # row t embeds x[t+1]; unroll shifts them left at each depth
         scored = teacher_forced(draft, fc_in, ids, req.rope_positions[:n], depths, req.labels, to_target)
         hits, valid = scored.hits, scored.valid
         for depth, result in enumerate(scored.results):
-            correct[depth] += int(hits[:, depth].sum())
-            total[depth] += int(valid[:, depth].sum())
+            tally.correct[depth] += int(hits[:, depth].sum())
+            tally.total[depth] += int(valid[:, depth].sum())
             if n - depth > 0:
                 _log_depth(rec, req, fc_in, result, ids, n - depth, depth, to_target)
         lead = leading_hits(hits, valid)
-        leading += lead[lead >= 0].tolist()
-        unscored += int((lead < 0).sum())
+        tally.leading += lead[lead >= 0].tolist()
+        tally.unscored += int((lead < 0).sum())
         drafted = np.isin(req.positions[:n], sorted(anchors.get(req.request, ())))
-        chained += lead[drafted].tolist()
+        tally.chained += lead[drafted].tolist()
         at = verify.get(req.request, {})
-        verified += [int(verify_values[at[int(p)]]) for p in req.positions[:n][drafted & (lead >= 0)]
-                     if int(p) in at]
+        tally.verified += [int(verify_values[at[int(p)]]) for p in req.positions[:n][drafted & (lead >= 0)]
+                           if int(p) in at]
         if check is not None and recorded is not None and drafted.any():
             rows_at = np.flatnonzero(drafted)
             teacher = torch.from_numpy(ids[None])
@@ -410,35 +455,7 @@ def replay(trace: Trace, draft: Eagle3Draft, depths: int | None = None, aux: Aux
         replayed += n
         if progress is not None:
             progress(replayed, planned)
-    if not total or not total[0]:
-        raise InputError(trace.paths[0], f"replay has no row to score: no row of {report.aux} has the "
-                                         "target's token at its next position recorded (target.token); a "
-                                         "training trace needs them recorded too")
-    report.depth_accuracy = [c / t if t else float("nan") for c, t in zip(correct, total)]
-    report.depth_rows = total
-    report.every_row_accept_len = 1 + (float(np.mean(leading)) if leading else 0.0)
-    report.every_row_chains = len(leading)
-    if check is not None and check.first_departure is not None and engine is not None:
-        check.suspect = _suspect(draft, engine, trace)
-    report.self_check = check
-    report.engine_notes = list(draft.notes)
-    steps = (trace.speculative_args or {}).get("num_steps")
-    report.server_num_steps = steps if isinstance(steps, int) and not isinstance(steps, bool) else None
-    server_scored = [k for k in chained if k >= 0]
-    if anchors and not server_scored:
-        raise InputError(trace.paths[0], f"replay has no server chain to score: all {len(chained)} of them "
-                                         "reach past the recorded text (the target's tokens after them are "
-                                         "not recorded); record more new tokens per request")
-    if anchors:
-        report.scored_on, report.chains, report.chains_unscored = "the server's chains", len(server_scored), \
-            len(chained) - len(server_scored)
-        report.expected_accept_len = 1 + (float(np.mean(server_scored)) if server_scored else 0.0)
-        report.verified_chains = len(verified)
-        report.verified_accept_len = 1 + float(np.mean(verified)) if verified else None
-    else:
-        report.chains, report.chains_unscored = len(leading), unscored
-        report.expected_accept_len = report.every_row_accept_len
-    return report
+    return tally
 
 
 def config_mismatch(draft: Eagle3Draft, trace: Trace) -> str | None:

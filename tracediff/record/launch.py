@@ -43,12 +43,13 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from tracediff.errors import InputError
+from tracediff.jsonio import from_plain, to_plain
 
 if TYPE_CHECKING:
     from tracediff.record.recorder import Recorder
@@ -98,20 +99,12 @@ class LaunchConfig:
     on_full: str = "drop"  # --on-full: what a recorder does when its queue is full (drop or block)
 
     def to_env(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(to_plain(self))
 
     @classmethod
     def from_env(cls, text: str) -> LaunchConfig:
-        data = json.loads(text)
-        prefix = data.get("match_prefix")
-        return cls(out=str(data["out"]), plugins=tuple(data["plugins"]), watch=tuple(data.get("watch", ())),
-                   names=tuple(data.get("names", ())), exclude=tuple(data.get("exclude", ())),
-                   every=int(data.get("every", 1)),
-                   requests=None if data.get("requests") is None else int(data["requests"]),
-                   match_prefix=None if prefix is None else tuple(int(t) for t in prefix),
-                   eager_only=bool(data.get("eager_only", False)),
-                   queue_bytes=None if data.get("queue_bytes") is None else int(data["queue_bytes"]),
-                   on_full=str(data.get("on_full", "drop")))
+        """The config ``to_env`` wrote (the same tracediff runs on both sides): ValueError for any other."""
+        return from_plain(cls, json.loads(text))
 
 
 @dataclass
