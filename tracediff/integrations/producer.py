@@ -9,15 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from tracediff.record.launch import LaunchConfig
-
-
-def never(config: LaunchConfig, command: Sequence[str]) -> str | None:
-    """A producer that refuses nothing before start."""
-    return None
+from tracediff.record.plugin import LaunchPlugin
 
 
 @dataclass(frozen=True)
@@ -31,15 +25,10 @@ class Importer:
 
 
 @dataclass(frozen=True)
-class Producer:
-    """What ``tracediff record`` and ``tracediff import`` need to know of one producer."""
+class Producer(LaunchPlugin):
+    """What ``tracediff record`` (the ``LaunchPlugin`` fields) and ``tracediff import`` need to know of one
+    producer."""
 
-    name: str
-    plugin: str  # the module whose ``at_startup(config, recorder)`` runs in every process of the child
-    claims: Callable[[LaunchConfig, Sequence[str]], bool]  # whether its plugin is needed for this run
-    refuse: Callable[[LaunchConfig, Sequence[str]], str | None] = never  # why the run would be pointless
-    silent_hint: str | None = None  # a likely cause when a run with its plugin wrote no file
-    advise: Callable[[LaunchConfig, Sequence[str]], str | None] = never  # a note printed at start
     importers: tuple[Importer, ...] = ()
     # replay --aux-convention NAME: (contract, target config or None, a draft's aux ids) -> the AuxSpec
     # this producer feeds for those ids on that target; None when neither names the target's family
@@ -52,4 +41,4 @@ def modules_run(command: Sequence[str]) -> list[str]:
     return spaced + [arg[2:] for arg in command if arg.startswith("-m") and len(arg) > 2]
 
 
-__all__ = ["Importer", "Producer", "modules_run", "never"]
+__all__ = ["Importer", "Producer", "modules_run"]

@@ -46,10 +46,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from tracediff.errors import InputError
 from tracediff.jsonio import from_plain, to_plain
+from tracediff.record.plugin import LaunchPlugin
 
 if TYPE_CHECKING:
     from tracediff.record.recorder import Recorder
@@ -61,25 +62,6 @@ STARTUP_DIR = Path(__file__).resolve().parent / "startup"
 CLOSE_TIMEOUT = 15.0  # seconds a recorder may take to close at exit or on SIGTERM
 
 RecorderFactory = Callable[..., "Recorder"]
-
-
-class Plugin(Protocol):
-    """What the launcher asks of a producer (``tracediff.integrations.registry`` lists them)."""
-
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def plugin(self) -> str: ...  # the module whose at_startup(config, recorder) runs in every process
-
-    @property
-    def claims(self) -> Callable[[LaunchConfig, Sequence[str]], bool]: ...  # its plugin is needed
-
-    @property
-    def refuse(self) -> Callable[[LaunchConfig, Sequence[str]], str | None]: ...  # why not start at all
-
-    @property
-    def silent_hint(self) -> str | None: ...  # a likely cause when a run with its plugin wrote nothing
 
 
 @dataclass(frozen=True)
@@ -463,13 +445,13 @@ class LaunchResult:
 
 
 def plugins_for(config: LaunchConfig, command: Sequence[str], extra: Sequence[str],
-                producers: Sequence[Plugin]) -> tuple[str, ...]:
+                producers: Sequence[LaunchPlugin]) -> tuple[str, ...]:
     """The plugins a run needs: those of the producers that claim it, then the --plugin ones."""
     found = [p.plugin for p in producers if p.claims(config, command)]
     return tuple(dict.fromkeys([*found, *extra]))
 
 
-def check(config: LaunchConfig, command: Sequence[str], producers: Sequence[Plugin] = (),
+def check(config: LaunchConfig, command: Sequence[str], producers: Sequence[LaunchPlugin] = (),
           force: bool = False) -> None:
     """Everything that makes a launch pointless, as one InputError, before anything starts. Existing
     outputs (``existing_outputs``) are refused unless ``force``, and even then anything but a regular
@@ -531,7 +513,7 @@ def child_env(config: LaunchConfig, base: dict[str, str] | None = None) -> dict[
 _FORWARDED = ("SIGTERM", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGINT")
 
 
-def run(config: LaunchConfig, command: Sequence[str], producers: Sequence[Plugin] = (),
+def run(config: LaunchConfig, command: Sequence[str], producers: Sequence[LaunchPlugin] = (),
         force: bool = False) -> LaunchResult:
     """Run CMD under ``config``; its exit status (128 + N when killed by signal N) and the trace
     files it wrote. ``--out`` is taken relative to the launcher's directory, whatever CMD's is.
@@ -646,7 +628,8 @@ def written(out: Path) -> list[WrittenFile]:
     return files
 
 
-def nothing_recorded(config: LaunchConfig, producers: Sequence[Plugin] = (), exit_code: int = 0) -> str:
+def nothing_recorded(config: LaunchConfig, producers: Sequence[LaunchPlugin] = (),
+                     exit_code: int = 0) -> str:
     """Why a run may have written no file, most likely first: the command failed (its exit code), the
     filters it was given (by name), what its producers know to hide tensors."""
     failed = [f"the command failed (exit {exit_code}) before anything was recorded"] if exit_code else []
@@ -662,6 +645,6 @@ def nothing_recorded(config: LaunchConfig, producers: Sequence[Plugin] = (), exi
     return "nothing was recorded: " + "; or ".join(causes)
 
 
-__all__ = ["CLOSE_TIMEOUT", "ENV", "LaunchConfig", "LaunchResult", "Plugin", "RecorderFactory", "RequestGate",
-           "WrittenFile", "check", "child_env", "nothing_recorded", "plugins_for", "run", "startup",
-           "when_imported", "written"]
+__all__ = ["CLOSE_TIMEOUT", "ENV", "LaunchConfig", "LaunchPlugin", "LaunchResult", "RecorderFactory",
+           "RequestGate", "WrittenFile", "check", "child_env", "nothing_recorded", "plugins_for", "run",
+           "startup", "when_imported", "written"]
