@@ -16,7 +16,7 @@ from tracediff.errors import InputError
 from tracediff.integrations.producer import Importer, Producer
 from tracediff.integrations.registry import PRODUCERS
 from tracediff.record import launch
-from tracediff.record.launch import LaunchConfig
+from tracediff.record.plugin import LaunchConfig
 
 INTEGRATIONS = REPO / "tracediff" / "integrations"
 FOLDERS = sorted(p.parent.name for p in INTEGRATIONS.glob("*/__init__.py"))
@@ -51,7 +51,8 @@ def test_every_producer_folder_is_one_registry_line() -> None:
     assert len({p.name for p in PRODUCERS}) == len(PRODUCERS) == len(FOLDERS)
 
 
-@pytest.mark.parametrize("module", ["tracediff/record/launch.py", "tracediff/cli.py"])
+@pytest.mark.parametrize("module", ["tracediff/record/launch.py", "tracediff/record/child.py",
+                                    "tracediff/record/plugin.py", "tracediff/cli.py"])
 def test_the_launcher_and_the_cli_name_no_producer(module: str) -> None:
     tree = ast.parse((REPO / module).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}

@@ -22,8 +22,8 @@ from tracediff.integrations.registry import PRODUCERS
 from tracediff.integrations.sglang.producer import PRODUCER as SGLANG
 from tracediff.integrations.specforge.producer import PRODUCER as SPECFORGE
 from tracediff.integrations.torch_watch.producer import PRODUCER as TORCH_WATCH
-from tracediff.record import launch
-from tracediff.record.launch import LaunchConfig, RequestGate
+from tracediff.record import child, launch
+from tracediff.record.plugin import LaunchConfig, RequestGate
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
@@ -107,7 +107,7 @@ def test_sigterm_reaches_the_child_and_its_trace_still_closes(tmp_path) -> None:
     launcher.send_signal(signal.SIGTERM)
     stdout, stderr = launcher.communicate(timeout=60)
     assert launcher.returncode == 128 + signal.SIGTERM, stderr
-    assert time.monotonic() - started < launch.CLOSE_TIMEOUT
+    assert time.monotonic() - started < child.CLOSE_TIMEOUT
     with td.open_trace(out) as trace:
         assert trace.complete and trace.names() == ["0"]
         assert trace.finals[0]["records"] == 1
@@ -226,11 +226,11 @@ def test_launch_config_travels_through_the_environment() -> None:
 
 def test_recorder_factory_is_lazy_per_rank_and_never_clobbers(tmp_path) -> None:
     config = LaunchConfig(out=str(tmp_path / "run.h5"), plugins=(), every=2)
-    first = launch._ProcessRecorder(config)
+    first = child._ProcessRecorder(config)
     assert not list(tmp_path.iterdir())  # nothing until something records
     rec = first(rank=1, world_size=2)
     assert first() is rec and rec.path == tmp_path / "run.rank1.h5" and rec.filter.every == 2
-    other_process = launch._ProcessRecorder(config)(rank=1, world_size=2)  # the same rank again
+    other_process = child._ProcessRecorder(config)(rank=1, world_size=2)  # the same rank again
     assert other_process.path == tmp_path / f"run.pid{os.getpid()}.rank1.h5"
     for r in (rec, other_process):
         r.log("x", torch.ones(2, 3), token_ids=[7, 8], step=0)
@@ -254,7 +254,7 @@ def test_watch_with_requests_and_match_prefix_records_only_the_admitted_requests
     prompts = [[5, 77, 300], [17, 3, 250, 4], [17, 3, 9], [17, 3, 1]]
     config = LaunchConfig(out=str(tmp_path / "run.h5"), plugins=(), watch=("model.layers.0",), requests=2,
                           match_prefix=(17, 3))
-    factory = launch._ProcessRecorder(config)
+    factory = child._ProcessRecorder(config)
     watcher = Watcher(config, factory)
     watcher.install(torch)
     try:
@@ -445,7 +445,7 @@ def watch_run(path, calls, **options):
     from tracediff.integrations.torch_watch.watcher import Watcher
 
     config = LaunchConfig(out=str(path), plugins=(), **options)
-    factory = launch._ProcessRecorder(config)
+    factory = child._ProcessRecorder(config)
     watcher = Watcher(config, factory)
     watcher.install(torch)
     try:
@@ -575,7 +575,7 @@ def test_a_ctrl_c_held_off_during_a_close_reaches_the_host_once_the_close_is_don
     try:
         done = []
         with pytest.raises(KeyboardInterrupt):
-            with launch._sigint_held():
+            with child._sigint_held():
                 signal.raise_signal(signal.SIGINT)  # held off: the close goes on
                 done.append("the close ran to its end")
         assert done == ["the close ran to its end"]
@@ -587,7 +587,7 @@ def test_a_ctrl_c_held_off_during_a_close_reaches_the_host_once_the_close_is_don
 def test_a_ctrl_c_while_closing_at_exit_stays_held_off() -> None:
     before = signal.getsignal(signal.SIGINT)
     try:
-        with launch._sigint_held(restore=False):
+        with child._sigint_held(restore=False):
             signal.raise_signal(signal.SIGINT)
         signal.raise_signal(signal.SIGINT)  # the process is ending: every later one is held off too
     finally:
@@ -595,7 +595,7 @@ def test_a_ctrl_c_while_closing_at_exit_stays_held_off() -> None:
 
 
 def test_a_request_gate_forgets_finished_requests_and_keeps_its_count() -> None:
-    from tracediff.record.launch import RequestGate
+    from tracediff.record.plugin import RequestGate
 
     gate = RequestGate(limit=2, prefix=None)
     assert [gate.admit(r) for r in ("a", "b", "c")] == [True, True, False]

@@ -20,7 +20,7 @@ from tests.conftest import run_python  # noqa: E402
 from tracediff.integrations.sglang import install  # noqa: E402
 from tracediff.integrations.sglang.models import model_role, target_layout  # noqa: E402
 from tracediff.integrations.sglang.plugin import _Plugin  # noqa: E402
-from tracediff.record.launch import LaunchConfig  # noqa: E402
+from tracediff.record.plugin import LaunchConfig  # noqa: E402
 
 pytestmark = pytest.mark.slow  # SGLang's real model code (its import and CPU set-up alone take ~10 s)
 

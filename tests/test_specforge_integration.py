@@ -312,14 +312,16 @@ def test_reference_trainer_computes_and_logs_what_specforge_does(target, tmp_pat
 
 
 def test_the_launcher_plugin_records_models_built_after_startup(target, batch, tmp_path, monkeypatch) -> None:
-    launch = pytest.importorskip("tracediff.record.launch")
+    launch = pytest.importorskip("tracediff.record.child")
     import specforge.algorithms.model_providers as providers
 
     monkeypatch.setattr(OnlineEagle3Model, "__init__", OnlineEagle3Model.__init__)  # restored afterwards
     monkeypatch.setattr(providers, "resolve_eagle_capture_layers", providers.resolve_eagle_capture_layers)
     stated = importlib.import_module("tracediff.integrations.specforge.contract")
     monkeypatch.setattr(stated, "resolved_aux", None)  # what an earlier test's resolver call noted
-    config = launch.LaunchConfig(out=str(tmp_path / "run.h5"), plugins=("tracediff.integrations.specforge",),
+    from tracediff.record.plugin import LaunchConfig
+
+    config = LaunchConfig(out=str(tmp_path / "run.h5"), plugins=("tracediff.integrations.specforge",),
                                  requests=1)
     factory = launch._ProcessRecorder(config)
     sf.at_startup(config, factory)

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 import tracediff as td
-from tracediff.record import launch
-from tracediff.record.launch import LaunchConfig
+from tracediff.record import child
+from tracediff.record.plugin import LaunchConfig
 
 torch = pytest.importorskip("torch")
 from torch.nn.modules import module as torch_module  # noqa: E402
@@ -35,7 +35,7 @@ from tracediff.integrations.torch_watch.watcher import Watcher  # noqa: E402
 def watching(path: Path, *globs: str) -> Iterator[Watcher]:
     """A --watch Watcher in this process, recording into ``path``; the trace is closed on leaving."""
     config = LaunchConfig(out=str(path), plugins=(), watch=globs)
-    factory = launch._ProcessRecorder(config)
+    factory = child._ProcessRecorder(config)
     watcher = Watcher(config, factory)
     watcher.install(torch)
     try:

@@ -11,7 +11,7 @@ import pytest
 
 from tracediff.integrations.vllm import plugin
 from tracediff.integrations.vllm.producer import PRODUCER, SHUTDOWN, advise, runs_vllm
-from tracediff.record.launch import ENV, LaunchConfig
+from tracediff.record.plugin import ENV, LaunchConfig
 
 
 @pytest.mark.parametrize("command", [

@@ -28,7 +28,8 @@ if TYPE_CHECKING:
     from tracediff.diff.results import Report
     from tracediff.diff.tolerance import Tolerances
     from tracediff.eagle3.explanation import Explanation
-    from tracediff.record.launch import LaunchConfig, LaunchResult
+    from tracediff.record.launch import LaunchResult
+    from tracediff.record.plugin import LaunchConfig
 
 # Plain-text help (rich_markup_mode None): rich's help rendering costs 0.1 s of imports on every --help.
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -605,8 +606,9 @@ def record_command(
     Exits with CMD's exit code (2 for bad input, before anything starts)."""
     from dataclasses import replace
 
-    from tracediff.record.launch import LaunchConfig, plugins_for
+    from tracediff.record.launch import plugins_for
     from tracediff.record.launch import run as run_launch
+    from tracediff.record.plugin import LaunchConfig
 
     argv = list(command or [])
     try:

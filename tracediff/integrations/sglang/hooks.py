@@ -25,7 +25,7 @@ from tracediff.integrations.sglang.models import BOUNDARY, TargetLayout, target_
 from tracediff.integrations.slot_probe import SlotProbe
 from tracediff.integrations.target_summary import target_identity
 from tracediff.record.copies import is_torch_tensor
-from tracediff.record.launch import RequestGate
+from tracediff.record.plugin import RequestGate
 
 if TYPE_CHECKING:  # the plugin is imported in every process of a launch: torch loads only when SGLang runs
     from tracediff.record.recorder import Recorder

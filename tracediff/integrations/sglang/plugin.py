@@ -17,7 +17,8 @@ from typing import Any
 from tracediff.integrations.sglang.contract import tp_ranks
 from tracediff.integrations.sglang.hooks import batch_context, install
 from tracediff.integrations.sglang.models import MODELS, model_role
-from tracediff.record.launch import LaunchConfig, RecorderFactory, when_imported
+from tracediff.record.child import when_imported
+from tracediff.record.plugin import LaunchConfig, RecorderFactory
 
 logger = logging.getLogger("tracediff")
 

@@ -16,7 +16,7 @@ import typer
 from tracediff.integrations.producer import Importer, Producer, modules_run
 
 if TYPE_CHECKING:
-    from tracediff.record.launch import LaunchConfig
+    from tracediff.record.plugin import LaunchConfig
 
 CUDA_GRAPHS = ("SGLang replays decode steps as CUDA graphs, where hooks never fire: "
                "add --disable-cuda-graph, or record only the eager path (--eager-only)")

@@ -14,7 +14,8 @@ from typing import Any
 from tracediff.integrations.specforge.contract import note_aux_resolution
 from tracediff.integrations.specforge.guard import MODEL_MODULE
 from tracediff.integrations.specforge.recording import install
-from tracediff.record.launch import RequestGate, when_imported
+from tracediff.record.child import when_imported
+from tracediff.record.plugin import RequestGate
 from tracediff.record.recorder import Recorder
 
 logger = logging.getLogger("tracediff")

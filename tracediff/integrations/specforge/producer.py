@@ -17,7 +17,7 @@ from tracediff.errors import InputError
 from tracediff.integrations.producer import Importer, Producer, modules_run
 
 if TYPE_CHECKING:
-    from tracediff.record.launch import LaunchConfig
+    from tracediff.record.plugin import LaunchConfig
 
 
 def runs_specforge(command: Sequence[str]) -> bool:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from tracediff.record.launch import RequestGate
+from tracediff.record.plugin import RequestGate
 
 NO_TOKEN = -1  # placeholder(0): the token id of rows of step 0 whose call carried no token ids
 

@@ -7,7 +7,8 @@ The watcher: ``watcher.py``.
 from __future__ import annotations
 
 from tracediff.integrations.torch_watch.watcher import Watcher
-from tracediff.record.launch import LaunchConfig, RecorderFactory, when_imported
+from tracediff.record.child import when_imported
+from tracediff.record.plugin import LaunchConfig, RecorderFactory
 
 
 def at_startup(config: LaunchConfig, recorder: RecorderFactory) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from tracediff.integrations.producer import Producer
 
 if TYPE_CHECKING:
-    from tracediff.record.launch import LaunchConfig
+    from tracediff.record.plugin import LaunchConfig
 
 
 def claims(config: LaunchConfig, command: Sequence[str]) -> bool:

@@ -49,7 +49,7 @@ from tracediff.integrations.torch_watch.names import (
 )
 from tracediff.record.filters import RecordFilter
 from tracediff.record.hooks import first_tensor
-from tracediff.record.launch import LaunchConfig, RecorderFactory, RequestGate
+from tracediff.record.plugin import LaunchConfig, RecorderFactory, RequestGate
 
 logger = logging.getLogger("tracediff")
 NAMES_SHOWN = 8  # module names a glob that matched none of them lists

@@ -49,7 +49,7 @@ from tracediff.integrations.vllm.steps import (
     StepRows,
     anchors_of,
 )
-from tracediff.record.launch import RequestGate
+from tracediff.record.plugin import RequestGate
 
 if TYPE_CHECKING:
     from tracediff.record.recorder import Recorder

@@ -15,7 +15,8 @@ import logging
 import os
 from typing import Any
 
-from tracediff.record.launch import ENV, LaunchConfig, RecorderFactory, when_imported
+from tracediff.record.child import when_imported
+from tracediff.record.plugin import ENV, LaunchConfig, RecorderFactory
 
 logger = logging.getLogger("tracediff")
 
@@ -112,9 +113,9 @@ def register() -> None:
     if not os.environ.get(ENV):
         return
     try:
-        from tracediff.record import launch
+        from tracediff.record import child
 
-        launch.startup()  # a no-op where the launcher's sitecustomize already ran it
+        child.startup()  # a no-op where the launcher's sitecustomize already ran it
         if _plugin is not None:
             _plugin.watch()
     except Exception as exc:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from tracediff.integrations.producer import Producer, modules_run
 
 if TYPE_CHECKING:
-    from tracediff.record.launch import LaunchConfig
+    from tracediff.record.plugin import LaunchConfig
 
 
 def runs_vllm(command: Sequence[str]) -> bool:

@@ -9,7 +9,7 @@ import sys
 
 def _tracediff_startup() -> None:
     try:
-        from tracediff.record.launch import startup
+        from tracediff.record.child import startup
     except Exception as exc:  # tracediff not installed for this interpreter, or broken
         sys.stderr.write("tracediff: not importable by " + sys.executable + " (" + str(exc)
                          + "); this process records nothing\n")
