@@ -17,7 +17,7 @@ torch = pytest.importorskip("torch")
 import tracediff as td  # noqa: E402
 from testbed.loop import Conventions, SpeculativeDecoder  # noqa: E402
 from tests.conftest import tiny_eagle3  # noqa: E402
-from tracediff.diff.contract import cause_of, causes_table  # noqa: E402
+from tracediff.diff.contract_diff import cause_of, causes_table  # noqa: E402
 from tracediff.eagle3.capture import AuxSpec  # noqa: E402
 from tracediff.eagle3.draft import Eagle3Draft  # noqa: E402
 
@@ -193,7 +193,7 @@ def test_the_contract_is_a_fact_of_the_trace_computed_once(tmp_path) -> None:
 def test_aux_ids_that_resolve_to_the_same_states_change_nothing_fed(tmp_path, sources_b, said) -> None:
     """DeepSeek-V3 reads ids [1, 2, 3] and [2, 3, 4] as the same layers: the ids differ, what the
     draft is fed does not, and the report says so; where the states differ too, the ids are a cause."""
-    from tracediff.diff.contract import contract_diff, describe_entry
+    from tracediff.diff.contract_diff import contract_diff, describe_entry
     from tracediff.diff.pair import Pair
 
     paths = []

@@ -1,4 +1,4 @@
-"""diff/contract.py's reading of null contract keys (issue 36, from an adversarial review): a key
+"""diff/contract_diff.py's reading of null contract keys (issue 36, from an adversarial review): a key
 stated as null states nothing (a reading that does not apply, a fact not known), so it is neither a
 difference from the other side's value (never a cause, never a different target) nor a key a side
 states."""

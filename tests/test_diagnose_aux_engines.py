@@ -47,14 +47,14 @@ def vllm(ids=IDS, slots=AS_GIVEN, version="0.32.0") -> dict:
 
 
 def specforge(slots=PLUS_ONE) -> dict:
-    """SpecForge's trainer contract (integrations/specforge/contract.py), capturing through SGLang."""
+    """SpecForge's trainer contract (integrations/specforge/facts.py), capturing through SGLang."""
     return {"producer_integration": "specforge", "draft_engine": "specforge", "aux_layer_ids": IDS,
             "aux_layer_ids_from": "draft_config", "target_config": TARGET,
             "aux_layer_reading": "specforge 0.2.0 through sglang's LlamaForCausalLM", **aux_state_keys(slots)}
 
 
 def sglang(slots=PLUS_ONE) -> dict:
-    """SGLang's serving contract (integrations/sglang/contract.py)."""
+    """SGLang's serving contract (integrations/sglang/facts.py)."""
     return {"sglang_version": "0.5.23", "target_model_class": "sglang.srt.models.llama.LlamaForCausalLM",
             "target_family": "llama", "target_num_layers": 8, "aux_layer_ids": IDS,
             "layers_to_capture": [2, 5, 7], "aux_capture_layers": [2, 5, 7], "aux_slot_states": slots,

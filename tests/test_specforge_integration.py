@@ -317,7 +317,7 @@ def test_the_launcher_plugin_records_models_built_after_startup(target, batch, t
 
     monkeypatch.setattr(OnlineEagle3Model, "__init__", OnlineEagle3Model.__init__)  # restored afterwards
     monkeypatch.setattr(providers, "resolve_eagle_capture_layers", providers.resolve_eagle_capture_layers)
-    stated = importlib.import_module("tracediff.integrations.specforge.contract")
+    stated = importlib.import_module("tracediff.integrations.specforge.facts")
     monkeypatch.setattr(stated, "resolved_aux", None)  # what an earlier test's resolver call noted
     from tracediff.record.plugin import LaunchConfig
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tracediff.diff.align import first_token_difference
-from tracediff.diff.contract import contract_diff
+from tracediff.diff.contract_diff import contract_diff
 from tracediff.diff.edits import text_edit
 from tracediff.diff.findings import Side
 from tracediff.diff.finite import measure_finite_parts

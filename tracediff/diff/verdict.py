@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from tracediff.diff.contract import ignoring_target, incomparable, shares_tokens
+from tracediff.diff.contract_diff import ignoring_target, incomparable, shares_tokens
 from tracediff.diff.differ import Comparison
 from tracediff.diff.pair import Pair
 from tracediff.diff.results import (

@@ -1,7 +1,7 @@
 """What defines a target model, as every producer states it in a trace's contract: the config's
 architecture and sizes (``target_config``) and a fingerprint of the input embedding
 (``target_embedding_sha256``). Compare tells targets apart by these, not by a name or a path
-(tracediff/diff/contract.py).
+(tracediff/diff/contract_diff.py).
 
 The fingerprint is the SHA-256 of the embedding's first ``EMBED_ROWS`` rows rounded to bfloat16:
 the same for one checkpoint loaded in float32 or bfloat16 (both round the same way), or in float16

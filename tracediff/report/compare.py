@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from tracediff.diff.contract import cause_of, describe_entry, target_differences
+from tracediff.diff.contract_diff import cause_of, describe_entry, target_differences
 from tracediff.diff.results import (
     REASON_TEXT,
     ContractEntry,

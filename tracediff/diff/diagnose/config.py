@@ -1,5 +1,5 @@
 """Config differences as causes: the contract keys whose difference can change the first diverging
-tensor (``CAUSES`` in tracediff/diff/contract.py), best first by the error profile they leave
+tensor (``CAUSES`` in tracediff/diff/contract_diff.py), best first by the error profile they leave
 (a rope difference leaves row 0 untouched and an error growing with position; a norm epsilon an
 error from the first row on), then the differing keys that cannot explain it, as such: aux ids and
 their reading where both sides state the same ``aux_sources`` among them. Keys whose effect is
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracediff.diff.contract import UNKNOWN, cause_of, is_target_fact, moot
+from tracediff.diff.contract_diff import UNKNOWN, cause_of, is_target_fact, moot
 from tracediff.diff.diagnose.evidence import Context
 from tracediff.diff.findings import ConfigBystandersEvidence, ConfigCauseEvidence, Diagnosis
 from tracediff.diff.results import ContractDiff, ContractEntry, Profile

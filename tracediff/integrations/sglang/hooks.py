@@ -12,7 +12,7 @@ import numpy as np
 
 from tracediff.eagle3 import names as tn
 from tracediff.eagle3.conventions import READING_KEYS, aux_state_keys, layer_of
-from tracediff.integrations.sglang.contract import draft_contract, server_contract, tp_ranks
+from tracediff.integrations.sglang.facts import draft_contract, server_contract, tp_ranks
 from tracediff.integrations.sglang.guard import (
     SUPPORTED_SGLANG,
     SglangInternalsError,

@@ -14,7 +14,7 @@ import os
 import pkgutil
 from typing import Any
 
-from tracediff.integrations.sglang.contract import tp_ranks
+from tracediff.integrations.sglang.facts import tp_ranks
 from tracediff.integrations.sglang.hooks import batch_context, install
 from tracediff.integrations.sglang.models import MODELS, model_role
 from tracediff.record.child import when_imported

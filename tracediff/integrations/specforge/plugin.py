@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from tracediff.integrations.specforge.contract import note_aux_resolution
+from tracediff.integrations.specforge.facts import note_aux_resolution
 from tracediff.integrations.specforge.guard import MODEL_MODULE
 from tracediff.integrations.specforge.recording import install
 from tracediff.record.child import when_imported

@@ -16,7 +16,7 @@ import numpy as np
 
 from tracediff.eagle3 import names as tn
 from tracediff.eagle3.canonical import log_vocab_map
-from tracediff.integrations.specforge.contract import AuxReading, aux_spec, contract, host
+from tracediff.integrations.specforge.facts import AuxReading, aux_spec, contract, host
 from tracediff.integrations.specforge.guard import check_supported
 from tracediff.integrations.specforge.patches import BatchNote, local, patches
 from tracediff.integrations.target_summary import target_identity
