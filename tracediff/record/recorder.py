@@ -488,7 +488,7 @@ class Recorder(QueueAccounting, WriterThread):
             attention_mask = ctx.attention_mask if attention_mask is None else attention_mask
         request = ctx.request if request is None else request
         keep = self.filter.keep_name(name) and self.filter.keep_step(step)
-        seen = (token_ids, positions, request, attention_mask, step, _contents(token_ids, positions, request))
+        seen = (token_ids, positions, request, attention_mask, step)
         learned = _same_keys(seen, self._last_learned)
         if not keep:  # filtered out: its keys still teach the token table
             if not learned and token_ids is not None:
@@ -560,8 +560,8 @@ class Recorder(QueueAccounting, WriterThread):
         elif not self._queue_keys(keys, declared):
             return
         keys.learned_by = self._serial
-        if seen is not None:
-            self._last_learned = seen
+        if seen is not None:  # what tells a buffer refilled in place, read once per learn
+            self._last_learned = (*seen, _contents(*seen[:3]))
 
     def _check_layout(self, name: str, layout: tuple) -> None:
         """Strict mode: a name keeps one dtype and row shape (compare cannot align mixed records)."""
@@ -776,7 +776,8 @@ def _same_keys(seen: tuple, last: tuple | None) -> bool:
     """The very same key objects, holding the same values, and step as the last learned call: hooks
     of one forward share the context's, so their keys are learned once (a buffer refilled in place
     between two calls is learned again)."""
-    return last is not None and seen[4:] == last[4:] and all(a is b for a, b in zip(seen[:4], last[:4]))
+    return last is not None and seen[4] == last[4] and all(a is b for a, b in zip(seen[:4], last[:4])) \
+        and _contents(*seen[:3]) == last[5]  # read only where the very same objects come again
 
 
 def _contents(*keys: Any) -> tuple:
